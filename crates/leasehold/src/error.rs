@@ -1,0 +1,111 @@
+//! The one public error type.
+
+use std::time::Duration;
+
+/// A boxed error from a store's client library or the OS.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong. Contention is not an error: `try_lock` returns `None`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name broke a rule (see [`LockName`](crate::LockName)).
+    #[error("invalid lock name \"{name}\": the name {rule}")]
+    InvalidName {
+        /// The rejected name, escaped for display.
+        name: String,
+        /// The rule it broke.
+        rule: String,
+    },
+
+    /// An option (TTL, wait, permits, owner, ...) is out of range.
+    #[error("invalid {option}: {reason}")]
+    InvalidOption {
+        /// Which option.
+        option: &'static str,
+        /// What was wrong and what is allowed.
+        reason: String,
+    },
+
+    /// A store URL or store location that cannot be used.
+    #[error("invalid store {store:?}: {reason}")]
+    InvalidStore {
+        /// The URL or path as given.
+        store: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// The request is valid but cannot be served with the lock in its current shape,
+    /// e.g. upgrading a held read lock to a write lock (which would deadlock).
+    #[error("lock \"{name}\": {reason}")]
+    Conflict {
+        /// The lock.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// The store could not be reached or did not answer. Retrying may help.
+    #[error("store {store} is unavailable: {source}")]
+    Unavailable {
+        /// Which store (URL or path).
+        store: String,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The store's data for a lock cannot be read back.
+    #[error("store {store} holds unreadable state for lock \"{name}\": {reason}")]
+    Corrupt {
+        /// Which store.
+        store: String,
+        /// The lock.
+        name: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
+
+    /// The guard can no longer prove it holds the lock: its safe deadline has passed,
+    /// or the store said the lease is gone (expired, force-released).
+    #[error("lock \"{name}\" is lost: {reason}; stop work protected by it (its fencing token {token} is stale)")]
+    Lost {
+        /// The lock.
+        name: String,
+        /// The token the guard had.
+        token: u64,
+        /// Deadline passed or the store's word.
+        reason: String,
+    },
+
+    /// A bounded wait ran out.
+    #[error("lock \"{name}\" was not acquired within {waited:?}")]
+    Timeout {
+        /// The lock.
+        name: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+
+    /// A bug or an unexpected state.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// True when the same call may succeed later (the store was unreachable or slow).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
+    }
+
+    pub(crate) fn option(option: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidOption {
+            option,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The guard of a held lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{sleep_until, Instant};
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::keepalive::{Lifeline, Status};
+use crate::options::{check_ttl, humanize};
+use crate::store::{Lease, LockKind, Released, Renewal};
+use crate::{Error, FencingToken, LockName, Result};
+
+/// A held lock. Renewed in the background while it lives.
+///
+/// Release it with [`release`](Self::release). Dropping it stops the renewal and makes a
+/// best-effort release on the current tokio runtime, if there is one; the only promise
+/// is that the lease then expires within its TTL.
+#[must_use = "the lock is released (best effort) as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct LockGuard {
+    held: Option<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    line: Arc<Lifeline>,
+    status: watch::Receiver<Status>,
+    token: FencingToken,
+    holds: u32,
+    kind: LockKind,
+    owner: String,
+    acquired: Instant,
+    _renewal: AbortOnDropHandle<()>,
+}
+
+impl LockGuard {
+    pub(crate) fn start(
+        line: Arc<Lifeline>,
+        token: FencingToken,
+        holds: u32,
+        kind: LockKind,
+        owner: String,
+    ) -> Self {
+        let status = line.status.subscribe();
+        let renewal = AbortOnDropHandle::new(tokio::spawn(line.clone().keep_alive()));
+        LockGuard {
+            held: Some(Held {
+                line,
+                status,
+                token,
+                holds,
+                kind,
+                owner,
+                acquired: Instant::now(),
+                _renewal: renewal,
+            }),
+        }
+    }
+
+    fn held(&self) -> &Held {
+        // Only `release` and `leak` take it, and they consume the guard.
+        self.held.as_ref().expect("guard is held until consumed")
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.held().line.lease.name
+    }
+
+    /// The fencing token of this acquisition. Prefer [`check`](Self::check) right before
+    /// using it, which fails once the lock can no longer be proven held.
+    pub fn token(&self) -> FencingToken {
+        self.held().token
+    }
+
+    /// The owner id this lock is held under (the re-entry key).
+    pub fn owner(&self) -> &str {
+        &self.held().owner
+    }
+
+    /// How many holds this owner had right after this acquisition (1 unless re-entered).
+    pub fn holds(&self) -> u32 {
+        self.held().holds
+    }
+
+    /// Exclusive, shared or permit.
+    pub fn kind(&self) -> LockKind {
+        self.held().kind
+    }
+
+    /// The lease this guard holds (name and acquisition id).
+    pub fn lease(&self) -> &Lease {
+        &self.held().line.lease
+    }
+
+    /// The token, if the lock is provably held at this instant; otherwise
+    /// [`Error::Lost`]. Judged against the clock at the call, so a process that resumes
+    /// from a long pause learns of the loss here before its renewal task runs.
+    pub fn check(&self) -> Result<FencingToken> {
+        let held = self.held();
+        let status = held.status.borrow();
+        let now = Instant::now();
+        if !status.is_lost(now) {
+            return Ok(held.token);
+        }
+        let reason = status.lost.clone().unwrap_or_else(|| {
+            format!(
+                "its safe deadline passed {} ago without a confirmed renewal",
+                humanize(now - status.valid_until)
+            )
+        });
+        Err(Error::Lost {
+            name: held.line.lease.name.to_string(),
+            token: held.token.0,
+            reason,
+        })
+    }
+
+    /// Until when the lock is provably held, given the renewals confirmed so far.
+    pub fn valid_until(&self) -> Instant {
+        self.held().status.borrow().valid_until
+    }
+
+    /// Whether the lock can no longer be proven held.
+    pub fn is_lost(&self) -> bool {
+        self.held().status.borrow().is_lost(Instant::now())
+    }
+
+    /// Resolves once the lock can no longer be proven held: at the safe deadline if no
+    /// renewal was confirmed by then, or at once when the store says the lease is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only watches.
+    pub async fn lost(&self) {
+        let mut status = self.held().status.clone();
+        loop {
+            let valid_until = {
+                let s = status.borrow_and_update();
+                if s.is_lost(Instant::now()) {
+                    return;
+                }
+                s.valid_until
+            };
+            tokio::select! {
+                _ = sleep_until(valid_until) => {}
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        // The renewal task is gone; nothing will move the deadline.
+                        sleep_until(valid_until).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews now with a new TTL, which later renewals also use.
+    ///
+    /// # Cancel safety
+    /// Cancelling may leave the lease renewed with either TTL; the safe deadline is
+    /// only moved by a confirmed renewal.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        let ttl = check_ttl(ttl)?;
+        match self.held().line.renew(ttl).await? {
+            Renewal::Renewed => Ok(()),
+            Renewal::Lost => self.check().map(|_| ()),
+        }
+    }
+
+    /// Releases this hold (the lock is free once its owner's last hold is released).
+    /// `Released::NotHeld` means the lease had already ended: work done since its safe
+    /// deadline was not protected.
+    ///
+    /// # Cancel safety
+    /// If cancelled, the release may or may not have reached the store; the lease
+    /// expires in any case.
+    pub async fn release(mut self) -> Result<Released> {
+        let held = self.held.take().expect("guard is held until consumed");
+        drop(held._renewal);
+        let lease = &held.line.lease;
+        let released = held.line.store.release(lease).await?;
+        tracing::info!(
+            lock = %lease.name,
+            token = held.token.0,
+            held = ?held.acquired.elapsed(),
+            not_held = (released == Released::NotHeld),
+            "released"
+        );
+        Ok(released)
+    }
+
+    /// Stops renewing and forgets the lock without releasing it: it stays held until its
+    /// lease expires. Returns the lease so it can be released elsewhere.
+    pub fn leak(mut self) -> Lease {
+        let held = self.held.take().expect("guard is held until consumed");
+        held.line.lease.clone()
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else { return };
+        drop(held._renewal);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let line = held.line;
+            runtime.spawn(async move {
+                let _ = line.store.release(&line.lease).await;
+            });
+        }
+    }
+}

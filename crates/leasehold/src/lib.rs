@@ -1,0 +1,92 @@
+//! Distributed locks with leases, fencing tokens and a lost signal.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! use std::time::Duration;
+//! use leasehold::{Leasehold, MemoryStore};
+//!
+//! let locks = Leasehold::new(MemoryStore::new());
+//! let guard = locks
+//!     .mutex("nightly-report")?
+//!     .with_ttl(Duration::from_secs(10))
+//!     .try_lock_for(Duration::from_secs(30))
+//!     .await?
+//!     .expect("nobody else holds it");
+//!
+//! tokio::select! {
+//!     _ = async { /* the work */ } => {}
+//!     _ = guard.lost() => { /* stop: someone else may hold it now */ }
+//! }
+//! let token = guard.check()?; // fails once the lock can no longer be proven held
+//! assert_eq!(token.get(), 1);
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # What you get
+//! - [`Lock::try_lock`], [`Lock::lock`], [`Lock::try_lock_for`], [`Lock::try_lock_until`],
+//!   all cancel-safe: an acquire whose answer never arrived is undone by its id.
+//! - A lease on every lock, renewed in the background at about a third of its TTL while
+//!   the [`LockGuard`] lives; renew and release check ownership.
+//! - A [`FencingToken`] per acquisition, strictly increasing per lock name.
+//! - A safe deadline: `valid_until = send time of the last confirmed acquire or renewal
+//!   + ttl × (1 − 1%) − 2 ms`, on the monotonic clock. [`LockGuard::lost`] resolves at
+//!   that deadline if no renewal was confirmed, or at once when the store says the lease
+//!   is gone — before the store can give the lock to anyone else.
+//! - Re-entry by owner id ([`Lock::with_owner`]), fair and non-fair modes, semaphores
+//!   ([`Leasehold::semaphore`]), read-write locks ([`Leasehold::read`],
+//!   [`Leasehold::write`]), [`Leasehold::describe`], [`Leasehold::list`],
+//!   [`Leasehold::force_release`].
+//!
+//! # Choosing a store
+//! - [`MemoryStore`]: the tasks of one process.
+//! - [`LocalStore`] (feature `local`, on by default): the processes of one host; nothing
+//!   to install. The `leasehold` CLI's default.
+//! - Any [`Store`] you implement; run the [`conformance`] suite against it (feature
+//!   `conformance`).
+//!
+//! # Release
+//! [`LockGuard::release`] is the way to end a hold. Dropping a guard stops renewal and
+//! makes a best-effort release on the current tokio runtime; the only promise is that
+//! the lease expires within its TTL.
+//!
+//! # Features
+//! - `local` (default): the local store (Linux).
+//! - `conformance`: the store behaviour suite.
+
+#![warn(missing_docs)]
+
+mod error;
+mod fence;
+mod guard;
+mod keepalive;
+mod lock;
+mod memory;
+mod name;
+mod options;
+mod record;
+mod store;
+mod sys;
+mod url;
+
+#[cfg(feature = "local")]
+pub mod local;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+pub use error::{BoxError, Error, Result};
+pub use fence::{FenceGate, FencingToken};
+pub use guard::LockGuard;
+pub use keepalive::{safe_deadline, DRIFT, MARGIN};
+#[cfg(feature = "local")]
+pub use local::LocalStore;
+pub use lock::{Leasehold, Lock};
+pub use memory::MemoryStore;
+pub use name::{LockName, MAX_NAME_LEN};
+pub use options::{humanize, DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
+pub use store::{
+    AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId, LockKind,
+    LockState, Released, Renewal, Requester, Store, WaiterInfo, Watermark,
+};
+pub use url::{open_store, URL_FORMS};

@@ -1,0 +1,484 @@
+//! Cross-process store on one host: the CLI's default. Nothing to install or run.
+//!
+//! Each lock is a file under `DIR/locks/`, holding the lock's record (holders, waiters,
+//! last fencing token) in two checksummed slots written in turn. Every check-and-change
+//! takes the file's `flock(2)`, reads, decides and writes in one step, so any number of
+//! processes can use a directory at once.
+//!
+//! # Guarantees and limits
+//! - **Leases** run on `CLOCK_BOOTTIME`, which every process on the host shares and which
+//!   keeps counting while the machine is suspended. After a reboot (a new boot id) no old
+//!   lease survives.
+//! - **Dead holders**: a holder or queue head whose process has exited (same host name,
+//!   same pid namespace) is dropped as soon as a waiter looks, and waiters are woken by
+//!   the kernel when it exits (pidfd). Otherwise its lease expires.
+//! - **Waiters** are woken by inotify when the lock's file changes, not by polling.
+//! - **Tokens** persist in the file and survive process crashes and restarts. Writes are
+//!   not fsync'ed: after a power loss the last tokens issued may be issued again.
+//! - The directory must be on a local file system (`flock` and inotify do not work across
+//!   NFS clients).
+
+mod slots;
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::record::{Now, Record};
+use crate::store::{
+    AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
+};
+use crate::{sys, Error, LockName, Result};
+
+/// The local store. Cheap to clone.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use leasehold::{Leasehold, LocalStore};
+/// let locks = Leasehold::new(LocalStore::open("/var/lib/myapp/locks")?);
+/// let guard = locks.mutex("nightly")?.lock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LocalStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    locks_dir: PathBuf,
+    boot: String,
+    host: String,
+    files: Mutex<HashMap<LockName, Arc<LockFile>>>,
+    wakers: Arc<Wakers>,
+    watcher: OnceLock<Option<AbortOnDropHandle<()>>>,
+}
+
+/// One lock's file, opened once per store.
+#[derive(Debug)]
+struct LockFile {
+    file: File,
+    /// Tasks of this process take turns: `flock` does not exclude users of the same
+    /// open file.
+    turn: tokio::sync::Mutex<()>,
+}
+
+/// Change notifications per file name, fed by the inotify task.
+#[derive(Debug, Default)]
+struct Wakers(Mutex<HashMap<OsString, Arc<Notify>>>);
+
+impl Wakers {
+    fn get(&self, file: &OsString) -> Arc<Notify> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(file.clone()).or_default().clone()
+    }
+
+    fn wake(&self, file: Option<&OsString>) {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match file {
+            Some(file) => map.get(file).iter().for_each(|n| n.notify_waiters()),
+            // Queue overflow: we do not know what changed.
+            None => map.values().for_each(|n| n.notify_waiters()),
+        }
+    }
+}
+
+/// The default directory: `$LEASEHOLD_HOME`, else `$XDG_STATE_HOME/leasehold`, else
+/// `~/.local/state/leasehold`.
+pub fn default_dir() -> Result<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(home) = var("LEASEHOLD_HOME") {
+        return Ok(home);
+    }
+    if let Some(state) = var("XDG_STATE_HOME") {
+        return Ok(state.join("leasehold"));
+    }
+    match var("HOME") {
+        Some(home) => Ok(home.join(".local/state/leasehold")),
+        None => Err(Error::InvalidStore {
+            store: "local".into(),
+            reason: "no directory given and neither LEASEHOLD_HOME, XDG_STATE_HOME nor HOME is set; use local:DIR".into(),
+        }),
+    }
+}
+
+/// A file name for a lock name: readable when short, a digest when long.
+fn file_name(name: &LockName) -> OsString {
+    let mut out = String::new();
+    for b in name.as_str().bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    if out.len() > 200 || out.starts_with('.') {
+        out = format!("~{:x}", Sha256::digest(name.as_str().as_bytes()));
+    }
+    out.push_str(".lock");
+    out.into()
+}
+
+fn unusable(dir: &Path, what: &str, e: std::io::Error) -> Error {
+    Error::InvalidStore {
+        store: format!("local:{}", dir.display()),
+        reason: format!(
+            "{what}: {e}; pick a writable directory with --store local:DIR or LEASEHOLD_HOME"
+        ),
+    }
+}
+
+impl LocalStore {
+    /// Opens (creating if needed) the store in `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let locks_dir = dir.join("locks");
+        std::fs::create_dir_all(&locks_dir)
+            .map_err(|e| unusable(&dir, "cannot create its locks directory", e))?;
+        std::fs::read_dir(&locks_dir)
+            .map_err(|e| unusable(&dir, "cannot read its locks directory", e))?;
+        let probe = locks_dir.join(".probe");
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&probe)
+            .map_err(|e| unusable(&dir, "cannot write in its locks directory", e))?;
+        Ok(LocalStore {
+            inner: Arc::new(Inner {
+                dir,
+                locks_dir,
+                boot: sys::boot_id(),
+                host: sys::hostname(),
+                files: Mutex::default(),
+                wakers: Arc::default(),
+                watcher: OnceLock::new(),
+            }),
+        })
+    }
+
+    /// The default store (see [`default_dir`]).
+    pub fn open_default() -> Result<Self> {
+        Self::open(default_dir()?)
+    }
+
+    /// Where it keeps its files.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    fn store_name(&self) -> String {
+        format!("local:{}", self.inner.dir.display())
+    }
+
+    fn io_error(&self, name: &str, what: &str, e: std::io::Error) -> Error {
+        Error::Unavailable {
+            store: self.store_name(),
+            source: format!("{what} for lock \"{name}\": {e}").into(),
+        }
+    }
+
+    fn lock_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
+        let mut files = self.inner.files.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = files.get(name) {
+            return Ok(f.clone());
+        }
+        let path = self.inner.locks_dir.join(file_name(name));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| {
+                self.io_error(name.as_str(), &format!("cannot open {}", path.display()), e)
+            })?;
+        let f = Arc::new(LockFile {
+            file,
+            turn: tokio::sync::Mutex::new(()),
+        });
+        files.insert(name.clone(), f.clone());
+        Ok(f)
+    }
+
+    fn alive(&self) -> impl Fn(&str, u32) -> bool + '_ {
+        move |host, pid| host != self.inner.host || sys::pid_exists(pid)
+    }
+
+    /// Runs `f` on the record of `name` under the file lock, after dropping expired leases,
+    /// and writes the record back if `f` (or the expiry) changed it.
+    async fn with<T>(&self, name: &LockName, f: impl FnOnce(&mut Record, Now) -> T) -> Result<T> {
+        let lf = self.lock_file(name)?;
+        let _turn = lf.turn.lock().await;
+        let _flock = flock(&lf)
+            .await
+            .map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?;
+        let now = Now {
+            mono: sys::boottime_ns(),
+            wall_ms: Now::wall_ms(),
+        };
+        let (seq, mut record) = match slots::read(&lf.file)
+            .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?
+        {
+            slots::Found::Empty => (0, Record::new(name.as_str(), &self.inner.boot)),
+            slots::Found::State { seq, json } => {
+                let record: Record = serde_json::from_slice(&json)
+                    .map_err(|e| self.corrupt(name, &e.to_string()))?;
+                (seq, record)
+            }
+            slots::Found::Corrupt(why) => return Err(self.corrupt(name, &why)),
+        };
+        let before = record.clone();
+        record.enter_epoch(&self.inner.boot);
+        record.prune(now, &|_, _| true);
+        let out = f(&mut record, now);
+        if record != before {
+            let json = serde_json::to_vec(&record).map_err(|e| Error::Internal(e.to_string()))?;
+            if json.len() > slots::MAX_RECORD {
+                return Err(Error::Conflict {
+                    name: name.to_string(),
+                    reason: "too many holders and waiters for the local store (its record exceeds 1 MiB)".into(),
+                });
+            }
+            slots::write(&lf.file, seq + 1, &json)
+                .map_err(|e| self.io_error(name.as_str(), "cannot write its file", e))?;
+        }
+        Ok(out)
+    }
+
+    fn corrupt(&self, name: &LockName, why: &str) -> Error {
+        let path = self.inner.locks_dir.join(file_name(name));
+        Error::Corrupt {
+            store: self.store_name(),
+            name: name.to_string(),
+            reason: format!(
+                "{} {why}; move it aside to start the lock afresh (its fencing tokens then restart at 1, so also reset any resource that checks them)",
+                path.display()
+            ),
+        }
+    }
+
+    fn start_watcher(&self) -> Option<AbortOnDropHandle<()>> {
+        let inotify = inotify::Inotify::init().ok()?;
+        inotify
+            .watches()
+            .add(&self.inner.locks_dir, inotify::WatchMask::MODIFY)
+            .ok()?;
+        let mut events = inotify.into_event_stream([0u8; 4096]).ok()?;
+        let wakers = self.inner.wakers.clone();
+        Some(AbortOnDropHandle::new(tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => wakers.wake(event.name.as_ref()),
+                    Err(_) => {
+                        wakers.wake(None);
+                        return;
+                    }
+                }
+            }
+        })))
+    }
+}
+
+/// Holds a file's `flock` until dropped.
+struct Flock(Arc<LockFile>);
+
+impl Drop for Flock {
+    fn drop(&mut self) {
+        // SAFETY: the fd is open for as long as the Arc lives.
+        unsafe { libc::flock(self.0.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Takes the file lock: at once if free, else on a blocking thread, so a process stopped
+/// in the middle of its few-microsecond update cannot stall this runtime.
+async fn flock(lf: &Arc<LockFile>) -> std::io::Result<Flock> {
+    let fd = lf.file.as_raw_fd();
+    // SAFETY: valid fd; non-blocking attempt.
+    if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Flock(lf.clone()));
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(err);
+    }
+    let lf = lf.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || loop {
+        // SAFETY: valid fd; blocking attempt.
+        if unsafe { libc::flock(lf.file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            // If our caller was cancelled, the Flock comes back (or is dropped with the
+            // channel) and unlocks.
+            let _ = tx.send(Ok(Flock(lf)));
+            return;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            let _ = tx.send(Err(err));
+            return;
+        }
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(std::io::Error::other("file-lock thread ended")))
+}
+
+type Exit = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Resolves when the process behind `fd` exits.
+fn exited(fd: std::os::fd::OwnedFd) -> Option<Exit> {
+    // SAFETY: the AsyncFd owns the OwnedFd, which stays open and unchanged until dropped.
+    let fd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()?;
+    Some(Box::pin(async move {
+        let _ = fd.readable().await;
+    }))
+}
+
+#[async_trait]
+impl Store for LocalStore {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let alive = self.alive();
+        self.with(&req.name, |r, now| {
+            let attempt = r.acquire(req, now)?;
+            // Someone in the way: drop those whose process has died and try once more.
+            if matches!(attempt, Attempt::Busy(_)) && r.prune(now, &alive) {
+                return r.acquire(req, now);
+            }
+            Ok(attempt)
+        })
+        .await?
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        self.with(&lease.name, |r, now| r.renew(lease, ttl, now))
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        self.with(&lease.name, |r, _| r.release(lease)).await
+    }
+
+    async fn changed(&self, name: &LockName, since: Watermark) -> Result<()> {
+        let watching = self
+            .inner
+            .watcher
+            .get_or_init(|| self.start_watcher())
+            .is_some();
+        let changed = self.inner.wakers.get(&file_name(name));
+        let notified = changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let host = self.inner.host.clone();
+        let me = std::process::id();
+        let (version, pids) = self
+            .with(name, |r, _| {
+                let pids: Vec<u32> = r
+                    .blocking_pids()
+                    .filter(|(h, pid)| *h == host && *pid != me)
+                    .map(|(_, pid)| pid)
+                    .collect();
+                (r.watermark(), pids)
+            })
+            .await?;
+        if version != since {
+            return Ok(());
+        }
+        let mut exits: Vec<Exit> = Vec::new();
+        for pid in pids {
+            match sys::pidfd_open(pid) {
+                Some(fd) => exits.extend(exited(fd)),
+                // Gone already (or no pidfds): let the caller look again.
+                None if !sys::pid_exists(pid) => return Ok(()),
+                None => {}
+            }
+        }
+        let any_exit = async {
+            if exits.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            futures_util::future::select_all(exits).await;
+        };
+        if !watching {
+            // No inotify: the caller's timers (holder expiry) still bound the wait.
+            any_exit.await;
+            return Ok(());
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = any_exit => {}
+        }
+        Ok(())
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<LockState> {
+        let alive = self.alive();
+        self.with(name, |r, now| {
+            r.prune(now, &alive);
+            r.state(now)
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
+        let entries = std::fs::read_dir(&self.inner.locks_dir)
+            .map_err(|e| self.io_error("*", "cannot list the locks directory", e))?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            if !file_name.to_string_lossy().ends_with(".lock") {
+                continue;
+            }
+            let Ok(file) = File::open(entry.path()) else {
+                continue;
+            };
+            let Ok(slots::Found::State { json, .. }) = slots::read(&file) else {
+                continue;
+            };
+            let Ok(record) = serde_json::from_slice::<Record>(&json) else {
+                continue;
+            };
+            if !record.name.starts_with(prefix) || record.is_idle() {
+                continue;
+            }
+            if let Ok(name) = LockName::new(record.name) {
+                let state = self.describe(&name).await?;
+                if !state.holders.is_empty() || !state.waiters.is_empty() {
+                    out.push(state);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        self.with(name, |r, _| r.force_release()).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cross_process: true,
+            reclaims_dead_processes: true,
+        }
+    }
+
+    fn describe_store(&self) -> String {
+        self.store_name()
+    }
+}

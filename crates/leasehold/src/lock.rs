@@ -1,0 +1,379 @@
+//! The entry point ([`Leasehold`]), lock handles, and the one place where waiting happens.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{sleep_until, Instant};
+use tracing::Instrument;
+
+use crate::guard::LockGuard;
+use crate::keepalive::{jitter, Lifeline};
+use crate::options::{check_owner, check_permits, check_ttl, DEFAULT_TTL};
+use crate::store::{
+    AcquireRequest, Attempt, Busy, Lease, LeaseId, LockKind, LockState, Requester, Store,
+};
+use crate::{Error, LockName, Result};
+
+/// A store plus this process's identity: makes lock handles.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::{Leasehold, MemoryStore};
+///
+/// let locks = Leasehold::new(MemoryStore::new());
+/// let nightly = locks.mutex("nightly")?.with_ttl(Duration::from_secs(30));
+/// if let Some(guard) = nightly.try_lock().await? {
+///     let token = guard.check()?;      // send it with every write the lock protects
+///     println!("running the nightly job with fencing token {token}");
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Leasehold {
+    store: Arc<dyn Store>,
+    requester: Arc<Requester>,
+}
+
+impl fmt::Debug for Leasehold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leasehold")
+            .field("store", &self.store.describe_store())
+            .finish()
+    }
+}
+
+impl Leasehold {
+    /// Locks on `store`.
+    pub fn new(store: impl Store) -> Self {
+        Self::from_store(Arc::new(store))
+    }
+
+    /// Locks on a shared store.
+    pub fn from_store(store: Arc<dyn Store>) -> Self {
+        Leasehold {
+            store,
+            requester: Arc::new(Requester::this_process()),
+        }
+    }
+
+    /// Opens the store a URL names (see [`open_store`](crate::open_store)).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Ok(Self::from_store(crate::url::open_store(url).await?))
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn handle(&self, name: LockName, kind: LockKind) -> Lock {
+        Lock {
+            store: self.store.clone(),
+            requester: self.requester.clone(),
+            name,
+            kind,
+            ttl: DEFAULT_TTL,
+            fair: false,
+            owner: None,
+            on_wait: None,
+        }
+    }
+
+    /// A mutex: one holder at a time.
+    pub fn mutex<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.try_into()?, LockKind::Exclusive))
+    }
+
+    /// A semaphore: at most `permits` holders at a time, each with its own lease and token.
+    /// Everyone using the name must pass the same `permits`.
+    pub fn semaphore<N: TryInto<LockName, Error = Error>>(
+        &self,
+        name: N,
+        permits: u32,
+    ) -> Result<Lock> {
+        let permits = check_permits(permits)?;
+        Ok(self.handle(name.try_into()?, LockKind::Permit { permits }))
+    }
+
+    /// The read side of a read-write lock: many readers together, never with a writer.
+    /// A waiting writer is not passed by readers that arrive after it.
+    pub fn read<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.try_into()?, LockKind::Shared))
+    }
+
+    /// The write side of a read-write lock: one writer, no readers.
+    pub fn write<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.try_into()?, LockKind::Exclusive))
+    }
+
+    /// Holders and waiters of one lock.
+    pub async fn describe<N: TryInto<LockName, Error = Error>>(
+        &self,
+        name: N,
+    ) -> Result<LockState> {
+        self.store.describe(&name.try_into()?).await
+    }
+
+    /// Locks with holders or waiters whose names start with `prefix`.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
+        self.store.list(prefix).await
+    }
+
+    /// Frees a lock whoever holds it; the holders' guards report it lost. Returns whether
+    /// it was held.
+    pub async fn force_release<N: TryInto<LockName, Error = Error>>(
+        &self,
+        name: N,
+    ) -> Result<bool> {
+        let name = name.try_into()?;
+        let held = self.store.force_release(&name).await?;
+        tracing::warn!(lock = %name, held, "force-released");
+        Ok(held)
+    }
+}
+
+type OnWait = Arc<dyn Fn(&Busy) + Send + Sync>;
+
+/// A handle on one lock name with its options. Cheap to clone; acquire as often as needed.
+#[derive(Clone)]
+pub struct Lock {
+    store: Arc<dyn Store>,
+    requester: Arc<Requester>,
+    name: LockName,
+    kind: LockKind,
+    ttl: Duration,
+    fair: bool,
+    owner: Option<String>,
+    on_wait: Option<OnWait>,
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("ttl", &self.ttl)
+            .field("fair", &self.fair)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+enum Wait {
+    No,
+    Until(Instant),
+    Forever,
+}
+
+impl Lock {
+    /// Lease length (default 15 s; from 100 ms to 24 h, checked when acquiring).
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// FIFO: never pass a waiter queued earlier (default: off, the fastest hand-off).
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// The re-entry key: acquiring again under the same owner id adds a hold and returns
+    /// the same fencing token instead of waiting for itself. Default: a fresh id per
+    /// acquisition (no re-entry, like `std::sync::Mutex`).
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Called each time an attempt finds the lock busy while waiting (who holds it, our
+    /// queue position), e.g. to show progress.
+    pub fn on_wait(mut self, f: impl Fn(&Busy) + Send + Sync + 'static) -> Self {
+        self.on_wait = Some(Arc::new(f));
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// One attempt; `None` if someone else holds it.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a cancelled attempt that the store may have granted is released in
+    /// the background by its acquisition id.
+    pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
+        self.acquire(Wait::No).await
+    }
+
+    /// Waits as long as it takes.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future leaves the queue and releases anything the store
+    /// granted meanwhile, in the background, by acquisition id.
+    pub async fn lock(&self) -> Result<LockGuard> {
+        match self.acquire(Wait::Forever).await? {
+            Some(guard) => Ok(guard),
+            None => Err(Error::Internal(
+                "an unbounded wait ended without the lock".into(),
+            )),
+        }
+    }
+
+    /// Waits at most `wait`; `None` if it ran out.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        match Instant::now().checked_add(wait) {
+            Some(deadline) => self.acquire(Wait::Until(deadline)).await,
+            None => self.acquire(Wait::Forever).await,
+        }
+    }
+
+    /// Waits until `deadline` at most; `None` if it passed.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock_until(&self, deadline: std::time::Instant) -> Result<Option<LockGuard>> {
+        self.acquire(Wait::Until(deadline.into())).await
+    }
+
+    fn request(&self, enqueue: bool) -> Result<AcquireRequest> {
+        let ttl = check_ttl(self.ttl)?;
+        let owner = match &self.owner {
+            Some(owner) => {
+                check_owner(owner)?;
+                owner.clone()
+            }
+            None => LeaseId::random().0,
+        };
+        Ok(AcquireRequest {
+            name: self.name.clone(),
+            lease: LeaseId::random(),
+            owner,
+            kind: self.kind,
+            ttl,
+            fair: self.fair,
+            enqueue,
+            requester: (*self.requester).clone(),
+        })
+    }
+
+    async fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        let req = self.request(!matches!(wait, Wait::No))?;
+        let span = tracing::info_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
+        self.acquire_with(req, wait).instrument(span).await
+    }
+
+    async fn acquire_with(&self, req: AcquireRequest, wait: Wait) -> Result<Option<LockGuard>> {
+        let started = Instant::now();
+        let mut pending = Pending::new(self.store.clone(), req.lease());
+        loop {
+            let sent = Instant::now();
+            let busy = match self.store.acquire(&req).await {
+                Ok(Attempt::Granted(grant)) => {
+                    pending.disarm();
+                    tracing::info!(token = grant.token.0, holds = grant.holds, waited = ?started.elapsed(), "acquired");
+                    let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl);
+                    return Ok(Some(LockGuard::start(
+                        line,
+                        grant.token,
+                        grant.holds,
+                        req.kind,
+                        req.owner,
+                    )));
+                }
+                Ok(Attempt::Busy(busy)) => busy,
+                Err(error) => {
+                    // The attempt may have been granted or queued: undo it by its id.
+                    pending.undo().await;
+                    return Err(error);
+                }
+            };
+            let deadline = match wait {
+                Wait::No => {
+                    pending.disarm();
+                    return Ok(None);
+                }
+                Wait::Until(deadline) if Instant::now() >= deadline => {
+                    pending.undo().await;
+                    tracing::debug!(waited = ?started.elapsed(), "gave up waiting");
+                    return Ok(None);
+                }
+                Wait::Until(deadline) => Some(deadline),
+                Wait::Forever => None,
+            };
+            if let Some(on_wait) = &self.on_wait {
+                on_wait(&busy);
+            }
+            tracing::debug!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
+            // Try again when the store signals a change, or when a holder's lease (or a
+            // waiter ahead) can have expired, or in time to refresh our own waiter lease.
+            let refresh = req.ttl / 2;
+            let retry_in = busy
+                .retry_in
+                .map_or(refresh, |d| (d + Duration::from_millis(1)).min(refresh));
+            let mut wake = Instant::now() + retry_in;
+            if let Some(deadline) = deadline {
+                wake = wake.min(deadline);
+            }
+            tokio::select! {
+                changed = self.store.changed(&req.name, busy.watermark) => {
+                    if let Err(error) = changed {
+                        tracing::debug!(%error, "change notification failed; backing off");
+                        let backoff = Instant::now() + jitter(Duration::from_millis(50));
+                        sleep_until(backoff.min(wake)).await;
+                    }
+                }
+                _ = sleep_until(wake) => {}
+            }
+        }
+    }
+}
+
+/// An acquisition that may exist in the store without a guard (an attempt whose answer
+/// was lost, or a place in the queue): undone by its id unless disarmed.
+struct Pending {
+    store: Arc<dyn Store>,
+    lease: Option<Lease>,
+}
+
+impl Pending {
+    fn new(store: Arc<dyn Store>, lease: Lease) -> Self {
+        Pending {
+            store,
+            lease: Some(lease),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.lease = None;
+    }
+
+    async fn undo(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            if let Err(error) = self.store.release(&lease).await {
+                tracing::debug!(%error, "could not undo an unfinished acquire; its lease will expire");
+            }
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let store = self.store.clone();
+            runtime.spawn(async move {
+                let _ = store.release(&lease).await;
+            });
+        }
+    }
+}

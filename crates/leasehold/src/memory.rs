@@ -1,0 +1,161 @@
+//! In-process store: locks shared by the tasks of one process.
+//!
+//! Always built. Useful on its own (one process, many tasks) and as the store for doc
+//! examples and tests. State lives in a mutex; waiters are woken by [`tokio::sync::Notify`].
+//! Nothing survives the process, so tokens restart at 1 in a new process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::record::{Now, Record};
+use crate::store::{
+    AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
+};
+use crate::{Error, LockName, Result};
+
+/// The in-process store. Cheap to clone; clones share locks.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// use leasehold::{Leasehold, MemoryStore};
+/// let locks = Leasehold::new(MemoryStore::new());
+/// let guard = locks.mutex("nightly")?.lock().await?;
+/// assert!(locks.mutex("nightly")?.try_lock().await?.is_none());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    epoch: Instant,
+    locks: Mutex<HashMap<LockName, Entry>>,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            epoch: Instant::now(),
+            locks: Mutex::default(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    record: Record,
+    changed: Arc<Notify>,
+}
+
+fn alive(_host: &str, _pid: u32) -> bool {
+    true
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            mono: self.inner.epoch.elapsed().as_nanos() as u64,
+            wall_ms: Now::wall_ms(),
+        }
+    }
+
+    fn locks(&self) -> Result<std::sync::MutexGuard<'_, HashMap<LockName, Entry>>> {
+        (self.inner.locks.lock()).map_err(|_| Error::Internal("memory store mutex poisoned".into()))
+    }
+
+    /// Runs `f` on the entry of `name` (pruned first), waking waiters if it changed.
+    fn with_entry<T>(&self, name: &LockName, f: impl FnOnce(&mut Entry, Now) -> T) -> Result<T> {
+        let now = self.now();
+        let mut locks = self.locks()?;
+        let entry = locks.entry(name.clone()).or_insert_with(|| Entry {
+            record: Record::new(name.as_str(), ""),
+            changed: Arc::default(),
+        });
+        let before = entry.record.version;
+        entry.record.prune(now, &alive);
+        let out = f(entry, now);
+        if entry.record.version != before {
+            entry.changed.notify_waiters();
+        }
+        Ok(out)
+    }
+
+    fn with<T>(&self, name: &LockName, f: impl FnOnce(&mut Record, Now) -> T) -> Result<T> {
+        self.with_entry(name, |e, now| f(&mut e.record, now))
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.with(&req.name, |r, now| r.acquire(req, now))?
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        self.with(&lease.name, |r, now| r.renew(lease, ttl, now))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        self.with(&lease.name, |r, _| r.release(lease))
+    }
+
+    async fn changed(&self, name: &LockName, since: Watermark) -> Result<()> {
+        let changed = self.with_entry(name, |e, _| e.changed.clone())?;
+        let notified = changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.with(name, |r, _| r.watermark())? == since {
+            notified.await;
+        }
+        Ok(())
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<LockState> {
+        self.with(name, |r, now| r.state(now))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
+        let names: Vec<LockName> = {
+            let locks = self.locks()?;
+            locks
+                .keys()
+                .filter(|n| n.as_str().starts_with(prefix))
+                .cloned()
+                .collect()
+        };
+        let mut out = Vec::new();
+        for name in names {
+            let state = self.with(&name, |r, now| (!r.is_idle()).then(|| r.state(now)))?;
+            out.extend(state);
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        self.with(name, |r, _| r.force_release())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cross_process: false,
+            reclaims_dead_processes: false,
+        }
+    }
+
+    fn describe_store(&self) -> String {
+        "memory:".into()
+    }
+}

@@ -1,0 +1,76 @@
+//! Limits and validation of lock options, checked before anything is sent.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// Default lease length.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+/// Shortest lease accepted: shorter leases leave no room for a renewal round trip.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+/// Longest lease accepted: a crashed holder blocks others for at most this long.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Longest owner id accepted, in bytes.
+pub const MAX_OWNER_LEN: usize = 128;
+/// Most permits a semaphore may have.
+pub const MAX_PERMITS: u32 = 100_000;
+
+pub(crate) fn check_ttl(ttl: Duration) -> Result<Duration> {
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(Error::option(
+            "ttl",
+            format!(
+                "{} is out of range; a lease must last from {} to {}",
+                humanize(ttl),
+                humanize(MIN_TTL),
+                humanize(MAX_TTL)
+            ),
+        ));
+    }
+    Ok(ttl)
+}
+
+pub(crate) fn check_owner(owner: &str) -> Result<()> {
+    let rule = if owner.is_empty() {
+        "must not be empty"
+    } else if owner.len() > MAX_OWNER_LEN {
+        "is longer than 128 bytes"
+    } else if owner.chars().any(char::is_control) {
+        "contains a control character"
+    } else {
+        return Ok(());
+    };
+    Err(Error::option(
+        "owner",
+        format!("owner id {:?} {rule}", owner.escape_debug().to_string()),
+    ))
+}
+
+pub(crate) fn check_permits(permits: u32) -> Result<u32> {
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::option(
+            "permits",
+            format!("{permits} is out of range; a semaphore has 1 to {MAX_PERMITS} permits"),
+        ));
+    }
+    Ok(permits)
+}
+
+/// `1.5s`, `250ms`, `2h` — for messages.
+pub fn humanize(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        let s = d.as_secs_f64();
+        if ms % 1000 == 0 {
+            format!("{s:.0}s")
+        } else {
+            format!("{s:.1}s")
+        }
+    } else if ms < 3_600_000 {
+        format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000)
+    } else {
+        format!("{}h{}m", ms / 3_600_000, (ms % 3_600_000) / 60_000)
+    }
+}

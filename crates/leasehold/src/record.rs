@@ -1,0 +1,374 @@
+//! One lock's state and its transitions, shared by the stores that keep state themselves
+//! (`memory` in a mutex, `local` in a file). Pure: the caller supplies the clock and the
+//! process-liveness check and persists the record.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{
+    AcquireRequest, Attempt, Busy, Grant, HolderInfo, Lease, LockKind, LockState, Released,
+    Renewal, WaiterInfo, Watermark,
+};
+use crate::{Error, FencingToken, Result};
+
+/// Says whether the process `pid` on `host` may still be running.
+pub(crate) type Alive<'a> = &'a dyn Fn(&str, u32) -> bool;
+
+/// The clock and host facts a transition needs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Now {
+    /// Monotonic nanoseconds on the store's clock (leases expire on it).
+    pub mono: u64,
+    /// Wall clock, for display only.
+    pub wall_ms: u64,
+}
+
+impl Now {
+    pub fn wall_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub name: String,
+    /// The last fencing token issued; never decreases.
+    pub last_token: u64,
+    /// Bumped whenever something a waiter may care about happened (a hold or a waiter
+    /// went away, a holder arrived). Renewals and waiter refreshes do not bump it.
+    pub version: u64,
+    /// Next waiter sequence number (queue order).
+    pub next_seq: u64,
+    /// The epoch `mono` times belong to (the local store's boot id); a record from another
+    /// epoch has no live leases.
+    #[serde(default)]
+    pub epoch: String,
+    pub holders: Vec<Holder>,
+    pub waiters: Vec<Waiter>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Holder {
+    pub owner: String,
+    pub kind: LockKind,
+    pub token: u64,
+    pub since_ms: u64,
+    /// One per acquisition by this owner (re-entry adds one).
+    pub holds: Vec<Hold>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Hold {
+    pub lease: String,
+    pub host: String,
+    pub pid: u32,
+    pub expires: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Waiter {
+    pub lease: String,
+    pub owner: String,
+    pub kind: LockKind,
+    pub seq: u64,
+    pub host: String,
+    pub pid: u32,
+    pub since_ms: u64,
+    pub expires: u64,
+}
+
+fn deadline(now: Now, ttl: Duration) -> u64 {
+    now.mono
+        .saturating_add(ttl.as_nanos().min(u64::MAX as u128) as u64)
+}
+
+/// Whether a holder of `held` admits a new holder of `want` beside it.
+fn compatible(held: LockKind, want: LockKind) -> bool {
+    matches!((held, want), (LockKind::Shared, LockKind::Shared))
+        || matches!(
+            (held, want),
+            (LockKind::Permit { .. }, LockKind::Permit { .. })
+        )
+}
+
+impl Record {
+    pub fn new(name: &str, epoch: &str) -> Self {
+        Record {
+            name: name.to_string(),
+            epoch: epoch.to_string(),
+            ..Record::default()
+        }
+    }
+
+    /// Starts a new epoch (the host rebooted): no lease from before survives, the token
+    /// counter does.
+    pub fn enter_epoch(&mut self, epoch: &str) {
+        if self.epoch != epoch {
+            self.epoch = epoch.to_string();
+            self.holders.clear();
+            self.waiters.clear();
+            self.version += 1;
+        }
+    }
+
+    /// Drops expired leases and waiters, and those whose process `alive` says is gone.
+    /// Returns whether anything was dropped.
+    pub fn prune(&mut self, now: Now, alive: Alive<'_>) -> bool {
+        let before = (self.holders.len(), self.waiters.len(), self.hold_count());
+        for h in &mut self.holders {
+            h.holds
+                .retain(|hold| hold.expires > now.mono && alive(&hold.host, hold.pid));
+        }
+        self.holders.retain(|h| !h.holds.is_empty());
+        self.waiters
+            .retain(|w| w.expires > now.mono && alive(&w.host, w.pid));
+        let changed = before != (self.holders.len(), self.waiters.len(), self.hold_count());
+        if changed {
+            self.version += 1;
+        }
+        changed
+    }
+
+    fn hold_count(&self) -> usize {
+        self.holders.iter().map(|h| h.holds.len()).sum()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.waiters.is_empty()
+    }
+
+    /// One attempt. The caller has pruned with the same `now`.
+    pub fn acquire(&mut self, req: &AcquireRequest, now: Now) -> Result<Attempt> {
+        let hold = Hold {
+            lease: req.lease.0.clone(),
+            host: req.requester.host.clone(),
+            pid: req.requester.pid,
+            expires: deadline(now, req.ttl),
+        };
+
+        // A retry of a request that was already granted: the same answer again.
+        if let Some(h) = self
+            .holders
+            .iter_mut()
+            .find(|h| h.holds.iter().any(|x| x.lease == hold.lease))
+        {
+            let existing = h.holds.iter_mut().find(|x| x.lease == hold.lease);
+            if let Some(existing) = existing {
+                existing.expires = existing.expires.max(hold.expires);
+            }
+            return Ok(Attempt::Granted(Grant {
+                token: FencingToken(h.token),
+                holds: h.holds.len() as u32,
+            }));
+        }
+
+        // Re-entry by the same owner: one more hold, the same token.
+        if let Some(h) = self.holders.iter_mut().find(|h| h.owner == req.owner) {
+            let reenterable = h.kind == req.kind
+                || (h.kind == LockKind::Exclusive && req.kind == LockKind::Shared);
+            if !reenterable {
+                return Err(Error::Conflict {
+                    name: self.name.clone(),
+                    reason: format!(
+                        "owner {:?} already holds it as {} and asked for {}; upgrading a shared hold would deadlock, release it first",
+                        req.owner,
+                        h.kind.word(),
+                        req.kind.word()
+                    ),
+                });
+            }
+            h.holds.push(hold);
+            let grant = Grant {
+                token: FencingToken(h.token),
+                holds: h.holds.len() as u32,
+            };
+            self.waiters.retain(|w| w.lease != req.lease.0);
+            return Ok(Attempt::Granted(grant));
+        }
+
+        if let (LockKind::Permit { permits }, Some(other)) = (
+            req.kind,
+            self.holders.iter().find_map(|h| match h.kind {
+                LockKind::Permit { permits } => Some(permits),
+                _ => None,
+            }),
+        ) {
+            if other != permits {
+                return Err(Error::Conflict {
+                    name: self.name.clone(),
+                    reason: format!(
+                        "it is held as a semaphore with {other} permits; asked with {permits}; use the same count everywhere"
+                    ),
+                });
+            }
+        }
+
+        let blocking_holder = match req.kind {
+            LockKind::Permit { permits } if self.holders.len() >= permits as usize => {
+                self.holders.first()
+            }
+            _ => self.holders.iter().find(|h| !compatible(h.kind, req.kind)),
+        };
+        let me = self.waiters.iter().position(|w| w.lease == req.lease.0);
+        let ahead = &self.waiters[..me.unwrap_or(self.waiters.len())];
+        // Fair: nobody ahead, except readers who are let in together. Non-fair: barge,
+        // except that a reader does not pass a waiting writer (no writer starvation).
+        let blocking_waiter = ahead.iter().find(|w| {
+            if req.fair {
+                !(w.kind == LockKind::Shared && req.kind == LockKind::Shared)
+            } else {
+                req.kind == LockKind::Shared && w.kind == LockKind::Exclusive
+            }
+        });
+
+        if blocking_holder.is_none() && blocking_waiter.is_none() {
+            self.last_token += 1;
+            self.holders.push(Holder {
+                owner: req.owner.clone(),
+                kind: req.kind,
+                token: self.last_token,
+                since_ms: now.wall_ms,
+                holds: vec![hold],
+            });
+            self.waiters.retain(|w| w.lease != req.lease.0);
+            self.version += 1;
+            return Ok(Attempt::Granted(Grant {
+                token: FencingToken(self.last_token),
+                holds: 1,
+            }));
+        }
+
+        let retry_at = match (blocking_holder, blocking_waiter) {
+            (Some(h), _) => h.holds.iter().map(|x| x.expires).max(),
+            (None, Some(w)) => Some(w.expires),
+            (None, None) => None,
+        };
+        let holder = blocking_holder.map(|h| self.holder_info(h, now));
+        let position = if req.enqueue {
+            match me {
+                Some(i) => {
+                    self.waiters[i].expires = hold.expires;
+                    Some(i + 1)
+                }
+                None => {
+                    self.waiters.push(Waiter {
+                        lease: req.lease.0.clone(),
+                        owner: req.owner.clone(),
+                        kind: req.kind,
+                        seq: self.next_seq,
+                        host: hold.host,
+                        pid: hold.pid,
+                        since_ms: now.wall_ms,
+                        expires: hold.expires,
+                    });
+                    self.next_seq += 1;
+                    Some(self.waiters.len())
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Attempt::Busy(Busy {
+            holder,
+            position,
+            retry_in: retry_at.map(|t| Duration::from_nanos(t.saturating_sub(now.mono))),
+            watermark: Watermark(self.version),
+        }))
+    }
+
+    pub fn renew(&mut self, lease: &Lease, ttl: Duration, now: Now) -> Renewal {
+        let hold = self
+            .holders
+            .iter_mut()
+            .flat_map(|h| h.holds.iter_mut())
+            .find(|x| x.lease == lease.id.0);
+        match hold {
+            Some(hold) => {
+                hold.expires = deadline(now, ttl);
+                Renewal::Renewed
+            }
+            None => Renewal::Lost,
+        }
+    }
+
+    pub fn release(&mut self, lease: &Lease) -> Released {
+        let mut released = Released::NotHeld;
+        for h in &mut self.holders {
+            let before = h.holds.len();
+            h.holds.retain(|x| x.lease != lease.id.0);
+            if h.holds.len() != before {
+                released = Released::Released;
+            }
+        }
+        self.holders.retain(|h| !h.holds.is_empty());
+        let waiters = self.waiters.len();
+        self.waiters.retain(|w| w.lease != lease.id.0);
+        if released == Released::Released || waiters != self.waiters.len() {
+            self.version += 1;
+        }
+        released
+    }
+
+    pub fn force_release(&mut self) -> bool {
+        let held = !self.holders.is_empty();
+        self.holders.clear();
+        self.version += 1;
+        held
+    }
+
+    fn holder_info(&self, h: &Holder, now: Now) -> HolderInfo {
+        let first = &h.holds[0];
+        let expires = h.holds.iter().map(|x| x.expires).max().unwrap_or(0);
+        HolderInfo {
+            owner: h.owner.clone(),
+            host: first.host.clone(),
+            pid: first.pid,
+            token: FencingToken(h.token),
+            kind: h.kind,
+            since: UNIX_EPOCH + Duration::from_millis(h.since_ms),
+            lease_left: Duration::from_nanos(expires.saturating_sub(now.mono)),
+            holds: h.holds.len() as u32,
+        }
+    }
+
+    pub fn state(&self, now: Now) -> LockState {
+        LockState {
+            name: self.name.clone(),
+            last_token: FencingToken(self.last_token),
+            holders: self
+                .holders
+                .iter()
+                .map(|h| self.holder_info(h, now))
+                .collect(),
+            waiters: self
+                .waiters
+                .iter()
+                .map(|w| WaiterInfo {
+                    owner: w.owner.clone(),
+                    host: w.host.clone(),
+                    pid: w.pid,
+                    kind: w.kind,
+                    since: UNIX_EPOCH + Duration::from_millis(w.since_ms),
+                })
+                .collect(),
+        }
+    }
+
+    pub fn watermark(&self) -> Watermark {
+        Watermark(self.version)
+    }
+
+    /// Processes that stand in the way of waiters: every holder's, and the queue head's.
+    /// A store that can watch processes wakes waiters when one of them exits.
+    pub fn blocking_pids(&self) -> impl Iterator<Item = (&str, u32)> {
+        let holds = self
+            .holders
+            .iter()
+            .flat_map(|h| h.holds.iter().map(|x| (x.host.as_str(), x.pid)));
+        holds.chain(self.waiters.first().map(|w| (w.host.as_str(), w.pid)))
+    }
+}

@@ -1,0 +1,296 @@
+//! The small trait every store implements, and the values that cross it.
+//!
+//! A store answers single attempts and says when another attempt may be worth making.
+//! Waiting, deadlines, renewal, re-entry bookkeeping above the store and guards live once,
+//! in [`Lock`](crate::Lock) and [`LockGuard`](crate::LockGuard), so a store cannot get them
+//! subtly wrong.
+
+use std::fmt::Debug;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::{FencingToken, LockName, Result};
+
+/// What a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LockKind {
+    /// A mutex, or the write side of a read-write lock: one holder.
+    Exclusive,
+    /// The read side of a read-write lock: any number of readers, no writer.
+    Shared,
+    /// One of `permits` permits of a semaphore.
+    Permit {
+        /// How many holders the semaphore admits.
+        permits: u32,
+    },
+}
+
+impl LockKind {
+    /// A short word for messages: `exclusive`, `shared`, `permit`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            LockKind::Exclusive => "exclusive",
+            LockKind::Shared => "shared",
+            LockKind::Permit { .. } => "permit",
+        }
+    }
+}
+
+/// A random id for one acquisition, made before the request is sent, so an acquire whose
+/// answer never arrived can still be found and released.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LeaseId(pub String);
+
+impl LeaseId {
+    /// 128 random bits, hex.
+    pub fn random() -> Self {
+        LeaseId(format!("{:032x}", rand::random::<u128>()))
+    }
+}
+
+impl Debug for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who is asking: shown by `describe`, and used by stores that can tell when a process
+/// on their own host has died.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requester {
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+}
+
+impl Requester {
+    /// This process.
+    pub fn this_process() -> Self {
+        Requester {
+            host: crate::sys::hostname(),
+            pid: std::process::id(),
+        }
+    }
+}
+
+/// One acquire attempt.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    /// The lock.
+    pub name: LockName,
+    /// This acquisition's id (see [`LeaseId`]).
+    pub lease: LeaseId,
+    /// Re-entry key: the same owner acquiring again holds it again.
+    pub owner: String,
+    /// Mutex, read, write or permit.
+    pub kind: LockKind,
+    /// Lease length.
+    pub ttl: Duration,
+    /// FIFO: do not pass waiters queued ahead.
+    pub fair: bool,
+    /// When busy, join (or stay in) the wait queue, with a waiter lease of `ttl`.
+    pub enqueue: bool,
+    /// Shown to others.
+    pub requester: Requester,
+}
+
+impl AcquireRequest {
+    /// The lease this request creates if granted.
+    pub fn lease(&self) -> Lease {
+        Lease {
+            name: self.name.clone(),
+            id: self.lease.clone(),
+        }
+    }
+}
+
+/// A held (or possibly held) lease: enough to renew or release it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The lock.
+    pub name: LockName,
+    /// The acquisition.
+    pub id: LeaseId,
+}
+
+/// Opaque "state seen" marker for [`Store::changed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Watermark(pub u64);
+
+/// The answer to one attempt.
+#[derive(Clone, Debug)]
+pub enum Attempt {
+    /// The lock is ours.
+    Granted(Grant),
+    /// Someone else holds it, or waiters are ahead of us.
+    Busy(Busy),
+}
+
+/// A granted acquisition.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    /// The fencing token (the holder's, unchanged on re-entry).
+    pub token: FencingToken,
+    /// How many times this owner now holds the lock (1 unless re-entered).
+    pub holds: u32,
+}
+
+/// Why an attempt was not granted, and when trying again may help.
+#[derive(Clone, Debug)]
+pub struct Busy {
+    /// A holder that stands in the way, if any.
+    pub holder: Option<HolderInfo>,
+    /// Our place in the wait queue (1 = next), where the store keeps one.
+    pub position: Option<usize>,
+    /// Try again by then even if no change was signalled: the earliest moment a holder's
+    /// lease or a waiter ahead of us can expire.
+    pub retry_in: Option<Duration>,
+    /// Pass to [`Store::changed`].
+    pub watermark: Watermark,
+}
+
+/// The answer to a renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease runs for the new TTL, counted from when the store handled it.
+    Renewed,
+    /// The lease is gone (expired, released or force-released).
+    Lost,
+}
+
+/// The answer to a release. Releasing twice is not an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// This acquisition's hold was removed (the lock is free if it was the last hold).
+    Released,
+    /// There was nothing to release: the lease had already ended.
+    NotHeld,
+}
+
+/// One holder, as `describe` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderInfo {
+    /// Owner id (re-entry key).
+    pub owner: String,
+    /// Where it runs.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Its fencing token.
+    pub token: FencingToken,
+    /// Exclusive, shared or permit.
+    #[serde(flatten)]
+    pub kind: LockKind,
+    /// When it acquired (the store's wall clock).
+    #[serde(with = "unix_ms")]
+    pub since: SystemTime,
+    /// Lease left, as the store sees it.
+    #[serde(with = "millis")]
+    pub lease_left: Duration,
+    /// Hold count (re-entries + 1).
+    pub holds: u32,
+}
+
+/// One waiter, as `describe` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaiterInfo {
+    /// Owner id.
+    pub owner: String,
+    /// Where it runs.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// What it waits for.
+    #[serde(flatten)]
+    pub kind: LockKind,
+    /// When it started waiting (the store's wall clock).
+    #[serde(with = "unix_ms")]
+    pub since: SystemTime,
+}
+
+/// A lock's state: holders, waiters, the last token issued.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockState {
+    /// The lock's name.
+    pub name: String,
+    /// The highest fencing token issued so far (0: never held).
+    pub last_token: FencingToken,
+    /// Current holders, oldest first.
+    pub holders: Vec<HolderInfo>,
+    /// Waiters in queue order.
+    pub waiters: Vec<WaiterInfo>,
+}
+
+/// What a store can do, for callers and the conformance suite.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Locks are visible to other processes.
+    pub cross_process: bool,
+    /// A holder whose process dies is dropped at once rather than at its lease's end.
+    pub reclaims_dead_processes: bool,
+}
+
+/// A lock store. Every method is one attempt: none waits for a holder.
+///
+/// Stores keep these rules: every check-and-change is one atomic step; a lease's
+/// expiry is counted from when the store handled the request (never earlier than the
+/// client sent it); fencing tokens strictly increase per name and survive restarts of
+/// a store that keeps its data; releasing is idempotent and checks ownership by
+/// [`LeaseId`].
+#[async_trait]
+pub trait Store: Debug + Send + Sync + 'static {
+    /// Acquire `req.name`, or say who is in the way.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt>;
+    /// Extend our own lease to `ttl` from now, if it still exists.
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal>;
+    /// Drop our hold (and our place in the queue, if waiting).
+    async fn release(&self, lease: &Lease) -> Result<Released>;
+    /// Resolves once `name` may have changed since `since` (a release, a force-release,
+    /// a queue move, a holder's process exit). May resolve early; never needed for
+    /// correctness, only for promptness: callers also retry at [`Busy::retry_in`].
+    async fn changed(&self, name: &LockName, since: Watermark) -> Result<()>;
+    /// Holders and waiters of one lock.
+    async fn describe(&self, name: &LockName) -> Result<LockState>;
+    /// Every lock whose name starts with `prefix` that has holders or waiters.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockState>>;
+    /// Remove every holder of `name`; their guards see the loss at their next renewal.
+    /// Returns whether anyone held it.
+    async fn force_release(&self, name: &LockName) -> Result<bool>;
+    /// What this store can do.
+    fn capabilities(&self) -> Capabilities;
+    /// A short description for messages, e.g. `local:/var/lib/leasehold`.
+    fn describe_store(&self) -> String;
+}
+
+mod unix_ms {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let ms = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+        s.serialize_u64(ms)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        Ok(UNIX_EPOCH + Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}

@@ -1,0 +1,65 @@
+//! The few OS facts leasehold needs.
+
+use std::ffi::CStr;
+
+/// This host's name ("localhost" if it cannot be read).
+pub(crate) fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success
+    // when the name fits, and the last byte stays 0 otherwise.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    CStr::from_bytes_until_nul(&buf)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+#[cfg(feature = "local")]
+pub(crate) use local::*;
+
+#[cfg(feature = "local")]
+mod local {
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    /// Nanoseconds on CLOCK_BOOTTIME: monotonic, shared by every process on the host, and
+    /// counting time spent suspended (a lease must not outlive a suspend).
+    pub(crate) fn boottime_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
+    /// Identifies this boot: CLOCK_BOOTTIME values from another boot mean nothing.
+    pub(crate) fn boot_id() -> String {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    }
+
+    /// False only if `pid` certainly does not exist.
+    pub(crate) fn pid_exists(pid: u32) -> bool {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return true;
+        };
+        // SAFETY: signal 0 only checks existence and permission.
+        let rc = unsafe { libc::kill(pid, 0) };
+        rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    }
+
+    /// A pidfd (readable once the process exits), if the kernel has them.
+    pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+        // SAFETY: plain syscall; a non-negative result is a new fd that we own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fd is a fresh descriptor returned by the kernel.
+        Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+}
