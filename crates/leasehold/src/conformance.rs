@@ -1,1 +1,649 @@
-//! todo
+//! The behaviour every store must show, as plain async functions over a store.
+//!
+//! Store tests call [`conformance_suite!`](crate::conformance_suite), which makes one
+//! test per case:
+//!
+//! ```ignore
+//! leasehold::conformance_suite!(async { std::sync::Arc::new(MyStore::connect().await) });
+//! ```
+//!
+//! Each case uses lock names of its own, so cases can share one store and run in
+//! parallel. Waits are on conditions with generous deadlines, never on fixed sleeps.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::FutureExt;
+use tokio::time::Instant;
+
+use crate::store::{
+    AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
+};
+use crate::{Error, Leasehold, LockName, Result};
+
+/// How long a condition may take before a case fails: long enough for 2 loaded cores.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A short TTL for cases that need leases to end.
+pub const SHORT_TTL: Duration = Duration::from_millis(400);
+
+/// Awaits `fut`, failing the case with `what` if it takes longer than [`PATIENCE`].
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(PATIENCE, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {PATIENCE:?} waiting for {what}"),
+    }
+}
+
+/// Polls `cond` until it holds, failing with `what` after [`PATIENCE`]. For observing
+/// state that has no notification (e.g. a waiter appearing in `describe`).
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    within(what, async {
+        while !cond().await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}
+
+/// A unique lock name for one case.
+pub fn unique(case: &str) -> String {
+    format!("conformance/{case}/{:08x}", rand::random::<u32>())
+}
+
+/// Passes everything through to a real store, but can make renewals fail, as a network
+/// partition between this client and the store would.
+#[derive(Debug)]
+pub struct PartitionedRenewals {
+    inner: Arc<dyn Store>,
+    cut: AtomicBool,
+}
+
+impl PartitionedRenewals {
+    /// Wraps `inner`, renewals flowing.
+    pub fn new(inner: Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(PartitionedRenewals {
+            inner,
+            cut: AtomicBool::new(false),
+        })
+    }
+
+    /// From now on renewals fail as if the store were unreachable.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Store for PartitionedRenewals {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.inner.acquire(req).await
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(Error::Unavailable {
+                store: self.describe_store(),
+                source: "partitioned by the test".into(),
+            });
+        }
+        self.inner.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        self.inner.release(lease).await
+    }
+    async fn changed(&self, name: &LockName, since: Watermark) -> Result<()> {
+        self.inner.changed(name, since).await
+    }
+    async fn describe(&self, name: &LockName) -> Result<LockState> {
+        self.inner.describe(name).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
+        self.inner.list(prefix).await
+    }
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        self.inner.force_release(name).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn describe_store(&self) -> String {
+        format!("partitioned({})", self.inner.describe_store())
+    }
+}
+
+/// Tasks incrementing a counter with a read, a yield and a write under the lock: any
+/// overlap of holders loses an update or is seen directly.
+pub async fn mutual_exclusion(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("mutex");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let (tasks, rounds) = (8, 40);
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let lock = locks.mutex(name.as_str()).unwrap();
+        let (counter, inside) = (counter.clone(), inside.clone());
+        handles.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let guard = lock.lock().await.unwrap();
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
+                let seen = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(seen + 1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    within("all tasks to finish", async {
+        for h in handles {
+            h.await.unwrap();
+        }
+    })
+    .await;
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        tasks * rounds,
+        "lost updates"
+    );
+}
+
+/// `try_lock` never waits; bounded waits give up and leave no trace in the queue.
+pub async fn try_and_bounded_waits(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("try");
+    let lock = locks.mutex(name.as_str()).unwrap();
+    let held = lock
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("a free lock is granted");
+    assert!(
+        lock.try_lock().await.unwrap().is_none(),
+        "try_lock on a held lock"
+    );
+    let started = Instant::now();
+    assert!(lock
+        .try_lock_for(Duration::from_millis(150))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "gave up before its deadline"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_millis(50);
+    assert!(lock.try_lock_until(deadline).await.unwrap().is_none());
+    let state = locks.describe(name.as_str()).await.unwrap();
+    assert!(
+        state.waiters.is_empty(),
+        "a waiter that gave up is still queued: {state:?}"
+    );
+    held.release().await.unwrap();
+    let again = within(
+        "a bounded wait on a free lock",
+        lock.try_lock_for(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    again
+        .expect("free lock within a bounded wait")
+        .release()
+        .await
+        .unwrap();
+}
+
+/// A holder that stops renewing (its process died) loses the lock at its lease's end
+/// and the next holder gets a higher token.
+pub async fn expiry_after_holder_dies(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let lock = locks
+        .mutex(unique("expiry").as_str())
+        .unwrap()
+        .with_ttl(SHORT_TTL);
+    let dead = lock.try_lock().await.unwrap().unwrap();
+    let dead_token = dead.token();
+    let _abandoned = dead.leak();
+    assert!(
+        lock.try_lock().await.unwrap().is_none(),
+        "the lease must outlive the holder"
+    );
+    let next = within("the abandoned lease to expire", lock.lock())
+        .await
+        .unwrap();
+    assert!(next.token() > dead_token);
+    next.release().await.unwrap();
+}
+
+/// Renewal keeps a lock held across several TTLs.
+pub async fn renewal_keeps_lock(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let lock = locks
+        .mutex(unique("renewal").as_str())
+        .unwrap()
+        .with_ttl(Duration::from_millis(300));
+    let guard = lock.try_lock().await.unwrap().unwrap();
+    let until = Instant::now() + Duration::from_millis(300 * 5);
+    // Time passing is the point of this case: sample until five TTLs are over.
+    while Instant::now() < until {
+        assert!(
+            guard.check().is_ok(),
+            "lost while renewals work: {:?}",
+            guard.check()
+        );
+        assert!(
+            lock.try_lock().await.unwrap().is_none(),
+            "someone else got a renewed lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(guard.release().await.unwrap(), Released::Released);
+}
+
+/// With renewals failing, `lost()` fires — and `check()` fails — before another holder
+/// can acquire the lock; releasing the lost lease reports it was not held.
+pub async fn lost_fires_before_takeover(store: Arc<dyn Store>) {
+    let partitioned = PartitionedRenewals::new(store.clone());
+    let name = unique("lost");
+    let cut_off = Leasehold::from_store(partitioned.clone());
+    let other = Leasehold::from_store(store);
+    let guard = cut_off
+        .mutex(name.as_str())
+        .unwrap()
+        .with_ttl(SHORT_TTL)
+        .lock()
+        .await
+        .unwrap();
+    partitioned.cut();
+    let next = within(
+        "the next holder",
+        other.mutex(name.as_str()).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        guard.is_lost(),
+        "another holder got the lock before the loss was known"
+    );
+    assert!(matches!(guard.check(), Err(Error::Lost { .. })));
+    assert!(
+        guard.lost().now_or_never().is_some(),
+        "lost() had not fired"
+    );
+    assert!(guard.valid_until() <= Instant::now());
+    assert!(next.token() > guard.token());
+    assert_eq!(guard.release().await.unwrap(), Released::NotHeld);
+    next.release().await.unwrap();
+}
+
+/// Tokens strictly increase across holders; re-entry keeps the token and counts holds;
+/// the lock frees when the last hold is released.
+pub async fn tokens_and_reentry(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("tokens");
+    let mut last = 0;
+    for _ in 0..5 {
+        let g = locks
+            .mutex(name.as_str())
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(g.token().get() > last, "token did not increase");
+        last = g.token().get();
+        g.release().await.unwrap();
+    }
+    let mine = locks.mutex(name.as_str()).unwrap().with_owner("worker-7");
+    let first = mine.try_lock().await.unwrap().unwrap();
+    let second = mine.try_lock().await.unwrap().expect("the owner re-enters");
+    assert_eq!(first.token(), second.token(), "re-entry changed the token");
+    assert!(first.token().get() > last);
+    assert_eq!((first.holds(), second.holds()), (1, 2));
+    let state = locks.describe(name.as_str()).await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].holds, 2);
+    let stranger = locks.mutex(name.as_str()).unwrap();
+    let held_token = second.token();
+    assert_eq!(second.release().await.unwrap(), Released::Released);
+    assert!(
+        stranger.try_lock().await.unwrap().is_none(),
+        "freed with a hold left"
+    );
+    assert_eq!(first.release().await.unwrap(), Released::Released);
+    let g = stranger
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after the last hold");
+    assert!(g.token() > held_token);
+    g.release().await.unwrap();
+}
+
+/// Fair mode serves waiters in arrival order.
+pub async fn fifo_when_fair(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("fifo");
+    let lock = locks.mutex(name.as_str()).unwrap().with_fair(true);
+    let holder = lock.try_lock().await.unwrap().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut handles = Vec::new();
+    for i in 0..5 {
+        let (lock, order) = (lock.clone(), order.clone());
+        handles.push(tokio::spawn(async move {
+            let g = lock.lock().await.unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        eventually("the waiter to queue", || async {
+            locks.describe(name.as_str()).await.unwrap().waiters.len() == i + 1
+        })
+        .await;
+    }
+    holder.release().await.unwrap();
+    within("every waiter", async {
+        for h in handles {
+            h.await.unwrap();
+        }
+    })
+    .await;
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
+
+/// A semaphore admits at most its permits, each holder with its own token.
+pub async fn semaphore_limit(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("semaphore");
+    let sem = locks.semaphore(name.as_str(), 3).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(sem.try_lock().await.unwrap().expect("a free permit"));
+    }
+    let mut tokens: Vec<_> = held.iter().map(|g| g.token()).collect();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "permits share a token");
+    assert!(
+        sem.try_lock().await.unwrap().is_none(),
+        "a fourth permit was granted"
+    );
+    assert!(matches!(
+        locks.semaphore(name.as_str(), 5).unwrap().try_lock().await,
+        Err(Error::Conflict { .. })
+    ));
+    held.pop().unwrap().release().await.unwrap();
+    held.push(
+        sem.try_lock()
+            .await
+            .unwrap()
+            .expect("a released permit is free"),
+    );
+    for g in held {
+        g.release().await.unwrap();
+    }
+
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let (sem, inside, most) = (sem.clone(), inside.clone(), most.clone());
+        handles.push(tokio::spawn(async move {
+            for _ in 0..15 {
+                let g = sem.lock().await.unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    within("the semaphore tasks", async {
+        for h in handles {
+            h.await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        most.load(Ordering::SeqCst) <= 3,
+        "more holders than permits"
+    );
+}
+
+/// Readers share; a writer excludes everyone; a waiting writer is not passed by new
+/// readers.
+pub async fn read_write_rules(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("rw");
+    let r1 = locks
+        .read(name.as_str())
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("reader 1");
+    let r2 = locks
+        .read(name.as_str())
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("readers share");
+    let writer = locks.write(name.as_str()).unwrap();
+    assert!(
+        writer.try_lock().await.unwrap().is_none(),
+        "a writer beside readers"
+    );
+    let waiting = tokio::spawn(async move { writer.lock().await.unwrap() });
+    eventually("the writer to queue", || async {
+        locks.describe(name.as_str()).await.unwrap().waiters.len() == 1
+    })
+    .await;
+    assert!(
+        locks
+            .read(name.as_str())
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "a new reader passed a waiting writer"
+    );
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let w = within("the writer", waiting).await.unwrap();
+    assert!(
+        locks
+            .read(name.as_str())
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "a reader beside a writer"
+    );
+    assert!(
+        locks
+            .write(name.as_str())
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "two writers"
+    );
+    w.release().await.unwrap();
+    let r = locks.read(name.as_str()).unwrap().try_lock().await.unwrap();
+    r.expect("readers after the writer")
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Releasing twice is harmless, and a release never touches another holder's lease.
+pub async fn release_is_idempotent(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store.clone());
+    let lock = locks.mutex(unique("release").as_str()).unwrap();
+    let lease = lock.try_lock().await.unwrap().unwrap().leak();
+    assert_eq!(store.release(&lease).await.unwrap(), Released::Released);
+    assert_eq!(store.release(&lease).await.unwrap(), Released::NotHeld);
+    let next = lock.try_lock().await.unwrap().unwrap();
+    assert_eq!(store.release(&lease).await.unwrap(), Released::NotHeld);
+    assert!(
+        lock.try_lock().await.unwrap().is_none(),
+        "an old lease released the new holder"
+    );
+    assert_eq!(store.renew(&lease, SHORT_TTL).await.unwrap(), Renewal::Lost);
+    next.release().await.unwrap();
+}
+
+/// Force-release frees the lock; the holder's guard reports the loss; its release says
+/// it was not held.
+pub async fn force_release_is_seen_as_lost(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("force");
+    let lock = locks
+        .mutex(name.as_str())
+        .unwrap()
+        .with_ttl(Duration::from_millis(600))
+        .with_owner("victim");
+    let guard = lock.try_lock().await.unwrap().unwrap();
+    let state = locks.describe(name.as_str()).await.unwrap();
+    let holder = &state.holders[0];
+    assert_eq!(holder.owner, "victim");
+    assert_eq!(holder.pid, std::process::id());
+    assert_eq!(holder.token, guard.token());
+    assert!(holder.lease_left > Duration::ZERO && holder.lease_left <= Duration::from_millis(600));
+    let listed = locks.list("conformance/force/").await.unwrap();
+    assert!(
+        listed.iter().any(|s| s.name == name),
+        "list misses a held lock"
+    );
+    assert!(locks.force_release(name.as_str()).await.unwrap());
+    assert!(
+        !locks.force_release(name.as_str()).await.unwrap(),
+        "nothing left to release"
+    );
+    within("the guard to see the loss", guard.lost()).await;
+    assert!(guard.check().is_err());
+    let next = locks
+        .mutex(name.as_str())
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after force-release");
+    assert!(next.token() > guard.token());
+    assert_eq!(guard.release().await.unwrap(), Released::NotHeld);
+    next.release().await.unwrap();
+}
+
+/// A cancelled wait leaves the queue, so it does not block anyone.
+pub async fn cancelled_wait_leaves_no_trace(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("cancel");
+    let lock = locks.mutex(name.as_str()).unwrap().with_fair(true);
+    let holder = lock.try_lock().await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.lock().await }
+    });
+    eventually("the waiter to queue", || async {
+        locks.describe(name.as_str()).await.unwrap().waiters.len() == 1
+    })
+    .await;
+    waiter.abort();
+    eventually("the cancelled waiter to leave the queue", || async {
+        locks
+            .describe(name.as_str())
+            .await
+            .unwrap()
+            .waiters
+            .is_empty()
+    })
+    .await;
+    holder.release().await.unwrap();
+    let g = lock
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("fair lock free after a cancelled waiter");
+    g.release().await.unwrap();
+}
+
+/// Bad input is rejected before anything reaches the store, with the rule in the message.
+pub async fn bad_input_rejected(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let msg = |e: Error| e.to_string();
+    assert!(msg(locks.mutex("").unwrap_err()).contains("empty"));
+    assert!(msg(locks.mutex("x".repeat(300)).unwrap_err()).contains("300 bytes"));
+    assert!(msg(locks.mutex("a\tb").unwrap_err()).contains("control character"));
+    assert!(msg(locks.semaphore("ok", 0).unwrap_err()).contains("permits"));
+    let name = unique("bad");
+    let lock = locks.mutex(name.as_str()).unwrap();
+    let e = lock
+        .clone()
+        .with_ttl(Duration::ZERO)
+        .try_lock()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidOption { option: "ttl", .. }),
+        "{e}"
+    );
+    let e = lock
+        .clone()
+        .with_ttl(Duration::from_secs(100 * 365 * 86400))
+        .lock()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidOption { option: "ttl", .. }),
+        "{e}"
+    );
+    let e = lock.clone().with_owner("").try_lock().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidOption {
+                option: "owner",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let state = locks.describe(name.as_str()).await.unwrap();
+    assert!(state.holders.is_empty() && state.waiters.is_empty() && state.last_token.get() == 0);
+}
+
+/// Makes one `#[tokio::test]` per conformance case for the store that `$make` (an async
+/// expression giving an `Arc<dyn Store>`) builds.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        $crate::conformance_suite!(@cases $make;
+            mutual_exclusion, try_and_bounded_waits, expiry_after_holder_dies,
+            renewal_keeps_lock, lost_fires_before_takeover, tokens_and_reentry,
+            fifo_when_fair, semaphore_limit, read_write_rules, release_is_idempotent,
+            force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace, bad_input_rejected);
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let store: ::std::sync::Arc<dyn $crate::Store> = $make.await;
+                $crate::conformance::$case(store).await;
+            }
+        )*
+    };
+}

@@ -42,8 +42,7 @@
 //! - [`MemoryStore`]: the tasks of one process.
 //! - [`LocalStore`] (feature `local`, on by default): the processes of one host; nothing
 //!   to install. The `leasehold` CLI's default.
-//! - Any [`Store`] you implement; run the [`conformance`] suite against it (feature
-//!   `conformance`).
+//! - Any [`Store`] you implement; run the [`conformance`] suite against it.
 //!
 //! # Release
 //! [`LockGuard::release`] is the way to end a hold. Dropping a guard stops renewal and
@@ -52,7 +51,6 @@
 //!
 //! # Features
 //! - `local` (default): the local store (Linux).
-//! - `conformance`: the store behaviour suite.
 
 #![warn(missing_docs)]
 
@@ -72,7 +70,6 @@ mod url;
 #[cfg(feature = "local")]
 pub mod local;
 
-#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
 pub use error::{BoxError, Error, Result};
