@@ -29,10 +29,11 @@
 //! - A lease on every lock, renewed in the background at about a third of its TTL while
 //!   the [`LockGuard`] lives; renew and release check ownership.
 //! - A [`FencingToken`] per acquisition, strictly increasing per lock name.
-//! - A safe deadline: `valid_until = send time of the last confirmed acquire or renewal
-//!   + ttl × (1 − 1%) − 2 ms`, on the monotonic clock. [`LockGuard::lost`] resolves at
-//!   that deadline if no renewal was confirmed, or at once when the store says the lease
-//!   is gone — before the store can give the lock to anyone else.
+//! - A safe deadline, on the monotonic clock: the send time of the last confirmed
+//!   acquire or renewal, plus the TTL less 1% drift and a 2 ms margin.
+//!   [`LockGuard::lost`] resolves at that deadline if no renewal was confirmed, or at
+//!   once when the store says the lease is gone — before the store can give the lock to
+//!   anyone else.
 //! - Re-entry by owner id ([`Lock::with_owner`]), fair and non-fair modes, semaphores
 //!   ([`Leasehold::semaphore`]), read-write locks ([`Leasehold::read`],
 //!   [`Leasehold::write`]), [`Leasehold::describe`], [`Leasehold::list`],

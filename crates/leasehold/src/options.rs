@@ -69,8 +69,14 @@ pub fn humanize(d: Duration) -> String {
             format!("{s:.1}s")
         }
     } else if ms < 3_600_000 {
-        format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000)
+        match (ms / 60_000, (ms % 60_000) / 1000) {
+            (m, 0) => format!("{m}m"),
+            (m, s) => format!("{m}m{s}s"),
+        }
     } else {
-        format!("{}h{}m", ms / 3_600_000, (ms % 3_600_000) / 60_000)
+        match (ms / 3_600_000, (ms % 3_600_000) / 60_000) {
+            (h, 0) => format!("{h}h"),
+            (h, m) => format!("{h}h{m}m"),
+        }
     }
 }
