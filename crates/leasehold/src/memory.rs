@@ -9,9 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
 
-use crate::record::{Now, Record};
+use crate::record::{Now, Record, Wake};
 use crate::store::{
     AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
 };
@@ -51,7 +50,7 @@ impl Default for Inner {
 #[derive(Debug, Default)]
 struct Entry {
     record: Record,
-    changed: Arc<Notify>,
+    changed: Arc<Wake>,
 }
 
 fn alive(_host: &str, _pid: u32) -> bool {
@@ -87,7 +86,7 @@ impl MemoryStore {
         entry.record.prune(now, &alive);
         let out = f(entry, now);
         if entry.record.version != before {
-            entry.changed.notify_waiters();
+            entry.changed.changed();
         }
         Ok(out)
     }
@@ -113,10 +112,10 @@ impl Store for MemoryStore {
 
     async fn changed(&self, name: &LockName, since: Watermark) -> Result<()> {
         let changed = self.with_entry(name, |e, _| e.changed.clone())?;
-        let notified = changed.notified();
+        let notified = changed.notified(since);
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if self.with(name, |r, _| r.watermark())? == since {
+        if !self.with(name, |r, _| r.changed_since(since))? {
             notified.await;
         }
         Ok(())

@@ -5,6 +5,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
 
 use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, HolderInfo, Lease, LockKind, LockState, Released,
@@ -30,6 +32,30 @@ impl Now {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_millis() as u64
+    }
+}
+
+/// Wakes the waiters of one process when a lock changes: all of those who each need to
+/// look, and one of those of whom any one can use the change (see [`Watermark`]), so a
+/// release does not wake a herd that would find the lock taken again.
+#[derive(Debug, Default)]
+pub(crate) struct Wake {
+    all: Notify,
+    one: Notify,
+}
+
+impl Wake {
+    pub fn changed(&self) {
+        self.all.notify_waiters();
+        self.one.notify_one();
+    }
+
+    pub fn notified(&self, since: Watermark) -> Notified<'_> {
+        if since.wake_one {
+            self.one.notified()
+        } else {
+            self.all.notified()
+        }
     }
 }
 
@@ -276,7 +302,10 @@ impl Record {
             holder,
             position,
             retry_in: retry_at.map(|t| Duration::from_nanos(t.saturating_sub(now.mono))),
-            watermark: Watermark(self.version),
+            watermark: Watermark {
+                version: self.version,
+                wake_one: !req.fair && req.kind != LockKind::Shared,
+            },
         }))
     }
 
@@ -358,8 +387,9 @@ impl Record {
         }
     }
 
-    pub fn watermark(&self) -> Watermark {
-        Watermark(self.version)
+    /// Whether the lock changed since `since` was made.
+    pub fn changed_since(&self, since: Watermark) -> bool {
+        self.version != since.version
     }
 
     /// Processes that stand in the way of waiters: every holder's, and the queue head's.

@@ -118,9 +118,15 @@ pub struct Lease {
     pub id: LeaseId,
 }
 
-/// Opaque "state seen" marker for [`Store::changed`].
+/// "State seen" marker for [`Store::changed`], made by the store in [`Busy`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Watermark(pub u64);
+pub struct Watermark {
+    /// The store's version of the lock when it answered the attempt.
+    pub version: u64,
+    /// Any one waiter of this process can use a change (a non-fair exclusive or permit
+    /// request), so a store may wake one such waiter per change instead of all of them.
+    pub wake_one: bool,
+}
 
 /// The answer to one attempt.
 #[derive(Clone, Debug)]

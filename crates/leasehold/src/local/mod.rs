@@ -34,10 +34,9 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::Notify;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::record::{Now, Record};
+use crate::record::{Now, Record, Wake};
 use crate::store::{
     AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
 };
@@ -79,10 +78,10 @@ struct LockFile {
 
 /// Change notifications per file name, fed by the inotify task.
 #[derive(Debug, Default)]
-struct Wakers(Mutex<HashMap<OsString, Arc<Notify>>>);
+struct Wakers(Mutex<HashMap<OsString, Arc<Wake>>>);
 
 impl Wakers {
-    fn get(&self, file: &OsString) -> Arc<Notify> {
+    fn get(&self, file: &OsString) -> Arc<Wake> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(file.clone()).or_default().clone()
     }
@@ -90,9 +89,9 @@ impl Wakers {
     fn wake(&self, file: Option<&OsString>) {
         let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match file {
-            Some(file) => map.get(file).iter().for_each(|n| n.notify_waiters()),
+            Some(file) => map.get(file).iter().for_each(|w| w.changed()),
             // Queue overflow: we do not know what changed.
-            None => map.values().for_each(|n| n.notify_waiters()),
+            None => map.values().for_each(|w| w.changed()),
         }
     }
 }
@@ -381,22 +380,22 @@ impl Store for LocalStore {
             .get_or_init(|| self.start_watcher())
             .is_some();
         let changed = self.inner.wakers.get(&file_name(name));
-        let notified = changed.notified();
+        let notified = changed.notified(since);
         tokio::pin!(notified);
         notified.as_mut().enable();
         let host = self.inner.host.clone();
         let me = std::process::id();
-        let (version, pids) = self
+        let (changed, pids) = self
             .with(name, |r, _| {
                 let pids: Vec<u32> = r
                     .blocking_pids()
                     .filter(|(h, pid)| *h == host && *pid != me)
                     .map(|(_, pid)| pid)
                     .collect();
-                (r.watermark(), pids)
+                (r.changed_since(since), pids)
             })
             .await?;
-        if version != since {
+        if changed {
             return Ok(());
         }
         let mut exits: Vec<Exit> = Vec::new();
