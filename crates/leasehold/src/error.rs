@@ -1,7 +1,5 @@
 //! The one public error type.
 
-use std::time::Duration;
-
 /// A boxed error from a store's client library or the OS.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -80,15 +78,6 @@ pub enum Error {
         token: u64,
         /// Deadline passed or the store's word.
         reason: String,
-    },
-
-    /// A bounded wait ran out.
-    #[error("lock \"{name}\" was not acquired within {waited:?}")]
-    Timeout {
-        /// The lock.
-        name: String,
-        /// How long we waited.
-        waited: Duration,
     },
 
     /// A bug or an unexpected state.

@@ -95,7 +95,7 @@ impl Lifeline {
                         s.ttl = ttl;
                     }
                 });
-                tracing::trace!(lock = %self.lease.name, "renewed");
+                tracing::debug!(lock = %self.lease.name, ttl = ?ttl, "renewed");
                 Ok(Renewal::Renewed)
             }
             Ok(Ok(Renewal::Lost)) => {

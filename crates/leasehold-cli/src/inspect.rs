@@ -1,0 +1,141 @@
+//! `status`, `list` and `release --force`.
+
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+use clap::Args;
+use leasehold::{humanize, Leasehold, LockState};
+
+use crate::exit::{self, Failure};
+
+/// Flags of `status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Lock name
+    pub name: String,
+    /// One JSON object on stdout
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only locks whose names start with this
+    #[arg(default_value = "")]
+    pub prefix: String,
+    /// One JSON array on stdout
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// Lock name
+    pub name: String,
+    /// Required: frees the lock whoever holds it; the holder's guard reports it lost
+    /// (`leasehold run` stops its command and exits 76)
+    #[arg(long)]
+    pub force: bool,
+}
+
+async fn connect(store: Option<&str>) -> Result<Leasehold, Failure> {
+    Ok(Leasehold::from_store(crate::open_store(store).await?))
+}
+
+fn ago(t: SystemTime) -> String {
+    humanize(SystemTime::now().duration_since(t).unwrap_or_default())
+}
+
+fn print_state(s: &LockState) {
+    let state = if s.holders.is_empty() { "free" } else { "held" };
+    println!("{}: {state} (last token {})", s.name, s.last_token);
+    for h in &s.holders {
+        let holds = if h.holds > 1 {
+            format!(", {} holds", h.holds)
+        } else {
+            String::new()
+        };
+        println!(
+            "  holder  {} on {} pid {}: token {}, {} for {}, lease left {}{holds}",
+            h.owner,
+            h.host,
+            h.pid,
+            h.token,
+            h.kind.word(),
+            ago(h.since),
+            humanize(h.lease_left)
+        );
+    }
+    for (i, w) in s.waiters.iter().enumerate() {
+        println!(
+            "  waiter {}  {} on {} pid {}: {} for {}",
+            i + 1,
+            w.owner,
+            w.host,
+            w.pid,
+            w.kind.word(),
+            ago(w.since)
+        );
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<(), Failure> {
+    let text =
+        serde_json::to_string(value).map_err(|e| Failure::new(exit::INTERNAL, e.to_string()))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// `leasehold status NAME`.
+pub async fn status(store: Option<&str>, args: StatusArgs) -> Result<ExitCode, Failure> {
+    let locks = connect(store).await?;
+    let state = locks.describe(args.name.as_str()).await?;
+    if args.json {
+        json(&state)?;
+    } else {
+        print_state(&state);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `leasehold list [PREFIX]`.
+pub async fn list(store: Option<&str>, args: ListArgs) -> Result<ExitCode, Failure> {
+    let locks = connect(store).await?;
+    let states = locks.list(&args.prefix).await?;
+    if args.json {
+        json(&states)?;
+    } else if states.is_empty() {
+        println!("no locks held or awaited");
+    } else {
+        states.iter().for_each(print_state);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `leasehold release --force NAME`.
+pub async fn release(store: Option<&str>, args: ReleaseArgs) -> Result<ExitCode, Failure> {
+    if !args.force {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "release frees lock \"{}\" from whoever holds it; say so with --force (holders release their own locks by exiting)",
+                args.name
+            ),
+        ));
+    }
+    let locks = connect(store).await?;
+    let before = locks.describe(args.name.as_str()).await?;
+    if locks.force_release(args.name.as_str()).await? {
+        let who: Vec<String> = before
+            .holders
+            .iter()
+            .map(|h| format!("{} (pid {}, token {})", h.owner, h.pid, h.token))
+            .collect();
+        println!("released \"{}\", held by {}", args.name, who.join(", "));
+    } else {
+        println!("\"{}\" was not held", args.name);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,198 @@
+//! The `leasehold` command: run a command under a lock, inspect locks, benchmark stores.
+//!
+//! `main.rs` only calls [`main`]; everything else is here so tests can drive it.
+
+pub mod bench;
+pub mod exit;
+mod inspect;
+mod progress;
+mod run;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use leasehold::{Leasehold, Lock, Store};
+
+use crate::exit::Failure;
+
+const STORE_HELP: &str =
+    "Store URL: local:DIR, local: (the default directory: $LEASEHOLD_HOME, else \
+$XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold), memory: (this process only; for bench)";
+
+/// Distributed locks from the shell: run a command while holding a lock, with a lease,
+/// a fencing token and a stop when the lock is lost.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold", version, after_help = exit::TABLE)]
+pub struct Cli {
+    /// Lock store URL [default: local:, the default directory]
+    #[arg(long, global = true, env = "LEASEHOLD_STORE", value_name = "URL", long_help = STORE_HELP)]
+    pub store: Option<String>,
+
+    /// More log output (-v info, -vv debug); RUST_LOG overrides
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run COMMAND while holding lock NAME; stop it if the lock is lost
+    #[command(after_help = RUN_AFTER_HELP)]
+    Run(run::RunArgs),
+    /// Acquire NAME, print its fencing token, hold it until SIGINT, SIGTERM or SIGHUP
+    Hold(run::HoldArgs),
+    /// Show who holds NAME and who waits
+    Status(inspect::StatusArgs),
+    /// List held or awaited locks
+    List(inspect::ListArgs),
+    /// Free a lock whoever holds it (needs --force); its holder sees the loss
+    Release(inspect::ReleaseArgs),
+    /// Measure a store: latency, hand-off and throughput (lockbench.v1 with --json)
+    Bench(bench::BenchArgs),
+}
+
+const RUN_AFTER_HELP: &str = "\
+The command gets LEASEHOLD_NAME, LEASEHOLD_TOKEN (the fencing token, decimal) and
+LEASEHOLD_OWNER. A nested `leasehold run` of the same NAME inside it re-enters the lock
+(same owner from LEASEHOLD_OWNER) instead of waiting for itself.
+
+SIGINT, SIGTERM and SIGHUP are passed to the command's process group; the lock is
+released after the command exits. If the lock is lost (force-released, or renewals fail
+until the safe deadline) the command's process group gets SIGTERM, then SIGKILL after
+--grace, and leasehold exits with 76.
+
+Examples:
+  leasehold run nightly -- ./nightly-report.sh
+  leasehold run --wait 30s --ttl 1m migrate -- ./migrate.sh
+  leasehold run --no-wait cron-job -- ./job     # exit 75 if someone else runs it
+  leasehold run --permits 4 encoders -- ffmpeg ...
+  leasehold run --shared schema -- ./read-only-task
+
+Exit status:
+  N      the command's own exit status, when it ran to the end
+  128+N  the command died of signal N (not one sent because the lock was lost)
+  64     bad usage or bad input        69  store unreachable      70  internal error
+  75     not acquired in time / busy   76  lock lost while running
+  126    command not executable        127 command not found";
+
+/// The lock flags `run`, `hold` share.
+#[derive(Debug, Clone, Args)]
+pub struct LockArgs {
+    /// Lock name (1 to 256 bytes, no control characters)
+    pub name: String,
+
+    /// Lease length; renewed at about a third of it while held (100ms to 24h)
+    #[arg(long, value_name = "DUR", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+
+    /// Give up after waiting this long [default: wait without limit]
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+
+    /// Do not wait: give up at once if the lock is busy (exit 75)
+    #[arg(long)]
+    pub no_wait: bool,
+
+    /// First come, first served: do not pass earlier waiters
+    #[arg(long)]
+    pub fair: bool,
+
+    /// Make it a semaphore with N permits (everyone must use the same N)
+    #[arg(long, value_name = "N", conflicts_with = "shared")]
+    pub permits: Option<u32>,
+
+    /// Take a shared (read) lock; plain holders are writers
+    #[arg(long)]
+    pub shared: bool,
+
+    /// Owner id: holders with the same id re-enter instead of waiting [default: random]
+    #[arg(long, value_name = "ID", env = "LEASEHOLD_OWNER")]
+    pub owner: Option<String>,
+}
+
+impl LockArgs {
+    /// The lock handle these flags describe.
+    pub fn lock(&self, locks: &Leasehold) -> Result<Lock, Failure> {
+        let lock = match (self.permits, self.shared) {
+            (Some(permits), _) => locks.semaphore(self.name.as_str(), permits)?,
+            (None, true) => locks.read(self.name.as_str())?,
+            (None, false) => locks.write(self.name.as_str())?,
+        };
+        let owner = self.owner.clone().unwrap_or_else(random_owner);
+        Ok(lock
+            .with_ttl(self.ttl)
+            .with_fair(self.fair)
+            .with_owner(owner))
+    }
+}
+
+/// `pid-random`: unique, and readable in `status`.
+fn random_owner() -> String {
+    format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+/// Opens the store `--store` names (default: the local store's default directory).
+pub async fn open_store(url: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
+    Ok(leasehold::open_store(url.unwrap_or("local:")).await?)
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "leasehold=info,leasehold_cli=info",
+        _ => "leasehold=debug,leasehold_cli=debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Parses arguments, runs, returns the exit code. Usage errors exit 64.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return Failure::new(exit::INTERNAL, format!("cannot start the runtime: {e}")).report()
+        }
+    };
+    let outcome = runtime.block_on(dispatch(cli));
+    // Do not wait for stray background tasks (a best-effort release) past a short grace.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    match outcome {
+        Ok(code) => code,
+        Err(failure) => failure.report(),
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
+    let store = cli.store.as_deref();
+    match cli.command {
+        Command::Run(args) => run::run(store, args).await,
+        Command::Hold(args) => run::hold(store, args).await,
+        Command::Status(args) => inspect::status(store, args).await,
+        Command::List(args) => inspect::list(store, args).await,
+        Command::Release(args) => inspect::release(store, args).await,
+        Command::Bench(args) => bench::bench(store, args).await,
+    }
+}

@@ -1,0 +1,988 @@
+//! The `leasehold` binary, run for real: exit codes, signals, loss, re-entry, semaphores,
+//! shared locks, bad input, mutual exclusion between processes, `status`/`list`/`hold`.
+//!
+//! Every test has its own store (`--store local:<tempdir>`) and `LEASEHOLD_HOME`, so tests
+//! run in parallel. Tests wait for conditions (a file, a printed token, a holder in
+//! `status`) with a deadline, never for a fixed time. Spawned processes are killed when
+//! their guard drops, also when a test fails.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use leasehold_testkit::{pid_alive, send_signal, wait_for, wait_until, TempDir, PATIENCE};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+/// One test's world: a work directory (the commands' cwd), a store and a home.
+struct Cli {
+    _dir: TempDir,
+    work: PathBuf,
+    home: PathBuf,
+    store: String,
+}
+
+/// A finished `leasehold` invocation.
+#[derive(Debug)]
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn from(output: Output) -> Out {
+        Out {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Asserts the exit code; shows the output when it is not.
+    fn expect(self, code: i32) -> Out {
+        assert_eq!(self.code, Some(code), "unexpected exit; {self:#?}");
+        self
+    }
+}
+
+impl Cli {
+    fn new(label: &str) -> Cli {
+        let dir = TempDir::new(&format!("cli-{label}"));
+        let work = dir.path().join("work");
+        let home = dir.path().join("home");
+        fs::create_dir_all(&work).unwrap();
+        fs::create_dir_all(&home).unwrap();
+        let store = format!("local:{}", dir.path().join("store").display());
+        Cli {
+            _dir: dir,
+            work,
+            home,
+            store,
+        }
+    }
+
+    /// A file in the work directory.
+    fn path(&self, rel: &str) -> PathBuf {
+        self.work.join(rel)
+    }
+
+    fn exists(&self, rel: &str) -> bool {
+        self.path(rel).exists()
+    }
+
+    fn read(&self, rel: &str) -> String {
+        fs::read_to_string(self.path(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+    }
+
+    fn touch(&self, rel: &str) {
+        fs::write(self.path(rel), "").unwrap();
+    }
+
+    /// Writes a shell script into the work directory (run it as `sh NAME`).
+    fn script(&self, name: &str, body: &str) {
+        fs::write(self.path(name), body).unwrap();
+    }
+
+    /// A process in the work directory with a hermetic environment; `$LH` is the binary.
+    fn process(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.current_dir(&self.work)
+            .env_remove("LEASEHOLD_OWNER")
+            .env_remove("LEASEHOLD_STORE")
+            .env_remove("RUST_LOG")
+            .env("LEASEHOLD_HOME", &self.home)
+            .env("LH", BIN)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// `leasehold ARGS` without a store flag (for store-related input tests).
+    fn bare(&self, args: &[&str]) -> Command {
+        let mut cmd = self.process(BIN);
+        cmd.args(args);
+        cmd
+    }
+
+    /// `leasehold --store <this test's store> ARGS`.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = self.process(BIN);
+        cmd.arg("--store").arg(&self.store).args(args);
+        cmd
+    }
+
+    /// Runs `leasehold --store ... ARGS` to its end.
+    fn run(&self, args: &[&str]) -> Out {
+        Out::from(self.cmd(args).output().expect("run leasehold"))
+    }
+
+    /// Starts a process, its stdout and stderr going to files in the work directory.
+    fn start(&self, label: &str, mut cmd: Command) -> Proc {
+        let stdout = self.path(&format!("{label}.stdout"));
+        let stderr = self.path(&format!("{label}.stderr"));
+        cmd.stdout(fs::File::create(&stdout).unwrap())
+            .stderr(fs::File::create(&stderr).unwrap());
+        let child = cmd.spawn().expect("spawn");
+        Proc {
+            label: label.to_string(),
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Starts `leasehold --store ... ARGS`.
+    fn spawn(&self, label: &str, args: &[&str]) -> Proc {
+        self.start(label, self.cmd(args))
+    }
+
+    /// Starts `leasehold hold ARGS` and waits for the token it prints.
+    fn hold(&self, label: &str, args: &[&str]) -> (Proc, u64) {
+        let mut all = vec!["hold"];
+        all.extend_from_slice(args);
+        let mut proc = self.spawn(label, &all);
+        let token = proc.wait_for_line(&format!("{label} to print its token"));
+        let token = token
+            .parse()
+            .unwrap_or_else(|_| panic!("hold printed {token:?}, not a decimal token"));
+        (proc, token)
+    }
+
+    /// `leasehold status NAME --json`.
+    fn status(&self, name: &str) -> Value {
+        let out = self.run(&["status", name, "--json"]).expect(0);
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("status --json: {e}: {out:?}"))
+    }
+
+    fn holders(&self, name: &str) -> Vec<Value> {
+        self.status(name)["holders"]
+            .as_array()
+            .expect("holders array")
+            .clone()
+    }
+
+    fn waiters(&self, name: &str) -> Vec<Value> {
+        self.status(name)["waiters"]
+            .as_array()
+            .expect("waiters array")
+            .clone()
+    }
+
+    /// `leasehold list [PREFIX] --json`.
+    fn list(&self, prefix: &str) -> Vec<Value> {
+        let out = self.run(&["list", prefix, "--json"]).expect(0);
+        let value: Value = serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("list --json: {e}: {out:?}"));
+        value
+            .as_array()
+            .expect("list --json gives an array")
+            .clone()
+    }
+
+    fn wait_waiters(&self, name: &str, n: usize) {
+        wait_for(&format!("{n} waiter(s) of {name:?}"), || {
+            self.waiters(name).len() == n
+        });
+    }
+
+    fn wait_file(&self, rel: &str) {
+        wait_for(&format!("file {rel}"), || self.exists(rel));
+    }
+
+    /// The lock is free and nothing is held or awaited in the store.
+    fn assert_all_free(&self, name: &str) {
+        let status = self.status(name);
+        assert_eq!(
+            status["holders"],
+            Value::Array(vec![]),
+            "holders left: {status}"
+        );
+        assert_eq!(
+            status["waiters"],
+            Value::Array(vec![]),
+            "waiters left: {status}"
+        );
+        assert_eq!(self.list(""), Vec::<Value>::new(), "list is not empty");
+    }
+}
+
+/// A running process, SIGKILLed (and reaped) on drop if it still runs.
+struct Proc {
+    label: String,
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Proc {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn stdout(&self) -> String {
+        fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: i32) {
+        send_signal(self.pid(), signal);
+    }
+
+    /// Waits for the first line of stdout; fails at once if the process exits first.
+    fn wait_for_line(&mut self, what: &str) -> String {
+        wait_until(what, PATIENCE, || {
+            if let Some(line) = self.stdout().strip_suffix('\n') {
+                return Some(line.to_string());
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "{} exited ({status}) before {what}; stderr:\n{}",
+                    self.label,
+                    self.stderr()
+                );
+            }
+            None
+        })
+    }
+
+    fn exits_within(&mut self, patience: Duration) -> i32 {
+        let what = format!("{} to exit", self.label);
+        let status = wait_until(&what, patience, || self.child.try_wait().unwrap());
+        match status.code() {
+            Some(code) => code,
+            None => panic!(
+                "{} died of {status}; stderr:\n{}",
+                self.label,
+                self.stderr()
+            ),
+        }
+    }
+
+    /// Waits for it to exit; its exit code (it must not die of a signal itself).
+    fn exit_code(&mut self) -> i32 {
+        self.exits_within(PATIENCE)
+    }
+
+    /// Waits for it to exit with `code`.
+    fn expect_exit(&mut self, code: i32) {
+        let got = self.exit_code();
+        assert_eq!(
+            got,
+            code,
+            "{} exited {got}, not {code}; stdout:\n{}\nstderr:\n{}",
+            self.label,
+            self.stdout(),
+            self.stderr()
+        );
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Kills a process we only know by pid (a grandchild) on drop.
+struct PidGuard(i32);
+
+impl Drop for PidGuard {
+    fn drop(&mut self) {
+        if self.0 > 0 && pid_alive(self.0) {
+            // SAFETY: plain syscall.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+}
+
+fn read_pid(cli: &Cli, rel: &str) -> i32 {
+    cli.wait_file(rel);
+    wait_until(&format!("a pid in {rel}"), PATIENCE, || {
+        cli.read(rel).trim().parse().ok()
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Exit codes
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn command_exit_status_passes_through() {
+    let cli = Cli::new("status-through");
+    cli.run(&["run", "k", "--", "sh", "-c", "exit 7"]).expect(7);
+    cli.run(&["run", "k", "--", "sh", "-c", "exit 0"]).expect(0);
+    cli.run(&["run", "k", "--", "sh", "-c", "exit 255"])
+        .expect(255);
+    cli.assert_all_free("k");
+}
+
+#[test]
+fn command_killed_by_signal_exits_128_plus_the_signal() {
+    let cli = Cli::new("status-signal");
+    cli.run(&["run", "k", "--", "sh", "-c", "kill -KILL $$"])
+        .expect(137);
+    cli.run(&["run", "k", "--", "sh", "-c", "kill -TERM $$"])
+        .expect(143);
+    cli.assert_all_free("k");
+}
+
+#[test]
+fn command_gets_name_token_owner_and_store() {
+    let cli = Cli::new("env");
+    let out = cli
+        .run(&[
+            "run",
+            "--owner",
+            "me-1",
+            "job/nightly",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LEASEHOLD_NAME|$LEASEHOLD_TOKEN|$LEASEHOLD_OWNER|$LEASEHOLD_STORE\"",
+        ])
+        .expect(0);
+    let fields: Vec<&str> = out.stdout.trim_end().split('|').collect();
+    assert_eq!(fields.len(), 4, "{out:?}");
+    assert_eq!(fields[0], "job/nightly");
+    assert!(
+        fields[1].parse::<u64>().is_ok(),
+        "token {:?} is not decimal",
+        fields[1]
+    );
+    assert_eq!(fields[2], "me-1");
+    assert_eq!(fields[3], cli.store);
+}
+
+#[test]
+fn busy_lock_with_no_wait_exits_75_without_running_the_command() {
+    let cli = Cli::new("busy-nowait");
+    let (holder, _) = cli.hold("holder", &["k"]);
+    let out = cli
+        .run(&["run", "--no-wait", "k", "--", "touch", "ran"])
+        .expect(75);
+    assert!(!cli.exists("ran"), "the command ran without the lock");
+    assert!(
+        out.stderr.contains(&format!("pid {}", holder.pid())) && out.stderr.contains("--no-wait"),
+        "stderr should say who holds it: {out:?}"
+    );
+    // The holder still holds it.
+    assert_eq!(cli.holders("k")[0]["pid"], holder.pid());
+}
+
+#[test]
+fn busy_lock_gives_up_after_wait_with_75() {
+    let cli = Cli::new("busy-wait");
+    let (_holder, _) = cli.hold("holder", &["k"]);
+    let started = Instant::now();
+    let out = cli
+        .run(&["run", "--wait", "200ms", "k", "--", "touch", "ran"])
+        .expect(75);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200),
+        "gave up after {waited:?}, before --wait 200ms"
+    );
+    assert!(!cli.exists("ran"), "the command ran without the lock");
+    assert!(
+        out.stderr.contains("--wait"),
+        "stderr should name --wait: {out:?}"
+    );
+    assert_eq!(
+        cli.waiters("k"),
+        Vec::<Value>::new(),
+        "the waiter left its place in the queue"
+    );
+}
+
+#[test]
+fn lock_lost_while_running_exits_76() {
+    let cli = Cli::new("lost");
+    let mut run = cli.spawn(
+        "run",
+        &[
+            "run",
+            "--ttl",
+            "3s",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "touch started; while :; do sleep 0.05; done",
+        ],
+    );
+    cli.wait_file("started");
+    cli.run(&["release", "--force", "k"]).expect(0);
+    run.expect_exit(76);
+    assert!(
+        run.stderr().contains("lost"),
+        "stderr should say the lock was lost: {}",
+        run.stderr()
+    );
+    cli.assert_all_free("k");
+}
+
+#[test]
+fn unusable_store_file_exits_69() {
+    // The only way to reach "unavailable" without a network store: the lock's file in a
+    // valid local store cannot be opened (here it is a directory).
+    let cli = Cli::new("unavailable");
+    let dir = cli.work.join("store69");
+    fs::create_dir_all(dir.join("locks/k.lock")).unwrap();
+    let store = format!("local:{}", dir.display());
+    let out = Out::from(
+        cli.bare(&["--store", &store, "run", "k", "--", "touch", "ran"])
+            .output()
+            .unwrap(),
+    );
+    let out = out.expect(69);
+    assert!(out.stderr.contains("unavailable"), "{out:?}");
+    assert!(!cli.exists("ran"));
+}
+
+#[test]
+fn command_not_found_exits_127_and_releases() {
+    let cli = Cli::new("not-found");
+    let out = cli
+        .run(&["run", "k", "--", "./no-such-command-here"])
+        .expect(127);
+    assert!(out.stderr.contains("not found"), "{out:?}");
+    cli.assert_all_free("k");
+}
+
+#[test]
+fn command_not_executable_exits_126_and_releases() {
+    let cli = Cli::new("not-exec");
+    cli.script("plain-file", "echo hi\n"); // no execute bit: even root cannot exec it
+    let out = cli.run(&["run", "k", "--", "./plain-file"]).expect(126);
+    assert!(out.stderr.contains("plain-file"), "{out:?}");
+    cli.assert_all_free("k");
+}
+
+#[test]
+fn release_without_force_exits_64_and_keeps_the_lock() {
+    let cli = Cli::new("release-noforce");
+    let (mut holder, token) = cli.hold("holder", &["k"]);
+    let out = cli.run(&["release", "k"]).expect(64);
+    assert!(out.stderr.contains("--force"), "{out:?}");
+    let holders = cli.holders("k");
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0]["token"], token);
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Signals
+// ---------------------------------------------------------------------------------------
+
+/// Sends `signal` to `leasehold run`; its command traps it, records that it still held the
+/// lock then, and exits `code`; a background grandchild shows the whole group got it.
+fn signal_is_forwarded(label: &str, signal: i32, trap: &str, code: i32, grandchild_dies: bool) {
+    let cli = Cli::new(label);
+    cli.script(
+        "child.sh",
+        &format!(
+            r#"trap 'echo {trap} > got; "$LH" status "$LEASEHOLD_NAME" --json > during.json; exit {code}' {trap}
+sleep 1000 &
+echo $! > grandchild.pid
+echo "$LEASEHOLD_TOKEN" > token
+touch ready
+while :; do sleep 0.05; done
+"#
+        ),
+    );
+    let mut run = cli.spawn("run", &["run", "k", "--", "sh", "child.sh"]);
+    cli.wait_file("ready");
+    let grandchild = PidGuard(read_pid(&cli, "grandchild.pid"));
+    run.signal(signal);
+    run.expect_exit(code);
+    assert_eq!(
+        cli.read("got").trim(),
+        trap,
+        "the command did not get {trap}"
+    );
+    // The lock was still held while the command handled the signal...
+    let during: Value = serde_json::from_str(&cli.read("during.json")).unwrap();
+    let token: u64 = cli.read("token").trim().parse().unwrap();
+    assert_eq!(
+        during["holders"].as_array().map(Vec::len),
+        Some(1),
+        "{during}"
+    );
+    assert_eq!(during["holders"][0]["token"], token, "{during}");
+    // ...and is free once it exited.
+    cli.assert_all_free("k");
+    if grandchild_dies {
+        let pid = grandchild.0;
+        wait_for("the grandchild to die of the forwarded signal", || {
+            !pid_alive(pid)
+        });
+    }
+}
+
+#[test]
+fn sigterm_goes_to_the_command_group_and_the_lock_is_released_after() {
+    signal_is_forwarded("sigterm", libc::SIGTERM, "TERM", 42, true);
+}
+
+#[test]
+fn sigint_goes_to_the_command_and_the_lock_is_released_after() {
+    // A shell starts background jobs with SIGINT ignored, so no grandchild check here.
+    signal_is_forwarded("sigint", libc::SIGINT, "INT", 43, false);
+}
+
+#[test]
+fn sighup_goes_to_the_command_group_and_the_lock_is_released_after() {
+    signal_is_forwarded("sighup", libc::SIGHUP, "HUP", 44, true);
+}
+
+#[test]
+fn lost_lock_terms_then_kills_the_whole_process_group() {
+    let cli = Cli::new("lost-kill");
+    // The command records SIGTERM and goes on; its grandchild ignores SIGTERM. Only the
+    // SIGKILL after --grace, sent to the group, ends them. (--grace leaves the shell time
+    // to run its trap on a loaded machine.)
+    cli.script(
+        "stubborn.sh",
+        r#"trap 'echo TERM >> term.got' TERM
+(trap '' TERM; exec sleep 1000) &
+echo $! > grandchild.pid
+echo $$ > child.pid
+while :; do sleep 0.05; done
+"#,
+    );
+    let mut run = cli.spawn(
+        "run",
+        &[
+            "run",
+            "--ttl",
+            "3s",
+            "--grace",
+            "2s",
+            "k",
+            "--",
+            "sh",
+            "stubborn.sh",
+        ],
+    );
+    let child = PidGuard(read_pid(&cli, "child.pid"));
+    let grandchild = PidGuard(read_pid(&cli, "grandchild.pid"));
+    assert!(pid_alive(child.0) && pid_alive(grandchild.0));
+    cli.run(&["release", "--force", "k"]).expect(0);
+    run.expect_exit(76);
+    assert!(
+        cli.exists("term.got"),
+        "the command never got SIGTERM before SIGKILL"
+    );
+    wait_for("the command to be gone", || !pid_alive(child.0));
+    wait_for("the grandchild to be gone", || !pid_alive(grandchild.0));
+    cli.assert_all_free("k");
+}
+
+/// Bug check: a `leasehold run` waiting for a busy lock must stop waiting on SIGTERM, not
+/// swallow it, run the command later and kill it then.
+#[test]
+fn sigterm_while_waiting_stops_waiting_without_running_the_command() {
+    let cli = Cli::new("sigterm-waiting");
+    let (_holder, _) = cli.hold("holder", &["k"]);
+    let mut waiter = cli.spawn("waiter", &["run", "k", "--", "touch", "ran"]);
+    cli.wait_waiters("k", 1);
+    waiter.signal(libc::SIGTERM);
+    let code = waiter.exit_code();
+    assert_ne!(code, 0, "a waiter stopped by SIGTERM must not exit 0");
+    assert!(
+        !cli.exists("ran"),
+        "the command ran although leasehold was told to stop"
+    );
+    assert_eq!(
+        cli.waiters("k"),
+        Vec::<Value>::new(),
+        "the stopped waiter is still queued"
+    );
+}
+
+/// Bug check: the same for `hold` while it waits.
+#[test]
+fn sigint_while_waiting_stops_hold() {
+    let cli = Cli::new("sigint-hold-waiting");
+    let (_holder, _) = cli.hold("holder", &["k"]);
+    let mut waiter = cli.spawn("waiter", &["hold", "k"]);
+    cli.wait_waiters("k", 1);
+    waiter.signal(libc::SIGINT);
+    let code = waiter.exit_code();
+    assert_ne!(code, 0, "a waiting hold stopped by SIGINT must not exit 0");
+    assert_eq!(
+        waiter.stdout(),
+        "",
+        "it printed a token although it was told to stop"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Re-entry, semaphores, shared locks
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn nested_run_reenters_with_the_same_token_via_leasehold_owner() {
+    let cli = Cli::new("nested");
+    // Move the token past 1, so a nested run on another store cannot match by chance.
+    cli.run(&["run", "k", "--", "true"]).expect(0);
+    cli.run(&["run", "k", "--", "true"]).expect(0);
+    cli.script(
+        "outer.sh",
+        r#"echo "$LEASEHOLD_TOKEN" > outer.token
+"$LH" run k --no-wait -- sh -c 'echo "$LEASEHOLD_TOKEN"' > inner.token || exit 90
+# Control: without our owner id the same nested run is just another contender.
+env -u LEASEHOLD_OWNER "$LH" run k --no-wait -- true
+echo $? > stranger.code
+"#,
+    );
+    let out = cli.run(&["run", "k", "--", "sh", "outer.sh"]).expect(0);
+    let outer = cli.read("outer.token");
+    let inner = cli.read("inner.token");
+    assert!(
+        outer.trim().parse::<u64>().unwrap() >= 3,
+        "outer token {outer:?}; {out:?}"
+    );
+    assert_eq!(inner, outer, "the nested run saw another token");
+    assert_eq!(
+        cli.read("stranger.code").trim(),
+        "75",
+        "a different owner got in"
+    );
+    cli.assert_all_free("k");
+}
+
+/// Holds its permit until `go.$1` appears, leaves `held.$1` and `done.$1`.
+const BLOCK: &str = r#"echo "$LEASEHOLD_TOKEN" > held.$1
+while [ ! -e go.$1 ]; do sleep 0.05; done
+touch done.$1
+"#;
+
+#[test]
+fn semaphore_admits_two_and_the_third_waits_for_a_permit() {
+    let cli = Cli::new("permits");
+    cli.script("block.sh", BLOCK);
+    let mut one = cli.spawn(
+        "one",
+        &["run", "--permits", "2", "sem", "--", "sh", "block.sh", "1"],
+    );
+    let mut two = cli.spawn(
+        "two",
+        &["run", "--permits", "2", "sem", "--", "sh", "block.sh", "2"],
+    );
+    cli.wait_file("held.1");
+    cli.wait_file("held.2");
+    assert_eq!(cli.holders("sem").len(), 2);
+
+    cli.run(&[
+        "run",
+        "--permits",
+        "2",
+        "--no-wait",
+        "sem",
+        "--",
+        "touch",
+        "ran",
+    ])
+    .expect(75);
+    assert!(!cli.exists("ran"), "a third holder got in with --no-wait");
+
+    // Its command checks that one of the first two was done before it got the permit.
+    cli.script(
+        "third.sh",
+        "if [ -e done.1 ] || [ -e done.2 ]; then touch third.ok; fi\n",
+    );
+    let mut third = cli.spawn(
+        "third",
+        &["run", "--permits", "2", "sem", "--", "sh", "third.sh"],
+    );
+    cli.wait_waiters("sem", 1);
+    assert!(!cli.exists("third.ok"));
+    cli.touch("go.1");
+    one.expect_exit(0);
+    third.expect_exit(0);
+    assert!(
+        cli.exists("third.ok"),
+        "the third ran before a permit was free"
+    );
+    cli.touch("go.2");
+    two.expect_exit(0);
+    cli.assert_all_free("sem");
+}
+
+#[test]
+fn shared_readers_hold_together_and_exclude_a_writer() {
+    let cli = Cli::new("shared");
+    cli.script("block.sh", BLOCK);
+    let mut r1 = cli.spawn(
+        "r1",
+        &["run", "--shared", "rw", "--", "sh", "block.sh", "1"],
+    );
+    let mut r2 = cli.spawn(
+        "r2",
+        &["run", "--shared", "rw", "--", "sh", "block.sh", "2"],
+    );
+    cli.wait_file("held.1");
+    cli.wait_file("held.2");
+    let holders = cli.holders("rw");
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    assert!(holders.iter().all(|h| h["kind"] == "shared"), "{holders:?}");
+
+    cli.run(&["run", "--no-wait", "rw", "--", "touch", "ran"])
+        .expect(75);
+    assert!(!cli.exists("ran"), "a writer got in beside readers");
+
+    cli.script(
+        "writer.sh",
+        "if [ -e done.1 ] && [ -e done.2 ]; then touch writer.ok; fi\n",
+    );
+    let mut writer = cli.spawn("writer", &["run", "rw", "--", "sh", "writer.sh"]);
+    cli.wait_waiters("rw", 1);
+    cli.touch("go.1");
+    cli.touch("go.2");
+    r1.expect_exit(0);
+    r2.expect_exit(0);
+    writer.expect_exit(0);
+    assert!(
+        cli.exists("writer.ok"),
+        "the writer ran while a reader held the lock"
+    );
+    cli.run(&["run", "--no-wait", "rw", "--", "true"]).expect(0);
+    cli.assert_all_free("rw");
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input: exit 64, a message, nothing run, nothing held
+// ---------------------------------------------------------------------------------------
+
+/// Runs `leasehold --store ... run ARGS -- touch ran` (store flags in `args` override it)
+/// and checks: exit 64, `message` on stderr, the command did not run, nothing is held.
+fn rejects(label: &str, args: &[&str], message: &str) {
+    let cli = Cli::new(label);
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--", "touch", "ran"]);
+    let out = cli.run(&all).expect(64);
+    assert!(
+        out.stderr.contains(message),
+        "stderr should contain {message:?}: {out:?}"
+    );
+    assert!(!cli.exists("ran"), "the command ran despite bad input");
+    assert_eq!(
+        cli.list(""),
+        Vec::<Value>::new(),
+        "something is held or awaited"
+    );
+    assert_eq!(cli.holders("k"), Vec::<Value>::new());
+}
+
+#[test]
+fn empty_name_is_rejected_with_64() {
+    rejects("bad-empty", &[""], "must not be empty");
+}
+
+#[test]
+fn name_of_257_bytes_is_rejected_with_64() {
+    let name = "n".repeat(257);
+    rejects("bad-long", &[&name], "257 bytes");
+}
+
+#[test]
+fn name_with_control_characters_is_rejected_with_64() {
+    rejects("bad-ctl-tab", &["a\tb"], "control character");
+    rejects("bad-ctl-nl", &["a\nb"], "control character");
+    rejects("bad-ctl-esc", &["a\u{1b}[31m"], "control character");
+}
+
+#[test]
+fn zero_ttl_is_rejected_with_64() {
+    rejects("bad-ttl0", &["--ttl", "0s", "k"], "ttl");
+}
+
+#[test]
+fn century_ttl_is_rejected_with_64() {
+    rejects("bad-ttl100y", &["--ttl", "100y", "k"], "ttl");
+}
+
+#[test]
+fn unparsable_wait_is_rejected_with_64() {
+    rejects("bad-wait", &["--wait", "abc", "k"], "--wait");
+}
+
+#[test]
+fn unparsable_grace_is_rejected_with_64() {
+    rejects("bad-grace", &["--grace", "soon", "k"], "--grace");
+}
+
+#[test]
+fn unknown_store_scheme_is_rejected_with_64() {
+    rejects(
+        "bad-scheme",
+        &["--store", "ftp://x", "k"],
+        "unknown store scheme",
+    );
+}
+
+#[test]
+fn store_under_a_regular_file_is_rejected_with_64() {
+    rejects(
+        "bad-store-file",
+        &["--store", "local:/etc/hostname/x", "k"],
+        "local:/etc/hostname/x",
+    );
+}
+
+#[test]
+fn store_dir_that_is_a_regular_file_is_rejected_with_64() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let store = format!("local:{}", file.path().display());
+    rejects("bad-store-is-file", &["--store", &store, "k"], &store);
+}
+
+#[test]
+fn zero_permits_are_rejected_with_64() {
+    rejects("bad-permits", &["--permits", "0", "k"], "permits");
+}
+
+#[test]
+fn empty_owner_is_rejected_with_64() {
+    rejects("bad-owner", &["--owner", "", "k"], "owner");
+}
+
+#[test]
+fn run_without_a_command_is_rejected_with_64() {
+    let cli = Cli::new("bad-nocmd");
+    let out = cli.run(&["run", "k"]).expect(64);
+    assert!(out.stderr.contains("COMMAND"), "{out:?}");
+    assert_eq!(cli.list(""), Vec::<Value>::new());
+}
+
+// ---------------------------------------------------------------------------------------
+// Mutual exclusion between processes
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn concurrent_runs_never_overlap_counter_reaches_80() {
+    let cli = Cli::new("mutex");
+    fs::write(cli.path("counter"), "0\n").unwrap();
+    // The read-sleep-write is a lost update whenever two commands overlap.
+    let loop_script = r#"for i in $(seq 20); do
+  "$LH" run k -- sh -c 'n=$(cat counter); sleep 0.01; echo $((n+1)) > counter' || exit 1
+done
+"#;
+    let mut loops: Vec<Proc> = (0..4)
+        .map(|i| {
+            let mut sh = cli.process("sh");
+            sh.arg("-c")
+                .arg(loop_script)
+                .env("LEASEHOLD_STORE", &cli.store);
+            cli.start(&format!("loop{i}"), sh)
+        })
+        .collect();
+    for l in &mut loops {
+        let code = l.exits_within(Duration::from_secs(180));
+        assert_eq!(code, 0, "{} failed; stderr:\n{}", l.label, l.stderr());
+    }
+    assert_eq!(cli.read("counter").trim(), "80", "runs overlapped");
+    cli.assert_all_free("k");
+}
+
+// ---------------------------------------------------------------------------------------
+// hold, status, list, release
+// ---------------------------------------------------------------------------------------
+
+fn hold_is_shown_and_released_on(label: &str, signal: i32) {
+    let cli = Cli::new(label);
+    let (mut hold, token) = cli.hold("hold", &["app/k"]);
+    let status = cli.status("app/k");
+    let holders = status["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{status}");
+    let h = &holders[0];
+    assert_eq!(h["token"], token, "{status}");
+    assert_eq!(h["pid"], hold.pid(), "{status}");
+    assert_eq!(h["kind"], "exclusive", "{status}");
+    assert!(
+        h["owner"].as_str().is_some_and(|o| !o.is_empty()),
+        "{status}"
+    );
+    assert!(
+        h["host"].is_string() && h["since"].is_u64() && h["holds"] == 1,
+        "{status}"
+    );
+    assert!(
+        h["lease_left"].as_u64().is_some_and(|ms| ms > 0),
+        "{status}"
+    );
+    assert_eq!(status["name"], "app/k");
+    assert!(status["last_token"].as_u64() >= Some(token), "{status}");
+
+    let listed = cli.list("");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["name"], "app/k");
+    assert_eq!(listed[0]["holders"][0]["token"], token);
+    assert_eq!(cli.list("app/").len(), 1);
+    assert_eq!(
+        cli.list("other/"),
+        Vec::<Value>::new(),
+        "PREFIX does not filter"
+    );
+
+    hold.signal(signal);
+    hold.expect_exit(0);
+    cli.assert_all_free("app/k");
+}
+
+#[test]
+fn hold_prints_token_shows_in_status_and_list_and_sigterm_releases() {
+    hold_is_shown_and_released_on("hold-term", libc::SIGTERM);
+}
+
+#[test]
+fn hold_sigint_releases_and_exits_0() {
+    hold_is_shown_and_released_on("hold-int", libc::SIGINT);
+}
+
+#[test]
+fn hold_tokens_increase() {
+    let cli = Cli::new("hold-tokens");
+    let (mut first, t1) = cli.hold("first", &["k"]);
+    first.signal(libc::SIGTERM);
+    first.expect_exit(0);
+    let (mut second, t2) = cli.hold("second", &["k"]);
+    assert!(t2 > t1, "token {t2} after {t1}");
+    second.signal(libc::SIGTERM);
+    second.expect_exit(0);
+}
+
+#[test]
+fn force_release_makes_hold_exit_76() {
+    let cli = Cli::new("hold-lost");
+    let (mut hold, token) = cli.hold("hold", &["--ttl", "3s", "k"]);
+    let out = cli.run(&["release", "--force", "k"]).expect(0);
+    assert!(out.stdout.contains(&format!("token {token}")), "{out:?}");
+    hold.expect_exit(76);
+    cli.assert_all_free("k");
+}
+
+#[test]
+fn help_lists_the_exit_codes() {
+    let cli = Cli::new("help");
+    for args in [&["--help"][..], &["run", "--help"][..]] {
+        let out = Out::from(cli.bare(args).output().unwrap()).expect(0);
+        for code in ["64", "69", "70", "75", "76", "127"] {
+            assert!(
+                out.stdout.contains(code),
+                "`leasehold {args:?}` does not list {code}"
+            );
+        }
+    }
+}
