@@ -98,8 +98,8 @@ impl Store for PartitionedRenewals {
     async fn release(&self, lease: &Lease) -> Result<Released> {
         self.inner.release(lease).await
     }
-    async fn changed(&self, name: &LockName, since: Watermark) -> Result<()> {
-        self.inner.changed(name, since).await
+    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<()> {
+        self.inner.changed(req, since).await
     }
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         self.inner.describe(name).await
@@ -119,15 +119,22 @@ impl Store for PartitionedRenewals {
 }
 
 /// Tasks incrementing a counter with a read, a yield and a write under the lock: any
-/// overlap of holders loses an update or is seen directly.
+/// overlap of holders loses an update or is seen directly. Half the tasks share one
+/// [`Leasehold`] (they queue in-process first), the others each have their own (they
+/// meet only in the store), as tasks of several processes would.
 pub async fn mutual_exclusion(store: Arc<dyn Store>) {
-    let locks = Leasehold::from_store(store);
+    let shared = Leasehold::from_store(store.clone());
     let name = unique("mutex");
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicUsize::new(0));
     let (tasks, rounds) = (8, 40);
     let mut handles = Vec::new();
-    for _ in 0..tasks {
+    for task in 0..tasks {
+        let locks = if task % 2 == 0 {
+            shared.clone()
+        } else {
+            Leasehold::from_store(store.clone())
+        };
         let lock = locks.mutex(name.as_str()).unwrap();
         let (counter, inside) = (counter.clone(), inside.clone());
         handles.push(tokio::spawn(async move {
@@ -157,6 +164,26 @@ pub async fn mutual_exclusion(store: Arc<dyn Store>) {
         tasks * rounds,
         "lost updates"
     );
+}
+
+/// A dropped guard releases in the background, so a waiter gets the lock long before
+/// the lease would end.
+pub async fn drop_releases(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let lock = locks
+        .mutex(unique("drop").as_str())
+        .unwrap()
+        .with_ttl(Duration::from_secs(3600));
+    let held = lock.try_lock().await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.lock().await.unwrap() }
+    });
+    drop(held);
+    let next = within("the waiter after a dropped guard", waiter)
+        .await
+        .unwrap();
+    next.release().await.unwrap();
 }
 
 /// `try_lock` never waits; bounded waits give up and leave no trace in the queue.
@@ -632,7 +659,7 @@ pub async fn bad_input_rejected(store: Arc<dyn Store>) {
 macro_rules! conformance_suite {
     ($make:expr) => {
         $crate::conformance_suite!(@cases $make;
-            mutual_exclusion, try_and_bounded_waits, expiry_after_holder_dies,
+            mutual_exclusion, drop_releases, try_and_bounded_waits, expiry_after_holder_dies,
             renewal_keeps_lock, lost_fires_before_takeover, tokens_and_reentry,
             fifo_when_fair, semaphore_limit, read_write_rules, release_is_idempotent,
             force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace, bad_input_rejected);

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::task::AbortOnDropHandle;
 
@@ -33,6 +33,9 @@ struct Held {
     owner: String,
     acquired: Instant,
     _renewal: AbortOnDropHandle<()>,
+    /// This process's turn at the lock (see `Gates` in lock.rs), passed on after the
+    /// store release.
+    gate_pass: Option<OwnedMutexGuard<()>>,
 }
 
 impl LockGuard {
@@ -55,8 +58,16 @@ impl LockGuard {
                 owner,
                 acquired: Instant::now(),
                 _renewal: renewal,
+                gate_pass: None,
             }),
         }
+    }
+
+    pub(crate) fn with_gate_pass(mut self, pass: Option<OwnedMutexGuard<()>>) -> Self {
+        if let Some(held) = self.held.as_mut() {
+            held.gate_pass = pass;
+        }
+        self
     }
 
     fn held(&self) -> &Held {
@@ -179,6 +190,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<Released> {
         let held = self.held.take().expect("guard is held until consumed");
         drop(held._renewal);
+        tokio::task::consume_budget().await;
         let lease = &held.line.lease;
         let released = held.line.store.release(lease).await?;
         tracing::info!(
@@ -204,9 +216,10 @@ impl Drop for LockGuard {
         let Some(held) = self.held.take() else { return };
         drop(held._renewal);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let line = held.line;
+            let (line, gate_pass) = (held.line, held.gate_pass);
             runtime.spawn(async move {
                 let _ = line.store.release(&line.lease).await;
+                drop(gate_pass);
             });
         }
     }

@@ -1,10 +1,12 @@
 //! The entry point ([`Leasehold`]), lock handles, and the one place where waiting happens.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::{sleep_until, Instant};
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::Instrument;
 
 use crate::guard::LockGuard;
@@ -35,6 +37,23 @@ use crate::{Error, LockName, Result};
 pub struct Leasehold {
     store: Arc<dyn Store>,
     requester: Arc<Requester>,
+    gates: Arc<Gates>,
+}
+
+/// Tasks of this process that want the same non-fair exclusive lock (with no owner id,
+/// so no re-entry) queue here first: only one of them can hold it, so only one asks the
+/// store at a time, and a release hands over to the next task without a store wake-up.
+#[derive(Debug, Default)]
+struct Gates(Mutex<HashMap<LockName, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Gates {
+    fn gate(&self, name: &LockName) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if gates.len() > 1024 {
+            gates.retain(|_, gate| Arc::strong_count(gate) > 1);
+        }
+        gates.entry(name.clone()).or_default().clone()
+    }
 }
 
 impl fmt::Debug for Leasehold {
@@ -56,6 +75,7 @@ impl Leasehold {
         Leasehold {
             store,
             requester: Arc::new(Requester::this_process()),
+            gates: Arc::default(),
         }
     }
 
@@ -73,6 +93,7 @@ impl Leasehold {
         Lock {
             store: self.store.clone(),
             requester: self.requester.clone(),
+            gates: self.gates.clone(),
             name,
             kind,
             ttl: DEFAULT_TTL,
@@ -142,6 +163,7 @@ type OnWait = Arc<dyn Fn(&Busy) + Send + Sync>;
 pub struct Lock {
     store: Arc<dyn Store>,
     requester: Arc<Requester>,
+    gates: Arc<Gates>,
     name: LockName,
     kind: LockKind,
     ttl: Duration,
@@ -267,13 +289,44 @@ impl Lock {
     async fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::info_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
-        self.acquire_with(req, wait).instrument(span).await
+        async {
+            let Some(pass) = self.pass_gate(&wait).await else {
+                return Ok(None);
+            };
+            let guard = self.acquire_from_store(req, wait).await?;
+            Ok(guard.map(|g| g.with_gate_pass(pass)))
+        }
+        .instrument(span)
+        .await
     }
 
-    async fn acquire_with(&self, req: AcquireRequest, wait: Wait) -> Result<Option<LockGuard>> {
+    /// Waits for this process's other tasks that want the same lock (see [`Gates`]);
+    /// `None` if the wait runs out, `Some(None)` when no gate applies.
+    async fn pass_gate(&self, wait: &Wait) -> Option<Option<OwnedMutexGuard<()>>> {
+        if self.fair || self.kind != LockKind::Exclusive || self.owner.is_some() {
+            return Some(None);
+        }
+        let gate = self.gates.gate(&self.name);
+        match wait {
+            Wait::No => gate.try_lock_owned().ok().map(Some),
+            Wait::Until(deadline) => timeout_at(*deadline, gate.lock_owned())
+                .await
+                .ok()
+                .map(Some),
+            Wait::Forever => Some(Some(gate.lock_owned().await)),
+        }
+    }
+
+    async fn acquire_from_store(
+        &self,
+        req: AcquireRequest,
+        wait: Wait,
+    ) -> Result<Option<LockGuard>> {
         let started = Instant::now();
         let mut pending = Pending::new(self.store.clone(), req.lease());
         loop {
+            // A store answering from memory never yields; let other tasks run.
+            tokio::task::consume_budget().await;
             let sent = Instant::now();
             let busy = match self.store.acquire(&req).await {
                 Ok(Attempt::Granted(grant)) => {
@@ -323,7 +376,7 @@ impl Lock {
                 wake = wake.min(deadline);
             }
             tokio::select! {
-                changed = self.store.changed(&req.name, busy.watermark) => {
+                changed = self.store.changed(&req, busy.watermark) => {
                     if let Err(error) = changed {
                         tracing::debug!(%error, "change notification failed; backing off");
                         let backoff = Instant::now() + jitter(Duration::from_millis(50));

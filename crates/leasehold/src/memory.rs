@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::record::{Now, Record, Wake};
+use crate::record::{Look, Now, Record, Wake};
 use crate::store::{
     AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
 };
@@ -110,15 +110,18 @@ impl Store for MemoryStore {
         self.with(&lease.name, |r, _| r.release(lease))
     }
 
-    async fn changed(&self, name: &LockName, since: Watermark) -> Result<()> {
-        let changed = self.with_entry(name, |e, _| e.changed.clone())?;
-        let notified = changed.notified(since);
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if !self.with(name, |r, _| r.changed_since(since))? {
+    async fn changed(&self, req: &AcquireRequest, mut since: Watermark) -> Result<()> {
+        let wake = self.with_entry(&req.name, |e, _| e.changed.clone())?;
+        loop {
+            let notified = wake.notified(req);
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.with(&req.name, |r, now| r.look(req, now, since))? {
+                Look::TryNow => return Ok(()),
+                Look::Wait(seen) => since = seen,
+            }
             notified.await;
         }
-        Ok(())
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {

@@ -35,6 +35,12 @@ impl Now {
     }
 }
 
+/// What [`Record::look`] says.
+pub(crate) enum Look {
+    TryNow,
+    Wait(Watermark),
+}
+
 /// Wakes the waiters of one process when a lock changes: all of those who each need to
 /// look, and one of those of whom any one can use the change (see [`Watermark`]), so a
 /// release does not wake a herd that would find the lock taken again.
@@ -50,8 +56,11 @@ impl Wake {
         self.one.notify_one();
     }
 
-    pub fn notified(&self, since: Watermark) -> Notified<'_> {
-        if since.wake_one {
+    /// Any one non-fair exclusive waiter can use a change (only one can win it); fair
+    /// waiters, readers and permit waiters (several permits may have come free, in
+    /// one notification) each need to look.
+    pub fn notified(&self, req: &AcquireRequest) -> Notified<'_> {
+        if !req.fair && req.kind == LockKind::Exclusive {
             self.one.notified()
         } else {
             self.all.notified()
@@ -64,8 +73,9 @@ pub(crate) struct Record {
     pub name: String,
     /// The last fencing token issued; never decreases.
     pub last_token: u64,
-    /// Bumped whenever something a waiter may care about happened (a hold or a waiter
-    /// went away, a holder arrived). Renewals and waiter refreshes do not bump it.
+    /// Bumped whenever something went away that a waiter may have waited for (a hold, a
+    /// waiter ahead). Grants, renewals and waiter refreshes cannot help a waiter, so
+    /// they do not bump it.
     pub version: u64,
     /// Next waiter sequence number (queue order).
     pub next_seq: u64,
@@ -261,7 +271,6 @@ impl Record {
                 holds: vec![hold],
             });
             self.waiters.retain(|w| w.lease != req.lease.0);
-            self.version += 1;
             return Ok(Attempt::Granted(Grant {
                 token: FencingToken(self.last_token),
                 holds: 1,
@@ -277,7 +286,11 @@ impl Record {
         let position = if req.enqueue {
             match me {
                 Some(i) => {
-                    self.waiters[i].expires = hold.expires;
+                    // Refresh the waiter lease only once a quarter of it is gone, so
+                    // re-attempts do not rewrite the record each time.
+                    if self.waiters[i].expires < deadline(now, req.ttl.mul_f64(0.75)) {
+                        self.waiters[i].expires = hold.expires;
+                    }
                     Some(i + 1)
                 }
                 None => {
@@ -302,10 +315,7 @@ impl Record {
             holder,
             position,
             retry_in: retry_at.map(|t| Duration::from_nanos(t.saturating_sub(now.mono))),
-            watermark: Watermark {
-                version: self.version,
-                wake_one: !req.fair && req.kind != LockKind::Shared,
-            },
+            watermark: Watermark(self.version),
         }))
     }
 
@@ -387,9 +397,17 @@ impl Record {
         }
     }
 
-    /// Whether the lock changed since `since` was made.
-    pub fn changed_since(&self, since: Watermark) -> bool {
-        self.version != since.version
+    /// Whether trying `req` again may succeed: the lock changed since `since`, and a
+    /// dry run of `req` on the current state is granted (or fails, which the caller
+    /// should hear about). Otherwise the version to wait beyond.
+    pub fn look(&self, req: &AcquireRequest, now: Now, since: Watermark) -> Look {
+        if self.version == since.0 {
+            return Look::Wait(since);
+        }
+        match self.clone().acquire(req, now) {
+            Ok(Attempt::Busy(_)) => Look::Wait(Watermark(self.version)),
+            _ => Look::TryNow,
+        }
     }
 
     /// Processes that stand in the way of waiters: every holder's, and the queue head's.

@@ -120,13 +120,7 @@ pub struct Lease {
 
 /// "State seen" marker for [`Store::changed`], made by the store in [`Busy`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Watermark {
-    /// The store's version of the lock when it answered the attempt.
-    pub version: u64,
-    /// Any one waiter of this process can use a change (a non-fair exclusive or permit
-    /// request), so a store may wake one such waiter per change instead of all of them.
-    pub wake_one: bool,
-}
+pub struct Watermark(pub u64);
 
 /// The answer to one attempt.
 #[derive(Clone, Debug)]
@@ -257,10 +251,12 @@ pub trait Store: Debug + Send + Sync + 'static {
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal>;
     /// Drop our hold (and our place in the queue, if waiting).
     async fn release(&self, lease: &Lease) -> Result<Released>;
-    /// Resolves once `name` may have changed since `since` (a release, a force-release,
-    /// a queue move, a holder's process exit). May resolve early; never needed for
-    /// correctness, only for promptness: callers also retry at [`Busy::retry_in`].
-    async fn changed(&self, name: &LockName, since: Watermark) -> Result<()>;
+    /// Resolves once `req` may succeed if tried again: the lock changed since `since` in
+    /// a way that can let `req` in (a release, a force-release, a queue move, a holder's
+    /// process exit). A store that can tell should not resolve for changes that cannot
+    /// help `req` (another holder arriving); it may resolve early. Only promptness
+    /// depends on it: callers also retry at [`Busy::retry_in`].
+    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<()>;
     /// Holders and waiters of one lock.
     async fn describe(&self, name: &LockName) -> Result<LockState>;
     /// Every lock whose name starts with `prefix` that has holders or waiters.

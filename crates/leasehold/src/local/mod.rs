@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::unix::AsyncFd;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::record::{Now, Record, Wake};
+use crate::record::{Look, Now, Record, Wake};
 use crate::store::{
     AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
 };
@@ -71,9 +71,17 @@ struct Inner {
 #[derive(Debug)]
 struct LockFile {
     file: File,
-    /// Tasks of this process take turns: `flock` does not exclude users of the same
-    /// open file.
-    turn: tokio::sync::Mutex<()>,
+    /// Tasks of this process take turns (`flock` does not exclude users of the same open
+    /// file), and keep the last record read, so an unchanged file is not parsed again.
+    turn: tokio::sync::Mutex<Option<Cached>>,
+}
+
+/// A record as last read or written, with the slot contents it came from.
+#[derive(Debug)]
+struct Cached {
+    seq: u64,
+    json: Vec<u8>,
+    record: Record,
 }
 
 /// Change notifications per file name, fed by the inotify task.
@@ -211,21 +219,22 @@ impl LocalStore {
             })?;
         let f = Arc::new(LockFile {
             file,
-            turn: tokio::sync::Mutex::new(()),
+            turn: tokio::sync::Mutex::new(None),
         });
         files.insert(name.clone(), f.clone());
         Ok(f)
     }
 
     fn alive(&self) -> impl Fn(&str, u32) -> bool + '_ {
-        move |host, pid| host != self.inner.host || sys::pid_exists(pid)
+        let me = std::process::id();
+        move |host, pid| host != self.inner.host || pid == me || sys::pid_exists(pid)
     }
 
     /// Runs `f` on the record of `name` under the file lock, after dropping expired leases,
     /// and writes the record back if `f` (or the expiry) changed it.
     async fn with<T>(&self, name: &LockName, f: impl FnOnce(&mut Record, Now) -> T) -> Result<T> {
         let lf = self.lock_file(name)?;
-        let _turn = lf.turn.lock().await;
+        let mut cache = lf.turn.lock().await;
         let _flock = flock(&lf)
             .await
             .map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?;
@@ -233,32 +242,50 @@ impl LocalStore {
             mono: sys::boottime_ns(),
             wall_ms: Now::wall_ms(),
         };
-        let (seq, mut record) = match slots::read(&lf.file)
-            .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?
-        {
-            slots::Found::Empty => (0, Record::new(name.as_str(), &self.inner.boot)),
+        let found = slots::read(&lf.file)
+            .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?;
+        let (seq, json, before) = match found {
+            slots::Found::Empty => (0, Vec::new(), Record::new(name.as_str(), &self.inner.boot)),
             slots::Found::State { seq, json } => {
-                let record: Record = serde_json::from_slice(&json)
-                    .map_err(|e| self.corrupt(name, &e.to_string()))?;
-                (seq, record)
+                let record = match cache.take() {
+                    Some(c) if c.seq == seq && c.json == json => c.record,
+                    _ => serde_json::from_slice(&json)
+                        .map_err(|e| self.corrupt(name, &e.to_string()))?,
+                };
+                (seq, json, record)
             }
             slots::Found::Corrupt(why) => return Err(self.corrupt(name, &why)),
         };
-        let before = record.clone();
+        let mut record = before.clone();
         record.enter_epoch(&self.inner.boot);
         record.prune(now, &|_, _| true);
         let out = f(&mut record, now);
-        if record != before {
-            let json = serde_json::to_vec(&record).map_err(|e| Error::Internal(e.to_string()))?;
-            if json.len() > slots::MAX_RECORD {
-                return Err(Error::Conflict {
-                    name: name.to_string(),
-                    reason: "too many holders and waiters for the local store (its record exceeds 1 MiB)".into(),
+        if record == before {
+            if seq > 0 {
+                *cache = Some(Cached {
+                    seq,
+                    json,
+                    record: before,
                 });
             }
-            slots::write(&lf.file, seq + 1, &json)
-                .map_err(|e| self.io_error(name.as_str(), "cannot write its file", e))?;
+            return Ok(out);
         }
+        let json = serde_json::to_vec(&record).map_err(|e| Error::Internal(e.to_string()))?;
+        if json.len() > slots::MAX_RECORD {
+            return Err(Error::Conflict {
+                name: name.to_string(),
+                reason:
+                    "too many holders and waiters for the local store (its record exceeds 1 MiB)"
+                        .into(),
+            });
+        }
+        slots::write(&lf.file, seq + 1, &json)
+            .map_err(|e| self.io_error(name.as_str(), "cannot write its file", e))?;
+        *cache = Some(Cached {
+            seq: seq + 1,
+            json,
+            record,
+        });
         Ok(out)
     }
 
@@ -373,56 +400,57 @@ impl Store for LocalStore {
         self.with(&lease.name, |r, _| r.release(lease)).await
     }
 
-    async fn changed(&self, name: &LockName, since: Watermark) -> Result<()> {
+    async fn changed(&self, req: &AcquireRequest, mut since: Watermark) -> Result<()> {
         let watching = self
             .inner
             .watcher
             .get_or_init(|| self.start_watcher())
             .is_some();
-        let changed = self.inner.wakers.get(&file_name(name));
-        let notified = changed.notified(since);
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let host = self.inner.host.clone();
-        let me = std::process::id();
-        let (changed, pids) = self
-            .with(name, |r, _| {
-                let pids: Vec<u32> = r
-                    .blocking_pids()
-                    .filter(|(h, pid)| *h == host && *pid != me)
-                    .map(|(_, pid)| pid)
-                    .collect();
-                (r.changed_since(since), pids)
-            })
-            .await?;
-        if changed {
-            return Ok(());
-        }
-        let mut exits: Vec<Exit> = Vec::new();
-        for pid in pids {
-            match sys::pidfd_open(pid) {
-                Some(fd) => exits.extend(exited(fd)),
-                // Gone already (or no pidfds): let the caller look again.
-                None if !sys::pid_exists(pid) => return Ok(()),
-                None => {}
+        let wake = self.inner.wakers.get(&file_name(&req.name));
+        let (host, me) = (self.inner.host.clone(), std::process::id());
+        loop {
+            let notified = wake.notified(req);
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (look, pids) = self
+                .with(&req.name, |r, now| {
+                    let pids: Vec<u32> = r
+                        .blocking_pids()
+                        .filter(|(h, pid)| *h == host && *pid != me)
+                        .map(|(_, pid)| pid)
+                        .collect();
+                    (r.look(req, now, since), pids)
+                })
+                .await?;
+            match look {
+                Look::TryNow => return Ok(()),
+                Look::Wait(seen) => since = seen,
+            }
+            let mut exits: Vec<Exit> = Vec::new();
+            for pid in pids {
+                match sys::pidfd_open(pid) {
+                    Some(fd) => exits.extend(exited(fd)),
+                    // Gone already (or no pidfds): let the caller look again.
+                    None if !sys::pid_exists(pid) => return Ok(()),
+                    None => {}
+                }
+            }
+            let any_exit = async {
+                if exits.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                futures_util::future::select_all(exits).await;
+            };
+            if !watching {
+                // No inotify: the caller's timers (holder expiry) still bound the wait.
+                any_exit.await;
+                return Ok(());
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = any_exit => return Ok(()),
             }
         }
-        let any_exit = async {
-            if exits.is_empty() {
-                std::future::pending::<()>().await;
-            }
-            futures_util::future::select_all(exits).await;
-        };
-        if !watching {
-            // No inotify: the caller's timers (holder expiry) still bound the wait.
-            any_exit.await;
-            return Ok(());
-        }
-        tokio::select! {
-            _ = notified => {}
-            _ = any_exit => {}
-        }
-        Ok(())
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {
