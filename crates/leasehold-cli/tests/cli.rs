@@ -986,3 +986,114 @@ fn help_lists_the_exit_codes() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Faults on the local store
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn holder_killed_with_sigkill_frees_the_lock_long_before_its_lease_ends() {
+    let cli = Cli::new("kill9");
+    // A one-hour lease: only the dead-process reclaim can free it within the test.
+    let (holder, token) = cli.hold("holder", &["--ttl", "1h", "k"]);
+    let mut waiter = cli.spawn(
+        "waiter",
+        &[
+            "run",
+            "--wait",
+            "1h",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASEHOLD_TOKEN > token2",
+        ],
+    );
+    cli.wait_waiters("k", 1);
+    holder.signal(libc::SIGKILL);
+    // Not reaped on purpose: a zombie holder must count as dead too.
+    waiter.expect_exit(0);
+    let token2: u64 = cli.read("token2").trim().parse().unwrap();
+    assert!(token2 > token, "token {token2} after {token}");
+    cli.assert_all_free("k");
+    drop(holder);
+}
+
+#[test]
+fn holder_paused_past_its_ttl_stops_its_command_and_exits_76_when_resumed() {
+    let cli = Cli::new("sigstop");
+    let mut paused = cli.spawn(
+        "paused",
+        &[
+            "run",
+            "--ttl",
+            "500ms",
+            "--grace",
+            "1s",
+            "k",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASEHOLD_TOKEN > token1; echo $$ > child.pid; exec sleep 1000",
+        ],
+    );
+    let child = PidGuard(read_pid(&cli, "child.pid"));
+    paused.signal(libc::SIGSTOP);
+    // Another holder gets the lock once the paused holder's lease has run out.
+    cli.run(&[
+        "run",
+        "--wait",
+        "1h",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_TOKEN > token2",
+    ])
+    .expect(0);
+    let token1: u64 = cli.read("token1").trim().parse().unwrap();
+    let token2: u64 = cli.read("token2").trim().parse().unwrap();
+    assert!(token2 > token1, "token {token2} after {token1}");
+    paused.signal(libc::SIGCONT);
+    paused.expect_exit(76);
+    assert!(paused.stderr().contains("lost"), "{}", paused.stderr());
+    wait_for("the paused holder's command to be stopped", || {
+        !pid_alive(child.0)
+    });
+}
+
+#[test]
+fn corrupt_lock_state_gives_a_clear_error_and_runs_nothing() {
+    let cli = Cli::new("corrupt");
+    cli.run(&["run", "k", "--", "true"]).expect(0);
+    let store = cli.store.strip_prefix("local:").unwrap();
+    let file = PathBuf::from(store).join("locks/k.lock");
+    fs::write(&file, b"this is not a lock record").unwrap();
+    let out = cli.run(&["run", "k", "--", "touch", "ran"]).expect(70);
+    assert!(
+        out.stderr.contains("unreadable state") && out.stderr.contains("k.lock"),
+        "{}",
+        out.stderr
+    );
+    assert!(!cli.exists("ran"), "the command ran on a corrupt lock");
+    cli.run(&["status", "k"]).expect(70);
+}
+
+#[test]
+fn verbose_run_logs_acquire_and_release() {
+    let cli = Cli::new("verbose");
+    let out = cli.run(&["-v", "run", "k", "--", "true"]).expect(0);
+    for event in ["acquired", "released"] {
+        assert!(
+            out.stderr.contains(event),
+            "no {event:?} in -v output: {}",
+            out.stderr
+        );
+    }
+    let quiet = cli.run(&["run", "k", "--", "true"]).expect(0);
+    assert!(
+        quiet.stderr.is_empty(),
+        "output without -v: {}",
+        quiet.stderr
+    );
+}

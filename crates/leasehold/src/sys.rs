@@ -42,14 +42,25 @@ mod local {
             .unwrap_or_default()
     }
 
-    /// False only if `pid` certainly does not exist.
+    /// False only if `pid` certainly is not running: it does not exist, or it has exited
+    /// and waits to be reaped (a zombie, as orphans stay where PID 1 does not reap).
     pub(crate) fn pid_exists(pid: u32) -> bool {
         let Ok(pid) = libc::pid_t::try_from(pid) else {
             return true;
         };
         // SAFETY: signal 0 only checks existence and permission.
-        let rc = unsafe { libc::kill(pid, 0) };
-        rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+        if unsafe { libc::kill(pid, 0) } != 0 {
+            return std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+        }
+        // The state letter follows the command name in parentheses (which may hold spaces).
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => !matches!(
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next()),
+                Some("Z" | "X")
+            ),
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        }
     }
 
     /// A pidfd (readable once the process exits), if the kernel has them.

@@ -1,0 +1,89 @@
+//! What only the local store promises, beyond the conformance suite.
+
+use std::sync::Arc;
+
+use leasehold::{Leasehold, LocalStore, Store};
+use leasehold_testkit::TempDir;
+
+#[tokio::test]
+async fn tokens_continue_after_the_store_is_reopened() {
+    let dir = TempDir::new("local-reopen");
+    let first = Leasehold::new(LocalStore::open(dir.path()).unwrap());
+    let g = first.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
+    let token = g.token();
+    g.release().await.unwrap();
+    drop(first);
+
+    let reopened = Leasehold::new(LocalStore::open(dir.path()).unwrap());
+    let g = reopened
+        .mutex("k")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        g.token() > token,
+        "token {} after {token} from before the reopen",
+        g.token()
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_stores_on_one_directory_exclude_each_other() {
+    let dir = TempDir::new("local-two");
+    let a = Leasehold::new(LocalStore::open(dir.path()).unwrap());
+    let b = Leasehold::new(LocalStore::open(dir.path()).unwrap());
+    let held = a.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
+    assert!(b.mutex("k").unwrap().try_lock().await.unwrap().is_none());
+    let waiting = tokio::spawn(async move { b.mutex("k").unwrap().lock().await.unwrap() });
+    held.release().await.unwrap();
+    let next = leasehold::conformance::within("the other store's waiter", waiting)
+        .await
+        .unwrap();
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn names_of_any_characters_and_length_get_their_own_files() {
+    let dir = TempDir::new("local-names");
+    let store: Arc<dyn Store> = Arc::new(LocalStore::open(dir.path()).unwrap());
+    let locks = Leasehold::from_store(store);
+    let long = "ü/".repeat(85); // 255 bytes
+    let names = [
+        "a/b",
+        "a%2Fb",
+        ".hidden",
+        "spaces and: colons",
+        long.as_str(),
+    ];
+    let mut guards = Vec::new();
+    for name in names {
+        guards.push(
+            locks
+                .mutex(name)
+                .unwrap()
+                .try_lock()
+                .await
+                .unwrap()
+                .expect(name),
+        );
+    }
+    let listed: Vec<String> = locks
+        .list("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    for name in names {
+        assert!(
+            listed.iter().any(|l| l == name),
+            "{name:?} missing from {listed:?}"
+        );
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
