@@ -76,7 +76,7 @@ pub struct BenchArgs {
     )]
     pub ttl: String,
 
-    /// Prefix of the lock names: W1/W2 use P:W:K:one, W3 uses P:W:K:k<i>
+    /// Prefix of the lock names: W1/W2 use P:W:K:one, W3 uses P:W:K:kI (I = worker index)
     #[arg(long, value_name = "P", default_value = "lockbench")]
     pub key_prefix: String,
 

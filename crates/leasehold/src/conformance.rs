@@ -3,7 +3,8 @@
 //! Store tests call [`conformance_suite!`](crate::conformance_suite), which makes one
 //! test per case:
 //!
-//! ```ignore
+//! ```text
+//! // tests/conformance.rs of a store crate:
 //! leasehold::conformance_suite!(async { std::sync::Arc::new(MyStore::connect().await) });
 //! ```
 //!
