@@ -1,30 +1,48 @@
 //! The one updating line shown on a terminal while waiting for a lock.
 
 use std::io::{IsTerminal, Write};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use leasehold::{humanize, Busy};
 
-/// Shows waiting progress on stderr when it is a terminal; silent otherwise.
-#[derive(Debug, Clone, Copy)]
+/// Shows waiting progress on stderr when it is a terminal; silent otherwise. Clones
+/// share the last thing the store said, so a ticker can keep the line's clock moving.
+#[derive(Debug, Clone)]
 pub struct Progress {
-    on: bool,
+    name: String,
+    last: Option<Arc<Mutex<Option<Busy>>>>,
 }
 
 impl Progress {
-    /// Only when stderr is a terminal.
-    pub fn for_stderr() -> Self {
+    /// For lock `name`; draws only when stderr is a terminal.
+    pub fn for_stderr(name: &str) -> Self {
         Progress {
-            on: std::io::stderr().is_terminal(),
+            name: name.to_string(),
+            last: std::io::stderr().is_terminal().then(Arc::default),
         }
     }
 
-    /// Rewrites the line with what `busy` says.
-    pub fn update(&self, name: &str, busy: &Busy) {
-        if !self.on {
-            return;
+    /// Whether anything is drawn.
+    pub fn is_on(&self) -> bool {
+        self.last.is_some()
+    }
+
+    /// Remembers what `busy` says and redraws.
+    pub fn update(&self, busy: &Busy) {
+        if let Some(last) = &self.last {
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(busy.clone());
+            self.redraw();
         }
-        let mut line = format!("leasehold: waiting for lock \"{name}\"");
+    }
+
+    /// Redraws the line from what the store said last ("held for" keeps counting).
+    pub fn redraw(&self) {
+        let Some(last) = &self.last else { return };
+        let Some(busy) = last.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return;
+        };
+        let mut line = format!("leasehold: waiting for lock \"{}\"", self.name);
         if let Some(h) = &busy.holder {
             let held = SystemTime::now()
                 .duration_since(h.since)
@@ -47,7 +65,7 @@ impl Progress {
 
     /// Clears the line.
     pub fn clear(&self) {
-        if self.on {
+        if self.is_on() {
             let mut err = std::io::stderr().lock();
             let _ = write!(err, "\r\x1b[K");
             let _ = err.flush();

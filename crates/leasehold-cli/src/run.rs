@@ -39,17 +39,27 @@ pub struct HoldArgs {
 /// Acquires the lock the flags describe, showing progress on a terminal; exit 75 with
 /// who holds it if it cannot be had in time.
 async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failure> {
-    let progress = Progress::for_stderr();
-    let name = args.name.clone();
-    let lock = args
-        .lock(locks)?
-        .on_wait(move |busy| progress.update(&name, busy));
-    let outcome = if args.no_wait {
-        lock.try_lock().await
-    } else if let Some(wait) = args.wait {
-        lock.try_lock_for(wait).await
-    } else {
-        lock.lock().await.map(Some)
+    let progress = Progress::for_stderr(&args.name);
+    let lock = args.lock(locks)?.on_wait({
+        let progress = progress.clone();
+        move |busy| progress.update(busy)
+    });
+    let acquiring = async {
+        if args.no_wait {
+            lock.try_lock().await
+        } else if let Some(wait) = args.wait {
+            lock.try_lock_for(wait).await
+        } else {
+            lock.lock().await.map(Some)
+        }
+    };
+    tokio::pin!(acquiring);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut acquiring => break outcome,
+            _ = tick.tick(), if progress.is_on() => progress.redraw(),
+        }
     };
     progress.clear();
     if let Some(guard) = outcome? {
@@ -111,7 +121,7 @@ async fn acquire_or_signal(
         _ = term.recv() => libc::SIGTERM,
         _ = hup.recv() => libc::SIGHUP,
     };
-    Progress::for_stderr().clear();
+    Progress::for_stderr(&args.name).clear();
     Err(Failure::new(
         128 + signal as u8,
         format!(

@@ -1097,3 +1097,32 @@ fn verbose_run_logs_acquire_and_release() {
         quiet.stderr
     );
 }
+
+#[test]
+fn waiting_shows_the_holder_on_a_terminal_and_nothing_on_a_pipe() {
+    let cli = Cli::new("progress");
+    let (_holder, _) = cli.hold("holder", &["--owner", "web-3", "k"]);
+    // `script` (util-linux) gives the command a pseudo-terminal.
+    let command = format!("{BIN} --store {} run --wait 300ms k -- true", cli.store);
+    let mut on_tty = cli.process("script");
+    on_tty.args(["-qec", &command, "/dev/null"]);
+    let out = Out::from(on_tty.output().expect("run script"));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        out.stdout.contains("waiting for lock \"k\"; held by web-3"),
+        "no progress line on the terminal: {out:?}"
+    );
+    let piped = cli
+        .run(&["run", "--wait", "300ms", "k", "--", "true"])
+        .expect(75);
+    assert!(
+        !piped.stderr.contains("waiting for lock"),
+        "{}",
+        piped.stderr
+    );
+    assert!(
+        piped.stderr.contains("is held by web-3"),
+        "{}",
+        piped.stderr
+    );
+}
