@@ -54,6 +54,18 @@ where
     .await
 }
 
+/// Awaits every task, failing with `what` if they take longer than [`PATIENCE`] or panic.
+pub async fn join_all<T>(what: &str, handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    within(what, async {
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.expect("task panicked"));
+        }
+        out
+    })
+    .await
+}
+
 /// A unique lock name for one case.
 pub fn unique(case: &str) -> String {
     format!("conformance/{case}/{:08x}", rand::random::<u32>())
@@ -154,12 +166,7 @@ pub async fn mutual_exclusion(store: Arc<dyn Store>) {
             }
         }));
     }
-    within("all tasks to finish", async {
-        for h in handles {
-            h.await.unwrap();
-        }
-    })
-    .await;
+    join_all("all tasks to finish", handles).await;
     assert_eq!(
         counter.load(Ordering::SeqCst),
         tasks * rounds,
@@ -380,12 +387,7 @@ pub async fn fifo_when_fair(store: Arc<dyn Store>) {
         .await;
     }
     holder.release().await.unwrap();
-    within("every waiter", async {
-        for h in handles {
-            h.await.unwrap();
-        }
-    })
-    .await;
+    join_all("every waiter", handles).await;
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
 }
 
@@ -436,12 +438,7 @@ pub async fn semaphore_limit(store: Arc<dyn Store>) {
             }
         }));
     }
-    within("the semaphore tasks", async {
-        for h in handles {
-            h.await.unwrap();
-        }
-    })
-    .await;
+    join_all("the semaphore tasks", handles).await;
     assert!(
         most.load(Ordering::SeqCst) <= 3,
         "more holders than permits"
