@@ -1126,3 +1126,24 @@ fn waiting_shows_the_holder_on_a_terminal_and_nothing_on_a_pipe() {
         piped.stderr
     );
 }
+
+#[test]
+fn fair_waiters_in_separate_processes_get_the_lock_in_arrival_order() {
+    let cli = Cli::new("fifo");
+    let (mut holder, _) = cli.hold("holder", &["--fair", "k"]);
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let script = format!("echo {i} >> order");
+        waiters.push(cli.spawn(
+            &format!("w{i}"),
+            &["run", "--fair", "k", "--", "sh", "-c", &script],
+        ));
+        cli.wait_waiters("k", i + 1);
+    }
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
+    for w in &mut waiters {
+        w.expect_exit(0);
+    }
+    assert_eq!(cli.read("order"), "0\n1\n2\n3\n");
+}

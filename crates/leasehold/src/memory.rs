@@ -116,7 +116,7 @@ impl Store for MemoryStore {
             let notified = wake.notified(req);
             tokio::pin!(notified);
             notified.as_mut().enable();
-            match self.with(&req.name, |r, now| r.look(req, now, since))? {
+            match self.with(&req.name, |r, _| r.look(req, since))? {
                 Look::TryNow => return Ok(()),
                 Look::Wait(seen) => since = seen,
             }

@@ -35,6 +35,21 @@ impl Now {
     }
 }
 
+/// What an attempt would get (indices into holders and waiters).
+enum Admit {
+    /// Already granted to this request (a retry).
+    Again(usize),
+    /// The same owner holds it: one more hold.
+    Reenter(usize),
+    Grant,
+    /// Blocked by a holder and/or a waiter ahead; `me` is the request's queue place.
+    Wait {
+        holder: Option<usize>,
+        waiter: Option<usize>,
+        me: Option<usize>,
+    },
+}
+
 /// What [`Record::look`] says.
 pub(crate) enum Look {
     TryNow,
@@ -177,33 +192,15 @@ impl Record {
         self.holders.is_empty() && self.waiters.is_empty()
     }
 
-    /// One attempt. The caller has pruned with the same `now`.
-    pub fn acquire(&mut self, req: &AcquireRequest, now: Now) -> Result<Attempt> {
-        let hold = Hold {
-            lease: req.lease.0.clone(),
-            host: req.requester.host.clone(),
-            pid: req.requester.pid,
-            expires: deadline(now, req.ttl),
-        };
-
-        // A retry of a request that was already granted: the same answer again.
-        if let Some(h) = self
-            .holders
-            .iter_mut()
-            .find(|h| h.holds.iter().any(|x| x.lease == hold.lease))
-        {
-            let existing = h.holds.iter_mut().find(|x| x.lease == hold.lease);
-            if let Some(existing) = existing {
-                existing.expires = existing.expires.max(hold.expires);
-            }
-            return Ok(Attempt::Granted(Grant {
-                token: FencingToken(h.token),
-                holds: h.holds.len() as u32,
-            }));
+    /// What an attempt of `req` would get, without changing anything.
+    fn admit(&self, req: &AcquireRequest) -> Result<Admit> {
+        let lease = req.lease.0.as_str();
+        let mine = |h: &Holder| h.holds.iter().any(|x| x.lease == lease);
+        if let Some(i) = self.holders.iter().position(mine) {
+            return Ok(Admit::Again(i));
         }
-
-        // Re-entry by the same owner: one more hold, the same token.
-        if let Some(h) = self.holders.iter_mut().find(|h| h.owner == req.owner) {
+        if let Some(i) = self.holders.iter().position(|h| h.owner == req.owner) {
+            let h = &self.holders[i];
             let reenterable = h.kind == req.kind
                 || (h.kind == LockKind::Exclusive && req.kind == LockKind::Shared);
             if !reenterable {
@@ -217,23 +214,14 @@ impl Record {
                     ),
                 });
             }
-            h.holds.push(hold);
-            let grant = Grant {
-                token: FencingToken(h.token),
-                holds: h.holds.len() as u32,
-            };
-            self.waiters.retain(|w| w.lease != req.lease.0);
-            return Ok(Attempt::Granted(grant));
+            return Ok(Admit::Reenter(i));
         }
-
-        if let (LockKind::Permit { permits }, Some(other)) = (
-            req.kind,
-            self.holders.iter().find_map(|h| match h.kind {
+        if let LockKind::Permit { permits } = req.kind {
+            let other = self.holders.iter().find_map(|h| match h.kind {
                 LockKind::Permit { permits } => Some(permits),
                 _ => None,
-            }),
-        ) {
-            if other != permits {
+            });
+            if let Some(other) = other.filter(|&other| other != permits) {
                 return Err(Error::Conflict {
                     name: self.name.clone(),
                     reason: format!(
@@ -242,74 +230,105 @@ impl Record {
                 });
             }
         }
-
-        let blocking_holder = match req.kind {
-            LockKind::Permit { permits } if self.holders.len() >= permits as usize => {
-                self.holders.first()
-            }
-            _ => self.holders.iter().find(|h| !compatible(h.kind, req.kind)),
+        let holder = match req.kind {
+            LockKind::Permit { permits } if self.holders.len() >= permits as usize => Some(0),
+            _ => self
+                .holders
+                .iter()
+                .position(|h| !compatible(h.kind, req.kind)),
         };
-        let me = self.waiters.iter().position(|w| w.lease == req.lease.0);
-        let ahead = &self.waiters[..me.unwrap_or(self.waiters.len())];
+        let me = self.waiters.iter().position(|w| w.lease == lease);
         // Fair: nobody ahead, except readers who are let in together. Non-fair: barge,
         // except that a reader does not pass a waiting writer (no writer starvation).
-        let blocking_waiter = ahead.iter().find(|w| {
-            if req.fair {
-                !(w.kind == LockKind::Shared && req.kind == LockKind::Shared)
-            } else {
-                req.kind == LockKind::Shared && w.kind == LockKind::Exclusive
-            }
-        });
-
-        if blocking_holder.is_none() && blocking_waiter.is_none() {
-            self.last_token += 1;
-            self.holders.push(Holder {
-                owner: req.owner.clone(),
-                kind: req.kind,
-                token: self.last_token,
-                since_ms: now.wall_ms,
-                holds: vec![hold],
+        let waiter = self.waiters[..me.unwrap_or(self.waiters.len())]
+            .iter()
+            .position(|w| {
+                if req.fair {
+                    !(w.kind == LockKind::Shared && req.kind == LockKind::Shared)
+                } else {
+                    req.kind == LockKind::Shared && w.kind == LockKind::Exclusive
+                }
             });
-            self.waiters.retain(|w| w.lease != req.lease.0);
-            return Ok(Attempt::Granted(Grant {
-                token: FencingToken(self.last_token),
-                holds: 1,
-            }));
-        }
+        Ok(match (holder, waiter) {
+            (None, None) => Admit::Grant,
+            (holder, waiter) => Admit::Wait { holder, waiter, me },
+        })
+    }
 
-        let retry_at = match (blocking_holder, blocking_waiter) {
-            (Some(h), _) => h.holds.iter().map(|x| x.expires).max(),
-            (None, Some(w)) => Some(w.expires),
+    /// One attempt. The caller has pruned with the same `now`.
+    pub fn acquire(&mut self, req: &AcquireRequest, now: Now) -> Result<Attempt> {
+        let hold = Hold {
+            lease: req.lease.0.clone(),
+            host: req.requester.host.clone(),
+            pid: req.requester.pid,
+            expires: deadline(now, req.ttl),
+        };
+        let granted = |h: &Holder| {
+            Attempt::Granted(Grant {
+                token: FencingToken(h.token),
+                holds: h.holds.len() as u32,
+            })
+        };
+        let (holder, waiter, me) = match self.admit(req)? {
+            // A retry of a request that was already granted: the same answer again.
+            Admit::Again(i) => {
+                let h = &mut self.holders[i];
+                for x in h.holds.iter_mut().filter(|x| x.lease == hold.lease) {
+                    x.expires = x.expires.max(hold.expires);
+                }
+                return Ok(granted(h));
+            }
+            // Re-entry by the same owner: one more hold, the same token.
+            Admit::Reenter(i) => {
+                self.holders[i].holds.push(hold);
+                self.waiters.retain(|w| w.lease != req.lease.0);
+                return Ok(granted(&self.holders[i]));
+            }
+            Admit::Grant => {
+                self.last_token += 1;
+                self.holders.push(Holder {
+                    owner: req.owner.clone(),
+                    kind: req.kind,
+                    token: self.last_token,
+                    since_ms: now.wall_ms,
+                    holds: vec![hold],
+                });
+                self.waiters.retain(|w| w.lease != req.lease.0);
+                return Ok(granted(&self.holders[self.holders.len() - 1]));
+            }
+            Admit::Wait { holder, waiter, me } => (holder, waiter, me),
+        };
+
+        let retry_at = match (holder, waiter) {
+            (Some(h), _) => self.holders[h].holds.iter().map(|x| x.expires).max(),
+            (None, Some(w)) => Some(self.waiters[w].expires),
             (None, None) => None,
         };
-        let holder = blocking_holder.map(|h| self.holder_info(h, now));
-        let position = if req.enqueue {
-            match me {
-                Some(i) => {
-                    // Refresh the waiter lease only once a quarter of it is gone, so
-                    // re-attempts do not rewrite the record each time.
-                    if self.waiters[i].expires < deadline(now, req.ttl.mul_f64(0.75)) {
-                        self.waiters[i].expires = hold.expires;
-                    }
-                    Some(i + 1)
+        let holder = holder.map(|h| self.holder_info(&self.holders[h], now));
+        let position = match (req.enqueue, me) {
+            (false, _) => None,
+            (true, Some(i)) => {
+                // Refresh the waiter lease only once a quarter of it is gone, so
+                // re-attempts do not rewrite the record each time.
+                if self.waiters[i].expires < deadline(now, req.ttl.mul_f64(0.75)) {
+                    self.waiters[i].expires = hold.expires;
                 }
-                None => {
-                    self.waiters.push(Waiter {
-                        lease: req.lease.0.clone(),
-                        owner: req.owner.clone(),
-                        kind: req.kind,
-                        seq: self.next_seq,
-                        host: hold.host,
-                        pid: hold.pid,
-                        since_ms: now.wall_ms,
-                        expires: hold.expires,
-                    });
-                    self.next_seq += 1;
-                    Some(self.waiters.len())
-                }
+                Some(i + 1)
             }
-        } else {
-            None
+            (true, None) => {
+                self.waiters.push(Waiter {
+                    lease: req.lease.0.clone(),
+                    owner: req.owner.clone(),
+                    kind: req.kind,
+                    seq: self.next_seq,
+                    host: hold.host,
+                    pid: hold.pid,
+                    since_ms: now.wall_ms,
+                    expires: hold.expires,
+                });
+                self.next_seq += 1;
+                Some(self.waiters.len())
+            }
         };
         Ok(Attempt::Busy(Busy {
             holder,
@@ -400,12 +419,12 @@ impl Record {
     /// Whether trying `req` again may succeed: the lock changed since `since`, and a
     /// dry run of `req` on the current state is granted (or fails, which the caller
     /// should hear about). Otherwise the version to wait beyond.
-    pub fn look(&self, req: &AcquireRequest, now: Now, since: Watermark) -> Look {
+    pub fn look(&self, req: &AcquireRequest, since: Watermark) -> Look {
         if self.version == since.0 {
             return Look::Wait(since);
         }
-        match self.clone().acquire(req, now) {
-            Ok(Attempt::Busy(_)) => Look::Wait(Watermark(self.version)),
+        match self.admit(req) {
+            Ok(Admit::Wait { .. }) => Look::Wait(Watermark(self.version)),
             _ => Look::TryNow,
         }
     }

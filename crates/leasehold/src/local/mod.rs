@@ -27,6 +27,7 @@ use std::future::Future;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -86,10 +87,29 @@ struct Cached {
 
 /// Change notifications per file name, fed by the inotify task.
 #[derive(Debug, Default)]
-struct Wakers(Mutex<HashMap<OsString, Arc<Wake>>>);
+struct Wakers(Mutex<HashMap<OsString, Arc<Watched>>>);
+
+/// One lock file as this process's waiters watch it.
+#[derive(Debug, Default)]
+struct Watched {
+    wake: Wake,
+    /// Change notifications so far.
+    events: AtomicU64,
+    /// The record as read after the last notification, shared by all waiters of this
+    /// process, so a change costs one read however many tasks wait.
+    snapshot: tokio::sync::Mutex<Option<Snapshot>>,
+}
+
+#[derive(Debug)]
+struct Snapshot {
+    events: u64,
+    record: Record,
+    /// Processes on this host standing in the way (holders, the queue head).
+    pids: Vec<u32>,
+}
 
 impl Wakers {
-    fn get(&self, file: &OsString) -> Arc<Wake> {
+    fn get(&self, file: &OsString) -> Arc<Watched> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(file.clone()).or_default().clone()
     }
@@ -101,6 +121,13 @@ impl Wakers {
             // Queue overflow: we do not know what changed.
             None => map.values().for_each(|w| w.changed()),
         }
+    }
+}
+
+impl Watched {
+    fn changed(&self) {
+        self.events.fetch_add(1, Ordering::SeqCst);
+        self.wake.changed();
     }
 }
 
@@ -406,22 +433,36 @@ impl Store for LocalStore {
             .watcher
             .get_or_init(|| self.start_watcher())
             .is_some();
-        let wake = self.inner.wakers.get(&file_name(&req.name));
+        let watched = self.inner.wakers.get(&file_name(&req.name));
         let (host, me) = (self.inner.host.clone(), std::process::id());
         loop {
-            let notified = wake.notified(req);
+            let notified = watched.wake.notified(req);
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (look, pids) = self
-                .with(&req.name, |r, now| {
-                    let pids: Vec<u32> = r
-                        .blocking_pids()
-                        .filter(|(h, pid)| *h == host && *pid != me)
-                        .map(|(_, pid)| pid)
-                        .collect();
-                    (r.look(req, now, since), pids)
-                })
-                .await?;
+            let (look, pids) = {
+                let mut snapshot = watched.snapshot.lock().await;
+                let events = watched.events.load(Ordering::SeqCst);
+                let fresh = snapshot.as_ref().filter(|s| s.events == events && watching);
+                if fresh.is_none() {
+                    let (record, pids) = self
+                        .with(&req.name, |r, _| {
+                            let pids = r
+                                .blocking_pids()
+                                .filter(|(h, pid)| *h == host && *pid != me)
+                                .map(|(_, pid)| pid)
+                                .collect();
+                            (r.clone(), pids)
+                        })
+                        .await?;
+                    *snapshot = Some(Snapshot {
+                        events,
+                        record,
+                        pids,
+                    });
+                }
+                let snapshot = snapshot.as_ref().expect("just filled");
+                (snapshot.record.look(req, since), snapshot.pids.clone())
+            };
             match look {
                 Look::TryNow => return Ok(()),
                 Look::Wait(seen) => since = seen,
