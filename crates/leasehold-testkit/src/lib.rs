@@ -87,3 +87,150 @@ pub fn send_signal(pid: i32, signal: i32) {
         std::io::Error::last_os_error()
     );
 }
+
+/// A free TCP port on 127.0.0.1 (bound and released; a server started right away gets it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A real `redis-server` on a free loopback port with its own directory, stopped by pid
+/// when dropped (and killed with the test process, via `PR_SET_PDEATHSIG`).
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<std::process::Child>,
+    port: u16,
+    dir: TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// A server without persistence.
+    pub fn start() -> Self {
+        Self::start_with(&["--save", "", "--appendonly", "no"])
+    }
+
+    /// A server with extra `redis-server` arguments (e.g. `--appendonly yes`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir: TempDir::new("redis"),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        // Another test may take the port between our probe and the server's bind: retry.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start; see {}", server.log().display());
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// Starts the process on `self.port`; false if it exited before answering.
+    fn spawn(&mut self) -> bool {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--protected-mode", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log())
+            .args(&self.extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not installed: run ./scripts/test (it installs it) or apt-get install redis-server"
+            ),
+            Err(e) => panic!("cannot start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        wait_until("redis-server to answer PING", PATIENCE, || {
+            if self.ping() {
+                return Some(true);
+            }
+            match self.child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(_))) => Some(false),
+                _ => None,
+            }
+        })
+    }
+
+    /// Whether the server answers PING now.
+    pub fn ping(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+
+    /// `redis://127.0.0.1:PORT/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its pid (0 when stopped).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// SIGSTOP: the server stops answering but keeps its connections.
+    pub fn pause(&self) {
+        send_signal(self.pid(), libc::SIGSTOP);
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        send_signal(self.pid(), libc::SIGCONT);
+    }
+
+    /// SIGKILL, and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills it (if running) and starts it again on the same port and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        assert!(
+            self.spawn(),
+            "redis-server did not restart; see {}",
+            self.log().display()
+        );
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

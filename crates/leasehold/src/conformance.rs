@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! // tests/conformance.rs of a store crate:
-//! leasehold::conformance_suite!(async { std::sync::Arc::new(MyStore::connect().await) });
+//! leasehold::conformance_suite!(async { (std::sync::Arc::new(MyStore::connect().await), ()) });
 //! ```
 //!
 //! Each case uses lock names of its own, so cases can share one store and run in
@@ -651,8 +651,9 @@ pub async fn bad_input_rejected(store: Arc<dyn Store>) {
     assert!(state.holders.is_empty() && state.waiters.is_empty() && state.last_token.get() == 0);
 }
 
-/// Makes one `#[tokio::test]` per conformance case for the store that `$make` (an async
-/// expression giving an `Arc<dyn Store>`) builds.
+/// Makes one `#[tokio::test]` per conformance case for the store that `$make` builds: an
+/// async expression giving `(Arc<dyn Store>, guard)`, where the guard (a temporary
+/// directory, a server process) lives until the case ends.
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:expr) => {
@@ -666,7 +667,8 @@ macro_rules! conformance_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                let store: ::std::sync::Arc<dyn $crate::Store> = $make.await;
+                let (store, _guard) = $make.await;
+                let store: ::std::sync::Arc<dyn $crate::Store> = store;
                 $crate::conformance::$case(store).await;
             }
         )*

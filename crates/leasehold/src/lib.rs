@@ -71,6 +71,9 @@ mod url;
 #[cfg(feature = "local")]
 pub mod local;
 
+#[cfg(feature = "redis")]
+pub mod redis;
+
 pub mod conformance;
 
 pub use error::{BoxError, Error, Result};
@@ -83,6 +86,8 @@ pub use lock::{Leasehold, Lock};
 pub use memory::MemoryStore;
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{humanize, DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 pub use store::{
     AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId, LockKind,
     LockState, Released, Renewal, Requester, Store, WaiterInfo, Watermark,

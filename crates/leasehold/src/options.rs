@@ -63,7 +63,7 @@ pub fn humanize(d: Duration) -> String {
         format!("{ms}ms")
     } else if ms < 60_000 {
         let s = d.as_secs_f64();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             format!("{s:.0}s")
         } else {
             format!("{s:.1}s")

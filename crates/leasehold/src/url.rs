@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::{Error, MemoryStore, Result, Store};
 
 /// The URL forms this build understands, for messages and `--help`.
-pub const URL_FORMS: &str = "local:DIR, local: (default directory), memory: (this process only)";
+pub const URL_FORMS: &str = "local:DIR, local: (default directory), memory: (this process only), redis://[user:password@]host:port[/db], rediss://... (TLS)";
 
 /// Opens the store `url` names.
 ///
@@ -42,7 +42,13 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>> {
         "local" => Err(invalid(format!(
             "the local store is not part of this build; available: {URL_FORMS}"
         ))),
-        "redis" | "rediss" | "redis+cluster" | "etcd" | "etcds" => Err(invalid(format!(
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(Arc::new(crate::RedisStore::connect(url).await?)),
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" => Err(invalid(format!(
+            "the redis store is not part of this build; available: {URL_FORMS}"
+        ))),
+        "redis+cluster" | "etcd" | "etcds" => Err(invalid(format!(
             "the {scheme} store is not part of this build; available: {URL_FORMS}"
         ))),
         _ => Err(invalid(format!(

@@ -2,5 +2,6 @@
 
 leasehold::conformance_suite!(async {
     let dir = leasehold_testkit::TempDir::new("conformance-local");
-    std::sync::Arc::new(leasehold::LocalStore::open(dir.leak()).unwrap())
+    let store = leasehold::LocalStore::open(dir.path()).unwrap();
+    (std::sync::Arc::new(store), dir)
 });

@@ -1,0 +1,105 @@
+-- Acquire. ARGV: lease, owner, kind (exclusive|shared|permit), permits, ttl ms,
+-- fair (0|1), enqueue (0|1), host, pid, client channel, wall clock ms (display only).
+-- Replies: {1, token, holds} when granted;
+--   {0, position, retry_in ms, version, holder...} when busy (position 0: not queued,
+--   retry_in -1: none; holder: owner, host, pid, token, acquired ms, lease left ms,
+--   holds, kind, permits — owner '' when no holder is in the way);
+--   an error starting with LHCONFLICT when the request cannot be served as asked.
+local lease, owner, kind = ARGV[1], ARGV[2], ARGV[3]
+local permits, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local fair, enqueue = ARGV[6] == '1', ARGV[7] == '1'
+local host, pid, channel, wall = ARGV[8], tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
+local expires = now + ttl
+
+local function granted(h)
+  save()
+  return {1, h.t, #h.d}
+end
+
+-- A retry of a request already granted: the same answer again.
+local hi, di = find_hold(lease)
+if hi then
+  local d = st.h[hi].d[di]
+  if expires > d.e then d.e = expires; dirty = true end
+  return granted(st.h[hi])
+end
+
+-- Re-entry by the same owner: one more hold, the same token.
+for _, h in ipairs(st.h) do
+  if h.o == owner then
+    if not (h.k == kind or (h.k == 'exclusive' and kind == 'shared')) then
+      save()
+      return redis.error_reply('LHCONFLICT owner ' .. owner .. ' already holds it as ' .. h.k ..
+        ' and asked for ' .. kind .. '; upgrading a shared hold would deadlock, release it first')
+    end
+    table.insert(h.d, {l = lease, n = host, i = pid, e = expires})
+    if remove_waiter(lease) then bump() end
+    dirty = true
+    return granted(h)
+  end
+end
+
+if kind == 'permit' then
+  for _, h in ipairs(st.h) do
+    if h.k == 'permit' and h.p ~= permits then
+      save()
+      return redis.error_reply('LHCONFLICT it is held as a semaphore with ' .. h.p ..
+        ' permits; asked with ' .. permits .. '; use the same count everywhere')
+    end
+  end
+end
+
+local blocking_holder = nil
+if kind == 'permit' and #st.h >= permits then
+  blocking_holder = st.h[1]
+else
+  for _, h in ipairs(st.h) do
+    local compatible = (h.k == 'shared' and kind == 'shared') or (h.k == 'permit' and kind == 'permit')
+    if not compatible then blocking_holder = h; break end
+  end
+end
+local me = nil
+for i, w in ipairs(st.w) do if w.l == lease then me = i; break end end
+-- Fair: nobody ahead, except readers let in together. Non-fair: barge, except that a
+-- reader does not pass a waiting writer (no writer starvation).
+local blocking_waiter = nil
+for i = 1, (me or (#st.w + 1)) - 1 do
+  local w = st.w[i]
+  local blocks
+  if fair then blocks = not (w.k == 'shared' and kind == 'shared')
+  else blocks = (kind == 'shared' and w.k == 'exclusive') end
+  if blocks then blocking_waiter = w; break end
+end
+
+if not blocking_holder and not blocking_waiter then
+  st.t = st.t + 1
+  local h = {o = owner, k = kind, p = permits, t = st.t, a = wall,
+             d = {{l = lease, n = host, i = pid, e = expires}}}
+  table.insert(st.h, h)
+  remove_waiter(lease)
+  dirty = true
+  return granted(h)
+end
+
+local retry_at = -1
+if blocking_holder then retry_at = max_expiry(blocking_holder)
+elseif blocking_waiter then retry_at = blocking_waiter.e end
+local position = 0
+if enqueue then
+  if me then
+    -- Refresh the waiter lease only once a quarter of it is gone.
+    if st.w[me].e < now + ttl * 3 / 4 then st.w[me].e = expires; dirty = true end
+    position = me
+  else
+    st.s = st.s + 1
+    table.insert(st.w, {l = lease, o = owner, k = kind, p = permits, f = fair and 1 or 0,
+                        n = host, i = pid, a = wall, e = expires, c = channel})
+    dirty = true
+    position = #st.w
+  end
+end
+save()
+local reply = {0, position, retry_at - now, st.v}
+if retry_at < 0 then reply[3] = -1 end
+for _, x in ipairs(holder_reply(blocking_holder)) do reply[#reply + 1] = x end
+return reply

@@ -1,0 +1,119 @@
+-- Shared head of every leasehold script: one lock's whole state in one key, so every
+-- check-and-change is one script on one key (cluster-safe: the key is KEYS[1]).
+--
+-- KEYS[1]: the lock's key, lh:{NAME}. Its value (JSON):
+--   t  last fencing token (never decreases; the key is never deleted, so tokens persist)
+--   v  version: bumped when a hold or a waiter goes away (what waiters wait for)
+--   s  next waiter sequence number (queue order)
+--   h  holders: {o owner, k kind, p permits, t token, a acquired ms, d holds:
+--        {l lease, n host, i pid, e expiry ms}}
+--   w  waiters in queue order: {l lease, o owner, k kind, p permits, f fair, n host,
+--        i pid, a since ms, e expiry ms, c client channel}
+-- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them
+-- (a holder's "acquired" time is the client's wall clock, for display only).
+
+local key = KEYS[1]
+local clock = redis.call('TIME')
+-- Milliseconds: cjson keeps 14 significant digits, exact for ms since the epoch.
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local raw = redis.call('GET', key)
+local st
+if raw then st = cjson.decode(raw) else st = {t = 0, v = 0, s = 0, h = {}, w = {}} end
+local dirty = false
+local bumped = false
+
+local function bump()
+  st.v = st.v + 1
+  dirty = true
+  bumped = true
+end
+
+-- Drop expired holds, holders without holds, expired waiters.
+local function prune()
+  local holders = {}
+  for _, h in ipairs(st.h) do
+    local holds = {}
+    for _, d in ipairs(h.d) do
+      if d.e > now then holds[#holds + 1] = d else bumped = true end
+    end
+    h.d = holds
+    if #holds > 0 then holders[#holders + 1] = h end
+  end
+  local waiters = {}
+  for _, w in ipairs(st.w) do
+    if w.e > now then waiters[#waiters + 1] = w else bumped = true end
+  end
+  if bumped then
+    st.h, st.w = holders, waiters
+    st.v = st.v + 1
+    dirty = true
+  end
+end
+
+-- Wake the waiters that may get in now: the head of the queue, readers right behind a
+-- reading head, permit waiters for the free permits. One message per client channel,
+-- naming the leases to wake.
+local function notify()
+  if #st.w == 0 then return end
+  local head = st.w[1]
+  local free = 1
+  if head.k == 'permit' then
+    free = head.p
+    for _, h in ipairs(st.h) do if h.k == 'permit' then free = free - 1 end end
+    if free < 1 then free = 1 end
+  end
+  local by_channel, order = {}, {}
+  for i, w in ipairs(st.w) do
+    local take = (i == 1)
+      or (head.k == 'shared' and w.k == 'shared')
+      or (head.k == 'permit' and w.k == 'permit' and i <= free)
+    if not take then break end
+    if not by_channel[w.c] then by_channel[w.c] = {}; order[#order + 1] = w.c end
+    table.insert(by_channel[w.c], w.l)
+  end
+  for _, c in ipairs(order) do
+    redis.call('PUBLISH', c, table.concat(by_channel[c], ','))
+  end
+end
+
+local function save()
+  if dirty then
+    -- cjson writes empty arrays as {}; both decode to empty tables.
+    redis.call('SET', key, cjson.encode(st))
+  end
+  if bumped then notify() end
+end
+
+local function find_hold(lease)
+  for hi, h in ipairs(st.h) do
+    for di, d in ipairs(h.d) do
+      if d.l == lease then return hi, di end
+    end
+  end
+  return nil
+end
+
+local function remove_waiter(lease)
+  for i, w in ipairs(st.w) do
+    if w.l == lease then
+      table.remove(st.w, i)
+      return true
+    end
+  end
+  return false
+end
+
+local function max_expiry(h)
+  local e = 0
+  for _, d in ipairs(h.d) do if d.e > e then e = d.e end end
+  return e
+end
+
+local function holder_reply(h)
+  if not h then return {'', '', 0, 0, 0, 0, 0, '', 0} end
+  local first = h.d[1]
+  local left = max_expiry(h) - now
+  return {h.o, first.n, first.i, h.t, h.a, left, #h.d, h.k, h.p}
+end
+
+prune()

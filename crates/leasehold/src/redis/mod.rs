@@ -1,0 +1,589 @@
+//! Redis store: every lock in one key, every check-and-change one Lua script.
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! use leasehold::Leasehold;
+//! let locks = Leasehold::connect("redis://127.0.0.1:6379/0").await?;
+//! let guard = locks.mutex("nightly")?.lock().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How it works
+//! - A lock `NAME` is the key `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is the
+//!   whole name). It holds the lock's holders, waiters, last fencing token and version as
+//!   JSON. Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it, decide and
+//!   write it back: one atomic step, one key, so they run unchanged on Redis Cluster.
+//! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
+//! - Fencing tokens come from a counter in the same key, which is never deleted.
+//! - Waiting: each client subscribes once, on one connection, to a channel of its own.
+//!   When a hold or a waiter goes away, the script publishes to the channels of the
+//!   waiters that may now get in (the queue head, readers behind a reading head, permit
+//!   waiters for the free permits), naming their acquisitions; the client wakes exactly
+//!   those. A lost message costs at most the holder's remaining lease: waiters also
+//!   retry when it ends.
+//!
+//! # Guarantees and limits
+//! - One Redis server is one point of truth. With replicas, a failover to a replica that
+//!   had not received the latest writes can hand a held lock to a second holder and
+//!   repeat fencing tokens; keep the fencing check at the resource.
+//! - Tokens survive a restart only if Redis persisted the key: use `appendonly yes` with
+//!   `appendfsync always` to never repeat a token after a crash (`everysec` may lose the
+//!   last second).
+//! - A client that cannot reach Redis stops being able to renew: its guards fire `lost`
+//!   at their safe deadline. When Redis answers again within that deadline, renewal
+//!   resumes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+use serde::Deserialize;
+use tokio::sync::Notify;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::store::{
+    AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LockKind, LockState,
+    Released, Renewal, Store, WaiterInfo, Watermark,
+};
+use crate::{Error, FencingToken, LockName, Result};
+
+struct Scripts {
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    force: Script,
+    describe: Script,
+}
+
+fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    macro_rules! script {
+        ($file:literal) => {
+            Script::new(concat!(
+                include_str!("common.lua"),
+                "\n",
+                include_str!($file)
+            ))
+        };
+    }
+    SCRIPTS.get_or_init(|| Scripts {
+        acquire: script!("acquire.lua"),
+        renew: script!("renew.lua"),
+        release: script!("release.lua"),
+        force: script!("force.lua"),
+        describe: script!("describe.lua"),
+    })
+}
+
+/// The Redis store. Cheap to clone; clones share one connection and one subscription.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shown: String,
+    conn: ConnectionManager,
+    channel: String,
+    waiters: Arc<Waiters>,
+    _subscriber: AbortOnDropHandle<()>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.shown)
+            .finish()
+    }
+}
+
+/// This client's waiting acquisitions, by lease id, woken by messages naming them.
+#[derive(Debug, Default)]
+struct Waiters(Mutex<HashMap<String, Arc<Notify>>>);
+
+impl Waiters {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn register(&self, lease: &str) -> Arc<Notify> {
+        self.map().entry(lease.to_string()).or_default().clone()
+    }
+    fn forget(&self, lease: &str) {
+        self.map().remove(lease);
+    }
+    /// `notify_one` keeps the wake-up for a waiter that is between two looks.
+    fn wake(&self, lease: &str) {
+        if let Some(n) = self.map().get(lease) {
+            n.notify_one();
+        }
+    }
+    fn wake_all(&self) {
+        self.map().values().for_each(|n| n.notify_one());
+    }
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// `lh:{NAME}` with `%`, `{` and `}` escaped, so the whole name is the hash tag.
+fn key(name: &LockName) -> String {
+    format!("lh:{{{}}}", key_escape(name.as_str()))
+}
+
+impl RedisStore {
+    /// Connects to `redis://[user:pass@]host:port[/db]` or `rediss://...` (TLS), and
+    /// subscribes to this client's wake-up channel.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let shown = redact(url);
+        let client = redis::Client::open(url).map_err(|e| Error::InvalidStore {
+            store: shown.clone(),
+            reason: format!("{e}; expected redis://[user:password@]host:port[/db] or rediss://..."),
+        })?;
+        let unavailable = |e: redis::RedisError| Error::Unavailable {
+            store: shown.clone(),
+            source: Box::new(e),
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(2);
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(unavailable)?;
+        let channel = format!("lh:client:{:032x}", rand::random::<u128>());
+        let waiters = Arc::new(Waiters::default());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let subscriber = tokio::spawn(subscribe(
+            client,
+            channel.clone(),
+            waiters.clone(),
+            ready_tx,
+        ));
+        match tokio::time::timeout(Duration::from_secs(5), ready_rx).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => return Err(unavailable(e)),
+            _ => {
+                return Err(Error::Unavailable {
+                    store: shown,
+                    source: "no answer to SUBSCRIBE within 5s".into(),
+                })
+            }
+        }
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                shown,
+                conn,
+                channel,
+                waiters,
+                _subscriber: AbortOnDropHandle::new(subscriber),
+            }),
+        })
+    }
+
+    fn error(&self, e: redis::RedisError, name: &LockName) -> Error {
+        if let Some(reason) = e.detail().filter(|_| e.code() == Some("LHCONFLICT")) {
+            return Error::Conflict {
+                name: name.to_string(),
+                reason: reason.to_string(),
+            };
+        }
+        if let Some(reason) = e
+            .to_string()
+            .split_once("LHCONFLICT ")
+            .map(|(_, r)| r.to_string())
+        {
+            return Error::Conflict {
+                name: name.to_string(),
+                reason,
+            };
+        }
+        Error::Unavailable {
+            store: self.inner.shown.clone(),
+            source: Box::new(e),
+        }
+    }
+
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        name: &LockName,
+        args: &[String],
+    ) -> Result<T> {
+        let mut invocation = script.key(key(name));
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut conn = self.inner.conn.clone();
+        invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(e, name))
+    }
+}
+
+/// The subscription task: one connection, one channel, reconnecting as needed. After
+/// every (re)subscription all waiters look again, since messages may have been missed.
+async fn subscribe(
+    client: redis::Client,
+    channel: String,
+    waiters: Arc<Waiters>,
+    ready: tokio::sync::oneshot::Sender<redis::RedisResult<()>>,
+) {
+    let mut ready = Some(ready);
+    loop {
+        let subscribed = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        }
+        .await;
+        match subscribed {
+            Ok(mut pubsub) => {
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(Ok(()));
+                }
+                waiters.wake_all();
+                let mut messages = pubsub.on_message();
+                while let Some(msg) = messages.next().await {
+                    if let Ok(leases) = msg.get_payload::<String>() {
+                        leases.split(',').for_each(|lease| waiters.wake(lease));
+                    }
+                }
+                tracing::debug!("redis subscription ended; reconnecting");
+            }
+            Err(e) => {
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+                tracing::debug!(error = %e, "redis subscription failed; retrying");
+            }
+        }
+        waiters.wake_all();
+        tokio::time::sleep(crate::keepalive::jitter(Duration::from_millis(200))).await;
+    }
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        Value::SimpleString(s) => s.parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn kind(word: &str, permits: i64) -> LockKind {
+    match word {
+        "shared" => LockKind::Shared,
+        "permit" => LockKind::Permit {
+            permits: permits.max(1) as u32,
+        },
+        _ => LockKind::Exclusive,
+    }
+}
+
+fn since(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// The lock's JSON as the scripts keep it (see common.lua). cjson writes an empty list
+/// as `{}`, so lists are read leniently.
+#[derive(Deserialize)]
+struct State {
+    t: f64,
+    #[serde(default, deserialize_with = "lenient_list")]
+    h: Vec<StateHolder>,
+    #[serde(default, deserialize_with = "lenient_list")]
+    w: Vec<StateWaiter>,
+}
+
+#[derive(Deserialize)]
+struct StateHolder {
+    o: String,
+    k: String,
+    p: f64,
+    t: f64,
+    a: f64,
+    #[serde(deserialize_with = "lenient_list")]
+    d: Vec<StateHold>,
+}
+
+#[derive(Deserialize)]
+struct StateHold {
+    n: String,
+    i: f64,
+    e: f64,
+}
+
+#[derive(Deserialize)]
+struct StateWaiter {
+    o: String,
+    k: String,
+    p: f64,
+    n: String,
+    i: f64,
+    a: f64,
+}
+
+fn lenient_list<'de, D, T>(d: D) -> std::result::Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Array(items) => items
+            .into_iter()
+            .map(|v| T::deserialize(v).map_err(serde::de::Error::custom))
+            .collect(),
+        _ => Ok(Vec::new()),
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let lease = req.lease.0.as_str();
+        if req.enqueue {
+            // Before the attempt, so a wake-up sent right after it is not missed.
+            self.inner.waiters.register(lease);
+        }
+        let permits = match req.kind {
+            LockKind::Permit { permits } => permits,
+            _ => 0,
+        };
+        let ttl_ms = req.ttl.as_millis() as u64;
+        let reply: Vec<Value> = self
+            .run(
+                &scripts().acquire,
+                &req.name,
+                &[
+                    lease.to_string(),
+                    req.owner.clone(),
+                    req.kind.word().to_string(),
+                    permits.to_string(),
+                    ttl_ms.to_string(),
+                    (req.fair as u8).to_string(),
+                    (req.enqueue as u8).to_string(),
+                    req.requester.host.clone(),
+                    req.requester.pid.to_string(),
+                    self.inner.channel.clone(),
+                    wall_ms().to_string(),
+                ],
+            )
+            .await?;
+        if reply.first().map(int) == Some(1) && reply.len() >= 3 {
+            self.inner.waiters.forget(lease);
+            return Ok(Attempt::Granted(Grant {
+                token: FencingToken(int(&reply[1]) as u64),
+                holds: int(&reply[2]) as u32,
+            }));
+        }
+        if reply.len() < 13 {
+            return Err(Error::Internal(format!(
+                "unexpected reply from the acquire script: {reply:?}"
+            )));
+        }
+        let holder = (!text(&reply[4]).is_empty()).then(|| HolderInfo {
+            owner: text(&reply[4]),
+            host: text(&reply[5]),
+            pid: int(&reply[6]) as u32,
+            token: FencingToken(int(&reply[7]) as u64),
+            since: since(int(&reply[8])),
+            lease_left: Duration::from_millis(int(&reply[9]).max(0) as u64),
+            holds: int(&reply[10]) as u32,
+            kind: kind(&text(&reply[11]), int(&reply[12])),
+        });
+        let position = int(&reply[1]);
+        let retry_in = int(&reply[2]);
+        Ok(Attempt::Busy(Busy {
+            holder,
+            position: (position > 0).then_some(position as usize),
+            retry_in: (retry_in >= 0).then(|| Duration::from_millis(retry_in as u64)),
+            watermark: Watermark(int(&reply[3]) as u64),
+        }))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        let ttl_ms = ttl.as_millis() as u64;
+        let renewed: i64 = self
+            .run(
+                &scripts().renew,
+                &lease.name,
+                &[lease.id.0.clone(), ttl_ms.to_string()],
+            )
+            .await?;
+        Ok(if renewed == 1 {
+            Renewal::Renewed
+        } else {
+            Renewal::Lost
+        })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let released: i64 = self
+            .run(
+                &scripts().release,
+                &lease.name,
+                std::slice::from_ref(&lease.id.0),
+            )
+            .await?;
+        self.inner.waiters.forget(&lease.id.0);
+        Ok(if released == 1 {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+
+    async fn changed(&self, req: &AcquireRequest, _since: Watermark) -> Result<()> {
+        // A message naming this acquisition (kept if it came before we got here).
+        self.inner.waiters.register(&req.lease.0).notified().await;
+        Ok(())
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<LockState> {
+        let (now, json): (i64, String) = self.run(&scripts().describe, name, &[]).await?;
+        let state: State = serde_json::from_str(&json).map_err(|e| Error::Corrupt {
+            store: self.inner.shown.clone(),
+            name: name.to_string(),
+            reason: format!("key {} does not hold a leasehold record ({e})", key(name)),
+        })?;
+        Ok(LockState {
+            name: name.to_string(),
+            last_token: FencingToken(state.t as u64),
+            holders: state
+                .h
+                .iter()
+                .filter_map(|h| {
+                    let first = h.d.first()?;
+                    let expires = h.d.iter().map(|d| d.e as i64).max().unwrap_or(0);
+                    Some(HolderInfo {
+                        owner: h.o.clone(),
+                        host: first.n.clone(),
+                        pid: first.i as u32,
+                        token: FencingToken(h.t as u64),
+                        kind: kind(&h.k, h.p as i64),
+                        since: since(h.a as i64),
+                        lease_left: Duration::from_millis((expires - now).max(0) as u64),
+                        holds: h.d.len() as u32,
+                    })
+                })
+                .collect(),
+            waiters: state
+                .w
+                .iter()
+                .map(|w| WaiterInfo {
+                    owner: w.o.clone(),
+                    host: w.n.clone(),
+                    pid: w.i as u32,
+                    kind: kind(&w.k, w.p as i64),
+                    since: since(w.a as i64),
+                })
+                .collect(),
+        })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
+        let mut conn = self.inner.conn.clone();
+        let mut pattern = String::from("lh:{");
+        for c in key_escape(prefix).chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('*');
+        let keys: Vec<String> = {
+            let mut iter = redis::AsyncCommands::scan_match::<_, String>(&mut conn, &pattern)
+                .await
+                .map_err(|e| Error::Unavailable {
+                    store: self.inner.shown.clone(),
+                    source: Box::new(e),
+                })?;
+            let mut keys = Vec::new();
+            while let Some(k) = iter.next_item().await {
+                keys.push(k.map_err(|e| Error::Unavailable {
+                    store: self.inner.shown.clone(),
+                    source: Box::new(e),
+                })?);
+            }
+            keys
+        };
+        let mut out = Vec::new();
+        for k in keys {
+            let Some(name) = k.strip_prefix("lh:{").and_then(|k| k.strip_suffix('}')) else {
+                continue;
+            };
+            let Ok(name) = LockName::new(key_unescape(name)) else {
+                continue;
+            };
+            let state = self.describe(&name).await?;
+            if !state.holders.is_empty() || !state.waiters.is_empty() {
+                out.push(state);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let held: i64 = self.run(&scripts().force, name, &[]).await?;
+        Ok(held == 1)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cross_process: true,
+            reclaims_dead_processes: false,
+        }
+    }
+
+    fn describe_store(&self) -> String {
+        self.inner.shown.clone()
+    }
+}
+
+fn key_escape(s: &str) -> String {
+    s.replace('%', "%25")
+        .replace('{', "%7B")
+        .replace('}', "%7D")
+}
+
+fn key_unescape(s: &str) -> String {
+    s.replace("%7B", "{")
+        .replace("%7D", "}")
+        .replace("%25", "%")
+}

@@ -1,0 +1,8 @@
+//! The conformance suite on a real redis-server, one server per case.
+#![cfg(feature = "redis")]
+
+leasehold::conformance_suite!(async {
+    let server = leasehold_testkit::RedisServer::start();
+    let store = leasehold::RedisStore::connect(&server.url()).await.unwrap();
+    (std::sync::Arc::new(store), server)
+});
