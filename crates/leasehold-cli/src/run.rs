@@ -245,7 +245,10 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
             _ = hup.recv() => kill_group(pgid, libc::SIGHUP),
             _ = guard.lost() => {
                 let why = guard.check().err().map(|e| e.to_string()).unwrap_or_default();
-                break Ended::Lost { kill_at: Instant::now() + args.grace, why };
+                // Past the safe deadline someone else may hold the lock: no grace then.
+                let now = Instant::now();
+                let kill_at = (now + args.grace).min(guard.valid_until().max(now));
+                break Ended::Lost { kill_at, why };
             }
             _ = sleep_until(warn_at) => {
                 let valid_until = guard.valid_until();

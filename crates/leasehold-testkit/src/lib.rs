@@ -174,15 +174,17 @@ impl RedisServer {
         })
     }
 
-    /// Whether the server answers PING now.
+    /// Whether the server answers PING now (`-NOAUTH` counts: it is up).
     pub fn ping(&self) -> bool {
         use std::io::{Read, Write};
         let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(1)));
-        let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+        let mut buf = [0u8; 5];
+        s.write_all(b"PING\r\n").is_ok()
+            && s.read_exact(&mut buf).is_ok()
+            && (&buf == b"+PONG" || &buf == b"-NOAU")
     }
 
     /// `redis://127.0.0.1:PORT/0`.

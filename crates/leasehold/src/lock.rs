@@ -324,6 +324,11 @@ impl Lock {
     ) -> Result<Option<LockGuard>> {
         let started = Instant::now();
         let mut pending = Pending::new(self.store.clone(), req.lease());
+        // Once the store has answered, a waiter rides out store trouble (a restart, a
+        // failover) until its deadline; the same request is retried, so an attempt that
+        // was granted unseen is simply granted again.
+        let mut answered = false;
+        let mut trouble = Duration::from_millis(50);
         loop {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
@@ -341,7 +346,24 @@ impl Lock {
                         req.owner,
                     )));
                 }
-                Ok(Attempt::Busy(busy)) => busy,
+                Ok(Attempt::Busy(busy)) => {
+                    answered = true;
+                    trouble = Duration::from_millis(50);
+                    busy
+                }
+                Err(error) if answered && error.is_retryable() && !matches!(wait, Wait::No) => {
+                    let retry = Instant::now() + jitter(trouble);
+                    trouble = (trouble * 2).min(Duration::from_secs(1));
+                    if let Wait::Until(deadline) = wait {
+                        if retry >= deadline {
+                            pending.undo().await;
+                            return Err(error);
+                        }
+                    }
+                    tracing::debug!(%error, "store trouble while waiting; retrying");
+                    sleep_until(retry).await;
+                    continue;
+                }
                 Err(error) => {
                     // The attempt may have been granted or queued: undo it by its id.
                     pending.undo().await;

@@ -227,10 +227,18 @@ impl RedisStore {
             invocation.arg(arg);
         }
         let mut conn = self.inner.conn.clone();
-        invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.error(e, name))
+        // Every script is idempotent for its lease id, so a call that met a dropped
+        // connection (a server restart) is sent once more on the reconnected one.
+        match invocation.invoke_async(&mut conn).await {
+            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
+                tracing::debug!(error = %e, "redis connection dropped; sending again");
+                invocation
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| self.error(e, name))
+            }
+            result => result.map_err(|e| self.error(e, name)),
+        }
     }
 }
 

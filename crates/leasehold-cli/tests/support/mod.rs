@@ -1,0 +1,313 @@
+//! Shared by the CLI test files: a test's world (work dir, store, home), spawned
+//! processes that are killed on drop, and waits on conditions with deadlines.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use leasehold_testkit::{pid_alive, send_signal, wait_for, wait_until, TempDir, PATIENCE};
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+/// One test's world: a work directory (the commands' cwd), a store and a home.
+pub struct Cli {
+    pub _dir: TempDir,
+    pub work: PathBuf,
+    pub home: PathBuf,
+    pub store: String,
+}
+
+/// A finished `leasehold` invocation.
+#[derive(Debug)]
+pub struct Out {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn from(output: Output) -> Out {
+        Out {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Asserts the exit code; shows the output when it is not.
+    pub fn expect(self, code: i32) -> Out {
+        assert_eq!(self.code, Some(code), "unexpected exit; {self:#?}");
+        self
+    }
+}
+
+impl Cli {
+    pub fn new(label: &str) -> Cli {
+        Self::with_store(label, None)
+    }
+
+    /// A world whose commands use `store` (a URL), or a local store of its own.
+    pub fn with_store(label: &str, store: Option<String>) -> Cli {
+        let dir = TempDir::new(&format!("cli-{label}"));
+        let work = dir.path().join("work");
+        let home = dir.path().join("home");
+        fs::create_dir_all(&work).unwrap();
+        fs::create_dir_all(&home).unwrap();
+        let store =
+            store.unwrap_or_else(|| format!("local:{}", dir.path().join("store").display()));
+        Cli {
+            _dir: dir,
+            work,
+            home,
+            store,
+        }
+    }
+
+    /// A file in the work directory.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.work.join(rel)
+    }
+
+    pub fn exists(&self, rel: &str) -> bool {
+        self.path(rel).exists()
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        fs::read_to_string(self.path(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+    }
+
+    pub fn touch(&self, rel: &str) {
+        fs::write(self.path(rel), "").unwrap();
+    }
+
+    /// Writes a shell script into the work directory (run it as `sh NAME`).
+    pub fn script(&self, name: &str, body: &str) {
+        fs::write(self.path(name), body).unwrap();
+    }
+
+    /// A process in the work directory with a hermetic environment; `$LH` is the binary.
+    pub fn process(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.current_dir(&self.work)
+            .env_remove("LEASEHOLD_OWNER")
+            .env_remove("LEASEHOLD_STORE")
+            .env_remove("RUST_LOG")
+            .env("LEASEHOLD_HOME", &self.home)
+            .env("LH", BIN)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// `leasehold ARGS` without a store flag (for store-related input tests).
+    pub fn bare(&self, args: &[&str]) -> Command {
+        let mut cmd = self.process(BIN);
+        cmd.args(args);
+        cmd
+    }
+
+    /// `leasehold --store <this test's store> ARGS`.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = self.process(BIN);
+        cmd.arg("--store").arg(&self.store).args(args);
+        cmd
+    }
+
+    /// Runs `leasehold --store ... ARGS` to its end.
+    pub fn run(&self, args: &[&str]) -> Out {
+        Out::from(self.cmd(args).output().expect("run leasehold"))
+    }
+
+    /// Starts a process, its stdout and stderr going to files in the work directory.
+    pub fn start(&self, label: &str, mut cmd: Command) -> Proc {
+        let stdout = self.path(&format!("{label}.stdout"));
+        let stderr = self.path(&format!("{label}.stderr"));
+        cmd.stdout(fs::File::create(&stdout).unwrap())
+            .stderr(fs::File::create(&stderr).unwrap());
+        let child = cmd.spawn().expect("spawn");
+        Proc {
+            label: label.to_string(),
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Starts `leasehold --store ... ARGS`.
+    pub fn spawn(&self, label: &str, args: &[&str]) -> Proc {
+        self.start(label, self.cmd(args))
+    }
+
+    /// Starts `leasehold hold ARGS` and waits for the token it prints.
+    pub fn hold(&self, label: &str, args: &[&str]) -> (Proc, u64) {
+        let mut all = vec!["hold"];
+        all.extend_from_slice(args);
+        let mut proc = self.spawn(label, &all);
+        let token = proc.wait_for_line(&format!("{label} to print its token"));
+        let token = token
+            .parse()
+            .unwrap_or_else(|_| panic!("hold printed {token:?}, not a decimal token"));
+        (proc, token)
+    }
+
+    /// `leasehold status NAME --json`.
+    pub fn status(&self, name: &str) -> Value {
+        let out = self.run(&["status", name, "--json"]).expect(0);
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("status --json: {e}: {out:?}"))
+    }
+
+    pub fn holders(&self, name: &str) -> Vec<Value> {
+        self.status(name)["holders"]
+            .as_array()
+            .expect("holders array")
+            .clone()
+    }
+
+    pub fn waiters(&self, name: &str) -> Vec<Value> {
+        self.status(name)["waiters"]
+            .as_array()
+            .expect("waiters array")
+            .clone()
+    }
+
+    /// `leasehold list [PREFIX] --json`.
+    pub fn list(&self, prefix: &str) -> Vec<Value> {
+        let out = self.run(&["list", prefix, "--json"]).expect(0);
+        let value: Value = serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("list --json: {e}: {out:?}"));
+        value
+            .as_array()
+            .expect("list --json gives an array")
+            .clone()
+    }
+
+    pub fn wait_waiters(&self, name: &str, n: usize) {
+        wait_for(&format!("{n} waiter(s) of {name:?}"), || {
+            self.waiters(name).len() == n
+        });
+    }
+
+    pub fn wait_file(&self, rel: &str) {
+        wait_for(&format!("file {rel}"), || self.exists(rel));
+    }
+
+    /// The lock is free and nothing is held or awaited in the store.
+    pub fn assert_all_free(&self, name: &str) {
+        let status = self.status(name);
+        assert_eq!(
+            status["holders"],
+            Value::Array(vec![]),
+            "holders left: {status}"
+        );
+        assert_eq!(
+            status["waiters"],
+            Value::Array(vec![]),
+            "waiters left: {status}"
+        );
+        assert_eq!(self.list(""), Vec::<Value>::new(), "list is not empty");
+    }
+}
+
+/// A running process, SIGKILLed (and reaped) on drop if it still runs.
+pub struct Proc {
+    pub label: String,
+    pub child: Child,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn stdout(&self) -> String {
+        fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        send_signal(self.pid(), signal);
+    }
+
+    /// Waits for the first line of stdout; fails at once if the process exits first.
+    pub fn wait_for_line(&mut self, what: &str) -> String {
+        wait_until(what, PATIENCE, || {
+            if let Some(line) = self.stdout().strip_suffix('\n') {
+                return Some(line.to_string());
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "{} exited ({status}) before {what}; stderr:\n{}",
+                    self.label,
+                    self.stderr()
+                );
+            }
+            None
+        })
+    }
+
+    pub fn exits_within(&mut self, patience: Duration) -> i32 {
+        let what = format!("{} to exit", self.label);
+        let status = wait_until(&what, patience, || self.child.try_wait().unwrap());
+        match status.code() {
+            Some(code) => code,
+            None => panic!(
+                "{} died of {status}; stderr:\n{}",
+                self.label,
+                self.stderr()
+            ),
+        }
+    }
+
+    /// Waits for it to exit; its exit code (it must not die of a signal itself).
+    pub fn exit_code(&mut self) -> i32 {
+        self.exits_within(PATIENCE)
+    }
+
+    /// Waits for it to exit with `code`.
+    pub fn expect_exit(&mut self, code: i32) {
+        let got = self.exit_code();
+        assert_eq!(
+            got,
+            code,
+            "{} exited {got}, not {code}; stdout:\n{}\nstderr:\n{}",
+            self.label,
+            self.stdout(),
+            self.stderr()
+        );
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Kills a process we only know by pid (a grandchild) on drop.
+pub struct PidGuard(pub i32);
+
+impl Drop for PidGuard {
+    fn drop(&mut self) {
+        if self.0 > 0 && pid_alive(self.0) {
+            // SAFETY: plain syscall.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+}
+
+pub fn read_pid(cli: &Cli, rel: &str) -> i32 {
+    cli.wait_file(rel);
+    wait_until(&format!("a pid in {rel}"), PATIENCE, || {
+        cli.read(rel).trim().parse().ok()
+    })
+}
