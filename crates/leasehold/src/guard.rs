@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::{sleep_until, Instant};
-use tokio_util::task::AbortOnDropHandle;
 
-use crate::keepalive::{Lifeline, Status};
+use crate::keepalive::{Lifeline, Renewals, Status};
 use crate::options::{check_ttl, humanize};
 use crate::store::{Lease, LockKind, Released, Renewal};
 use crate::{Error, FencingToken, LockName, Result};
@@ -32,7 +31,6 @@ struct Held {
     kind: LockKind,
     owner: String,
     acquired: Instant,
-    _renewal: AbortOnDropHandle<()>,
     /// This process's turn at the lock (see `Gates` in lock.rs), passed on after the
     /// store release.
     gate_pass: Option<OwnedMutexGuard<()>>,
@@ -41,13 +39,14 @@ struct Held {
 impl LockGuard {
     pub(crate) fn start(
         line: Arc<Lifeline>,
+        renewals: &Arc<Renewals>,
         token: FencingToken,
         holds: u32,
         kind: LockKind,
         owner: String,
     ) -> Self {
         let status = line.status.subscribe();
-        let renewal = AbortOnDropHandle::new(tokio::spawn(line.clone().keep_alive()));
+        renewals.add(&line);
         LockGuard {
             held: Some(Held {
                 line,
@@ -57,7 +56,6 @@ impl LockGuard {
                 kind,
                 owner,
                 acquired: Instant::now(),
-                _renewal: renewal,
                 gate_pass: None,
             }),
         }
@@ -189,7 +187,7 @@ impl LockGuard {
     /// expires in any case.
     pub async fn release(mut self) -> Result<Released> {
         let held = self.held.take().expect("guard is held until consumed");
-        drop(held._renewal);
+        held.line.close();
         tokio::task::consume_budget().await;
         let lease = &held.line.lease;
         let released = held.line.store.release(lease).await?;
@@ -207,6 +205,7 @@ impl LockGuard {
     /// lease expires. Returns the lease so it can be released elsewhere.
     pub fn leak(mut self) -> Lease {
         let held = self.held.take().expect("guard is held until consumed");
+        held.line.close();
         held.line.lease.clone()
     }
 }
@@ -214,7 +213,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         let Some(held) = self.held.take() else { return };
-        drop(held._renewal);
+        held.line.close();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (line, gate_pass) = (held.line, held.gate_pass);
             runtime.spawn(async move {

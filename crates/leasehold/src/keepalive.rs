@@ -1,6 +1,8 @@
 //! Safe-deadline arithmetic and the renewal task a guard owns.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{watch, Mutex};
@@ -43,6 +45,8 @@ pub(crate) struct Lifeline {
     pub status: watch::Sender<Status>,
     /// One renewal in flight at a time, so an older answer cannot overwrite a newer one.
     renewing: Mutex<()>,
+    /// Released, leaked or dropped: renew no more.
+    closed: AtomicBool,
 }
 
 impl Lifeline {
@@ -58,6 +62,7 @@ impl Lifeline {
             lease,
             status,
             renewing: Mutex::new(()),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -108,34 +113,111 @@ impl Lifeline {
         }
     }
 
-    /// The renewal task: renews at about a third of the TTL, retries failed renewals with
-    /// jittered backoff, and declares the loss at the safe deadline at the latest.
-    pub async fn keep_alive(self: Arc<Self>) {
-        let mut failing = false;
+    /// One renewal step, run by the [`Renewals`] scheduler when due; says when the
+    /// next step is due, or `None` when the lease is over (lost or closed).
+    async fn renew_step(&self) -> Option<Instant> {
+        if self.is_closed() {
+            return None;
+        }
+        let ttl = self.status.borrow().ttl;
+        match self.renew(ttl).await {
+            Ok(Renewal::Renewed) => {
+                let status = self.status.borrow();
+                Some(status.renewed_at + status.ttl / 3)
+            }
+            Ok(Renewal::Lost) => None,
+            Err(_) if self.is_closed() => None,
+            Err(error) => {
+                tracing::warn!(lock = %self.lease.name, %error, "renewal failed; retrying until the safe deadline");
+                let backoff = jitter(ttl.div_f64(10.0).min(Duration::from_millis(500)));
+                let valid_until = self.status.borrow().valid_until;
+                // At the deadline the next step finds the lease lost and says so.
+                Some((Instant::now() + backoff).min(valid_until))
+            }
+        }
+    }
+
+    /// No renewals after the guard is released, leaked or dropped.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+/// Renews the leases of every guard made through one [`Leasehold`](crate::Leasehold):
+/// one task sleeps until the earliest due renewal and starts it. A new guard wakes the
+/// task only if its renewal is due before the task's next wake-up, so short holds —
+/// acquired and released within a third of their TTL — cost no task and no wake-up.
+#[derive(Debug, Default)]
+pub(crate) struct Renewals {
+    schedule: std::sync::Mutex<Schedule>,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Schedule {
+    due: BTreeMap<(Instant, u64), Weak<Lifeline>>,
+    next_id: u64,
+    /// When the driver will look next; `None` when no driver runs in this runtime.
+    driver_wakes_at: Option<Instant>,
+    driver: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Renewals {
+    /// Schedules the first renewal of a new guard's lease.
+    pub fn add(self: &Arc<Self>, line: &Arc<Lifeline>) {
+        let status = line.status.borrow().clone();
+        self.schedule(Arc::downgrade(line), status.renewed_at + status.ttl / 3);
+    }
+
+    fn schedule(self: &Arc<Self>, line: Weak<Lifeline>, at: Instant) {
+        let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+        s.next_id += 1;
+        let id = s.next_id;
+        s.due.insert((at, id), line);
+        let running = s.driver.as_ref().is_some_and(|d| !d.is_finished());
+        if !running {
+            s.driver_wakes_at = Some(at);
+            s.driver = Some(tokio::spawn(self.clone().drive()));
+        } else if s.driver_wakes_at.is_none_or(|w| at < w) {
+            s.driver_wakes_at = Some(at);
+            self.changed.notify_one();
+        }
+    }
+
+    async fn drive(self: Arc<Self>) {
         loop {
-            let status = self.status.borrow().clone();
-            if status.lost.is_some() {
-                return;
-            }
-            let next = if failing {
-                Instant::now() + jitter(status.ttl.div_f64(10.0).min(Duration::from_millis(500)))
-            } else {
-                status.renewed_at + status.ttl / 3
+            let (due, next) = {
+                let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+                let now = Instant::now();
+                let later = s.due.split_off(&(now, u64::MAX));
+                let due = std::mem::replace(&mut s.due, later);
+                // Drop entries of guards that are gone, so the map does not grow.
+                s.due.retain(|_, line| line.strong_count() > 0);
+                let next = s.due.keys().next().map(|(at, _)| *at);
+                s.driver_wakes_at = next;
+                (due, next)
             };
-            tokio::select! {
-                _ = sleep_until(next) => {}
-                _ = sleep_until(status.valid_until) => {
-                    self.mark_lost("the safe deadline passed without a confirmed renewal");
-                    return;
-                }
+            for line in due.into_values() {
+                let Some(line) = line.upgrade() else { continue };
+                let renewals = self.clone();
+                tokio::spawn(async move {
+                    if let Some(at) = line.renew_step().await {
+                        renewals.schedule(Arc::downgrade(&line), at);
+                    }
+                });
             }
-            match self.renew(status.ttl).await {
-                Ok(Renewal::Renewed) => failing = false,
-                Ok(Renewal::Lost) => return,
-                Err(error) => {
-                    tracing::warn!(lock = %self.lease.name, %error, "renewal failed; retrying until the safe deadline");
-                    failing = true;
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        _ = sleep_until(at) => {}
+                        _ = self.changed.notified() => {}
+                    }
                 }
+                None => self.changed.notified().await,
             }
         }
     }

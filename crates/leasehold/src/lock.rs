@@ -10,7 +10,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 use tracing::Instrument;
 
 use crate::guard::LockGuard;
-use crate::keepalive::{jitter, Lifeline};
+use crate::keepalive::{jitter, Lifeline, Renewals};
 use crate::options::{check_owner, check_permits, check_ttl, DEFAULT_TTL};
 use crate::store::{
     AcquireRequest, Attempt, Busy, Lease, LeaseId, LockKind, LockState, Requester, Store,
@@ -38,6 +38,7 @@ pub struct Leasehold {
     store: Arc<dyn Store>,
     requester: Arc<Requester>,
     gates: Arc<Gates>,
+    renewals: Arc<Renewals>,
 }
 
 /// Tasks of this process that want the same non-fair exclusive lock (with no owner id,
@@ -76,6 +77,7 @@ impl Leasehold {
             store,
             requester: Arc::new(Requester::this_process()),
             gates: Arc::default(),
+            renewals: Arc::default(),
         }
     }
 
@@ -94,6 +96,7 @@ impl Leasehold {
             store: self.store.clone(),
             requester: self.requester.clone(),
             gates: self.gates.clone(),
+            renewals: self.renewals.clone(),
             name,
             kind,
             ttl: DEFAULT_TTL,
@@ -164,6 +167,7 @@ pub struct Lock {
     store: Arc<dyn Store>,
     requester: Arc<Requester>,
     gates: Arc<Gates>,
+    renewals: Arc<Renewals>,
     name: LockName,
     kind: LockKind,
     ttl: Duration,
@@ -340,6 +344,7 @@ impl Lock {
                     let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl);
                     return Ok(Some(LockGuard::start(
                         line,
+                        &self.renewals,
                         grant.token,
                         grant.holds,
                         req.kind,

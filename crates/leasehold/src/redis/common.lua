@@ -28,26 +28,33 @@ local function bump()
   bumped = true
 end
 
--- Drop expired holds, holders without holds, expired waiters.
+-- Drop expired holds, holders without holds, expired waiters (tables are rebuilt only
+-- when something expired: this runs on every call).
+local function expired_any()
+  for _, h in ipairs(st.h) do
+    for _, d in ipairs(h.d) do if d.e <= now then return true end end
+  end
+  for _, w in ipairs(st.w) do if w.e <= now then return true end end
+  return false
+end
+
 local function prune()
+  if not expired_any() then return end
   local holders = {}
   for _, h in ipairs(st.h) do
     local holds = {}
     for _, d in ipairs(h.d) do
-      if d.e > now then holds[#holds + 1] = d else bumped = true end
+      if d.e > now then holds[#holds + 1] = d end
     end
     h.d = holds
     if #holds > 0 then holders[#holders + 1] = h end
   end
   local waiters = {}
   for _, w in ipairs(st.w) do
-    if w.e > now then waiters[#waiters + 1] = w else bumped = true end
+    if w.e > now then waiters[#waiters + 1] = w end
   end
-  if bumped then
-    st.h, st.w = holders, waiters
-    st.v = st.v + 1
-    dirty = true
-  end
+  st.h, st.w = holders, waiters
+  bump()
 end
 
 -- Wake the waiters that may get in now: the head of the queue, readers right behind a
