@@ -21,7 +21,8 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use crate::store::{
-    AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
+    AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal, Store,
+    Watermark,
 };
 use crate::{Error, Leasehold, LockName, Result};
 
@@ -111,7 +112,7 @@ impl Store for PartitionedRenewals {
     async fn release(&self, lease: &Lease) -> Result<Released> {
         self.inner.release(lease).await
     }
-    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<()> {
+    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
         self.inner.changed(req, since).await
     }
     async fn describe(&self, name: &LockName) -> Result<LockState> {

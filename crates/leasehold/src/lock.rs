@@ -13,7 +13,7 @@ use crate::guard::LockGuard;
 use crate::keepalive::{jitter, Lifeline, Renewals};
 use crate::options::{check_owner, check_permits, check_ttl, DEFAULT_TTL};
 use crate::store::{
-    AcquireRequest, Attempt, Busy, Lease, LeaseId, LockKind, LockState, Requester, Store,
+    AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Requester, Store,
 };
 use crate::{Error, LockName, Result};
 
@@ -333,6 +333,12 @@ impl Lock {
         // was granted unseen is simply granted again.
         let mut answered = false;
         let mut trouble = Duration::from_millis(50);
+        let granted = |grant: Grant, sent: Instant| {
+            tracing::info!(token = grant.token.0, holds = grant.holds, waited = ?started.elapsed(), "acquired");
+            let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl);
+            let (kind, owner) = (req.kind, req.owner.clone());
+            LockGuard::start(line, &self.renewals, grant.token, grant.holds, kind, owner)
+        };
         loop {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
@@ -340,16 +346,7 @@ impl Lock {
             let busy = match self.store.acquire(&req).await {
                 Ok(Attempt::Granted(grant)) => {
                     pending.disarm();
-                    tracing::info!(token = grant.token.0, holds = grant.holds, waited = ?started.elapsed(), "acquired");
-                    let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl);
-                    return Ok(Some(LockGuard::start(
-                        line,
-                        &self.renewals,
-                        grant.token,
-                        grant.holds,
-                        req.kind,
-                        req.owner,
-                    )));
+                    return Ok(Some(granted(grant, sent)));
                 }
                 Ok(Attempt::Busy(busy)) => {
                     answered = true;
@@ -403,13 +400,20 @@ impl Lock {
                 wake = wake.min(deadline);
             }
             tokio::select! {
-                changed = self.store.changed(&req, busy.watermark) => {
-                    if let Err(error) = changed {
+                changed = self.store.changed(&req, busy.watermark) => match changed {
+                    // Handed over by the store: the lease runs from after `sent`, our
+                    // last request, so counting from it is safe.
+                    Ok(Some(grant)) => {
+                        pending.disarm();
+                        return Ok(Some(granted(grant, sent)));
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
                         tracing::debug!(%error, "change notification failed; backing off");
                         let backoff = Instant::now() + jitter(Duration::from_millis(50));
                         sleep_until(backoff.min(wake)).await;
                     }
-                }
+                },
                 _ = sleep_until(wake) => {}
             }
         }

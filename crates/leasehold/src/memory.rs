@@ -12,7 +12,8 @@ use async_trait::async_trait;
 
 use crate::record::{Look, Now, Record, Wake};
 use crate::store::{
-    AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
+    AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal, Store,
+    Watermark,
 };
 use crate::{Error, LockName, Result};
 
@@ -110,14 +111,14 @@ impl Store for MemoryStore {
         self.with(&lease.name, |r, _| r.release(lease))
     }
 
-    async fn changed(&self, req: &AcquireRequest, mut since: Watermark) -> Result<()> {
+    async fn changed(&self, req: &AcquireRequest, mut since: Watermark) -> Result<Option<Grant>> {
         let wake = self.with_entry(&req.name, |e, _| e.changed.clone())?;
         loop {
             let notified = wake.notified(req);
             tokio::pin!(notified);
             notified.as_mut().enable();
             match self.with(&req.name, |r, _| r.look(req, since))? {
-                Look::TryNow => return Ok(()),
+                Look::TryNow => return Ok(None),
                 Look::Wait(seen) => since = seen,
             }
             notified.await;

@@ -256,7 +256,10 @@ pub trait Store: Debug + Send + Sync + 'static {
     /// process exit). A store that can tell should not resolve for changes that cannot
     /// help `req` (another holder arriving); it may resolve early. Only promptness
     /// depends on it: callers also retry at [`Busy::retry_in`].
-    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<()>;
+    ///
+    /// A store that hands the lock to a queued waiter itself says so with `Some(grant)`:
+    /// the lease then runs from a moment after the waiter's last request was sent.
+    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>>;
     /// Holders and waiters of one lock.
     async fn describe(&self, name: &LockName) -> Result<LockState>;
     /// Every lock whose name starts with `prefix` that has holders or waiters.

@@ -39,7 +39,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::record::{Look, Now, Record, Wake};
 use crate::store::{
-    AcquireRequest, Attempt, Capabilities, Lease, LockState, Released, Renewal, Store, Watermark,
+    AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal, Store,
+    Watermark,
 };
 use crate::{sys, Error, LockName, Result};
 
@@ -427,7 +428,7 @@ impl Store for LocalStore {
         self.with(&lease.name, |r, _| r.release(lease)).await
     }
 
-    async fn changed(&self, req: &AcquireRequest, mut since: Watermark) -> Result<()> {
+    async fn changed(&self, req: &AcquireRequest, mut since: Watermark) -> Result<Option<Grant>> {
         let watching = self
             .inner
             .watcher
@@ -464,7 +465,7 @@ impl Store for LocalStore {
                 (snapshot.record.look(req, since), snapshot.pids.clone())
             };
             match look {
-                Look::TryNow => return Ok(()),
+                Look::TryNow => return Ok(None),
                 Look::Wait(seen) => since = seen,
             }
             let mut exits: Vec<Exit> = Vec::new();
@@ -472,7 +473,7 @@ impl Store for LocalStore {
                 match sys::pidfd_open(pid) {
                     Some(fd) => exits.extend(exited(fd)),
                     // Gone already (or no pidfds): let the caller look again.
-                    None if !sys::pid_exists(pid) => return Ok(()),
+                    None if !sys::pid_exists(pid) => return Ok(None),
                     None => {}
                 }
             }
@@ -485,11 +486,11 @@ impl Store for LocalStore {
             if !watching {
                 // No inotify: the caller's timers (holder expiry) still bound the wait.
                 any_exit.await;
-                return Ok(());
+                return Ok(None);
             }
             tokio::select! {
                 _ = notified => {}
-                _ = any_exit => return Ok(()),
+                _ = any_exit => return Ok(None),
             }
         }
     }

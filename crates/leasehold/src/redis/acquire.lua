@@ -49,15 +49,7 @@ if kind == 'permit' then
   end
 end
 
-local blocking_holder = nil
-if kind == 'permit' and #st.h >= permits then
-  blocking_holder = st.h[1]
-else
-  for _, h in ipairs(st.h) do
-    local compatible = (h.k == 'shared' and kind == 'shared') or (h.k == 'permit' and kind == 'permit')
-    if not compatible then blocking_holder = h; break end
-  end
-end
+local blocking_holder = holder_in_the_way(kind, permits)
 local me = nil
 for i, w in ipairs(st.w) do if w.l == lease then me = i; break end end
 -- Fair: nobody ahead, except readers let in together. Non-fair: barge, except that a
@@ -93,7 +85,7 @@ if enqueue then
   else
     st.s = st.s + 1
     table.insert(st.w, {l = lease, o = owner, k = kind, p = permits, f = fair and 1 or 0,
-                        n = host, i = pid, a = wall, e = expires, c = channel})
+                        n = host, i = pid, a = wall, e = expires, c = channel, x = ttl})
     dirty = true
     position = #st.w
   end

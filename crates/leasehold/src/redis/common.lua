@@ -8,7 +8,7 @@
 --   h  holders: {o owner, k kind, p permits, t token, a acquired ms, d holds:
 --        {l lease, n host, i pid, e expiry ms}}
 --   w  waiters in queue order: {l lease, o owner, k kind, p permits, f fair, n host,
---        i pid, a since ms, e expiry ms, c client channel}
+--        i pid, a since ms, e expiry ms, c client channel, x lease ttl ms}
 -- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them
 -- (a holder's "acquired" time is the client's wall clock, for display only).
 
@@ -57,9 +57,49 @@ local function prune()
   bump()
 end
 
+-- The first holder that a new `kind` holder could not stand beside, if any.
+local function holder_in_the_way(kind, permits)
+  if kind == 'permit' and #st.h >= permits then return st.h[1] end
+  for _, h in ipairs(st.h) do
+    local compatible = (h.k == 'shared' and kind == 'shared') or (h.k == 'permit' and kind == 'permit')
+    if not compatible then return h end
+  end
+  return nil
+end
+
+-- Messages to publish, by client channel: acquisitions to wake ("LEASE") or that were
+-- granted here ("LEASE=TOKEN").
+local messages, channels = {}, {}
+local function tell(channel, item)
+  if not messages[channel] then messages[channel] = {}; channels[#channels + 1] = channel end
+  table.insert(messages[channel], item)
+end
+
+-- Fair waiters at the head of the queue that can get in now get the lock here, with
+-- the lease they asked for from now: no round trip to come and take it, and nobody can
+-- pass them. (Their client counts its lease from its last request, which is earlier.)
+-- Returns whether the head should still be woken: a non-fair head, or one that must
+-- come itself (re-entry); not a fair head that a holder keeps out.
+local function hand_over()
+  while #st.w > 0 do
+    local w = st.w[1]
+    if w.f ~= 1 or not w.x then return true end
+    if holder_in_the_way(w.k, w.p) then return false end
+    for _, h in ipairs(st.h) do
+      if h.o == w.o then return true end -- re-entry: let the owner's client come for it
+    end
+    st.t = st.t + 1
+    table.insert(st.h, {o = w.o, k = w.k, p = w.p, t = st.t, a = now,
+                        d = {{l = w.l, n = w.n, i = w.i, e = now + w.x}}})
+    table.remove(st.w, 1)
+    dirty = true
+    tell(w.c, w.l .. '=' .. string.format('%d', st.t))
+  end
+  return false
+end
+
 -- Wake the waiters that may get in now: the head of the queue, readers right behind a
--- reading head, permit waiters for the free permits. One message per client channel,
--- naming the leases to wake.
+-- reading head, permit waiters for the free permits.
 local function notify()
   if #st.w == 0 then return end
   local head = st.w[1]
@@ -69,26 +109,24 @@ local function notify()
     for _, h in ipairs(st.h) do if h.k == 'permit' then free = free - 1 end end
     if free < 1 then free = 1 end
   end
-  local by_channel, order = {}, {}
   for i, w in ipairs(st.w) do
     local take = (i == 1)
       or (head.k == 'shared' and w.k == 'shared')
       or (head.k == 'permit' and w.k == 'permit' and i <= free)
     if not take then break end
-    if not by_channel[w.c] then by_channel[w.c] = {}; order[#order + 1] = w.c end
-    table.insert(by_channel[w.c], w.l)
-  end
-  for _, c in ipairs(order) do
-    redis.call('PUBLISH', c, table.concat(by_channel[c], ','))
+    tell(w.c, w.l)
   end
 end
 
 local function save()
+  if bumped and hand_over() then notify() end
   if dirty then
     -- cjson writes empty arrays as {}; both decode to empty tables.
     redis.call('SET', key, cjson.encode(st))
   end
-  if bumped then notify() end
+  for _, c in ipairs(channels) do
+    redis.call('PUBLISH', c, table.concat(messages[c], ','))
+  end
 end
 
 local function find_hold(lease)

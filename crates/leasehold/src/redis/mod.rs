@@ -104,26 +104,41 @@ impl std::fmt::Debug for RedisStore {
 
 /// This client's waiting acquisitions, by lease id, woken by messages naming them.
 #[derive(Debug, Default)]
-struct Waiters(Mutex<HashMap<String, Arc<Notify>>>);
+struct Waiters(Mutex<HashMap<String, Arc<Slot>>>);
+
+/// One waiting acquisition: woken, and told its token if the lock was handed to it.
+#[derive(Debug, Default)]
+struct Slot {
+    wake: Notify,
+    granted: Mutex<Option<u64>>,
+}
 
 impl Waiters {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn register(&self, lease: &str) -> Arc<Notify> {
+    fn register(&self, lease: &str) -> Arc<Slot> {
         self.map().entry(lease.to_string()).or_default().clone()
     }
     fn forget(&self, lease: &str) {
         self.map().remove(lease);
     }
+    /// One item of a message: `LEASE` (look again) or `LEASE=TOKEN` (handed over).
     /// `notify_one` keeps the wake-up for a waiter that is between two looks.
-    fn wake(&self, lease: &str) {
-        if let Some(n) = self.map().get(lease) {
-            n.notify_one();
+    fn deliver(&self, item: &str) {
+        let (lease, token) = match item.split_once('=') {
+            Some((lease, token)) => (lease, token.parse().ok()),
+            None => (item, None),
+        };
+        if let Some(slot) = self.map().get(lease) {
+            if token.is_some() {
+                *slot.granted.lock().unwrap_or_else(|e| e.into_inner()) = token;
+            }
+            slot.wake.notify_one();
         }
     }
     fn wake_all(&self) {
-        self.map().values().for_each(|n| n.notify_one());
+        self.map().values().for_each(|s| s.wake.notify_one());
     }
 }
 
@@ -267,7 +282,7 @@ async fn subscribe(
                 let mut messages = pubsub.on_message();
                 while let Some(msg) = messages.next().await {
                     if let Ok(leases) = msg.get_payload::<String>() {
-                        leases.split(',').for_each(|lease| waiters.wake(lease));
+                        leases.split(',').for_each(|item| waiters.deliver(item));
                     }
                 }
                 tracing::debug!("redis subscription ended; reconnecting");
@@ -476,10 +491,22 @@ impl Store for RedisStore {
         })
     }
 
-    async fn changed(&self, req: &AcquireRequest, _since: Watermark) -> Result<()> {
+    async fn changed(&self, req: &AcquireRequest, _since: Watermark) -> Result<Option<Grant>> {
         // A message naming this acquisition (kept if it came before we got here).
-        self.inner.waiters.register(&req.lease.0).notified().await;
-        Ok(())
+        let slot = self.inner.waiters.register(&req.lease.0);
+        slot.wake.notified().await;
+        let token = slot
+            .granted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        Ok(token.map(|token| {
+            self.inner.waiters.forget(&req.lease.0);
+            Grant {
+                token: FencingToken(token),
+                holds: 1,
+            }
+        }))
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {
