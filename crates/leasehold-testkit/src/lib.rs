@@ -114,15 +114,20 @@ impl RedisServer {
 
     /// A server with extra `redis-server` arguments (e.g. `--appendonly yes`).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_on(extra, free_port)
+    }
+
+    /// A server on a port `pick` chooses, retried when another test took the port
+    /// between our probe and the server's bind.
+    fn start_on(extra: &[&str], pick: fn() -> u16) -> Self {
         let mut server = RedisServer {
             child: None,
             port: 0,
             dir: TempDir::new("redis"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        // Another test may take the port between our probe and the server's bind: retry.
         for _ in 0..5 {
-            server.port = free_port();
+            server.port = pick();
             if server.spawn() {
                 return server;
             }
@@ -234,5 +239,81 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A free port whose cluster bus port (port + 10000) is free too.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55535 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A Redis Cluster of three masters on loopback (no replicas), each node a
+/// [`RedisServer`] of its own, stopped by pid when dropped.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes, in the order of [`url`](Self::url).
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three nodes, joins them into one cluster and waits until it serves.
+    pub fn start() -> Self {
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ];
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_on(&args, free_cluster_port))
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli (package redis-tools) runs");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        for node in &cluster.nodes {
+            wait_for("the cluster to be ok on every node", || {
+                let info = std::process::Command::new("redis-cli")
+                    .args(["-p", &node.port().to_string(), "cluster", "info"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+            });
+        }
+        cluster
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn url(&self) -> String {
+        let addrs: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", addrs.join(","))
     }
 }

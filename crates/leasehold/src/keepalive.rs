@@ -161,6 +161,8 @@ pub(crate) struct Renewals {
 struct Schedule {
     due: BTreeMap<(Instant, u64), Weak<Lifeline>>,
     next_id: u64,
+    /// Entries left by the last cleanup.
+    after_cleanup: usize,
     /// When the driver will look next; `None` when no driver runs in this runtime.
     driver_wakes_at: Option<Instant>,
     driver: Option<tokio::task::JoinHandle<()>>,
@@ -178,6 +180,12 @@ impl Renewals {
         s.next_id += 1;
         let id = s.next_id;
         s.due.insert((at, id), line);
+        // Entries of released guards leave when they come due; under a high acquisition
+        // rate, drop them sooner so the map stays near the number of live guards.
+        if s.due.len() > s.after_cleanup * 2 + 64 {
+            s.due.retain(|_, line| line.strong_count() > 0);
+            s.after_cleanup = s.due.len();
+        }
         let running = s.driver.as_ref().is_some_and(|d| !d.is_finished());
         if !running {
             s.driver_wakes_at = Some(at);

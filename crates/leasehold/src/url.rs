@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::{Error, MemoryStore, Result, Store};
 
 /// The URL forms this build understands, for messages and `--help`.
-pub const URL_FORMS: &str = "local:DIR, local: (default directory), memory: (this process only), redis://[user:password@]host:port[/db], rediss://... (TLS)";
+pub const URL_FORMS: &str = "local:DIR, local: (default directory), memory: (this process only), redis://[user:password@]host:port[/db], rediss://... (TLS), redis+cluster://h1:p1,h2:p2";
 
 /// Opens the store `url` names.
 ///
@@ -43,12 +43,14 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>> {
             "the local store is not part of this build; available: {URL_FORMS}"
         ))),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(crate::RedisStore::connect(url).await?)),
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+            Ok(Arc::new(crate::RedisStore::connect(url).await?))
+        }
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" => Err(invalid(format!(
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Err(invalid(format!(
             "the redis store is not part of this build; available: {URL_FORMS}"
         ))),
-        "redis+cluster" | "etcd" | "etcds" => Err(invalid(format!(
+        "etcd" | "etcds" => Err(invalid(format!(
             "the {scheme} store is not part of this build; available: {URL_FORMS}"
         ))),
         _ => Err(invalid(format!(

@@ -88,7 +88,7 @@ pub struct RedisStore {
 
 struct Inner {
     shown: String,
-    conn: ConnectionManager,
+    conn: Conn,
     channel: String,
     waiters: Arc<Waiters>,
     _subscriber: AbortOnDropHandle<()>,
@@ -100,6 +100,13 @@ impl std::fmt::Debug for RedisStore {
             .field("url", &self.inner.shown)
             .finish()
     }
+}
+
+/// One multiplexed connection (reconnecting), to a server or to a cluster.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 /// This client's waiting acquisitions, by lease id, woken by messages naming them.
@@ -152,37 +159,80 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// The node URLs of a `redis+cluster://` or `rediss+cluster://` URL; `None` for
+/// other URLs.
+fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, String>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let plain = scheme.strip_suffix("+cluster")?;
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), rest),
+    };
+    let hosts = hosts.trim_end_matches('/');
+    if hosts.is_empty() || hosts.contains('/') {
+        return Some(Err(format!(
+            "a cluster URL lists seed nodes, e.g. {plain}+cluster://h1:6379,h2:6379 (no database: a cluster has only db 0)"
+        )));
+    }
+    Some(Ok(hosts
+        .split(',')
+        .map(|h| format!("{plain}://{auth}{h}"))
+        .collect()))
+}
+
 /// `lh:{NAME}` with `%`, `{` and `}` escaped, so the whole name is the hash tag.
 fn key(name: &LockName) -> String {
     format!("lh:{{{}}}", key_escape(name.as_str()))
 }
 
 impl RedisStore {
-    /// Connects to `redis://[user:pass@]host:port[/db]` or `rediss://...` (TLS), and
-    /// subscribes to this client's wake-up channel.
+    /// Connects to `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS), or a
+    /// Redis Cluster given as `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster`
+    /// for TLS), and subscribes to this client's wake-up channel.
     pub async fn connect(url: &str) -> Result<Self> {
         let shown = redact(url);
-        let client = redis::Client::open(url).map_err(|e| Error::InvalidStore {
+        let invalid = |reason: String| Error::InvalidStore {
             store: shown.clone(),
-            reason: format!("{e}; expected redis://[user:password@]host:port[/db] or rediss://..."),
-        })?;
+            reason,
+        };
         let unavailable = |e: redis::RedisError| Error::Unavailable {
             store: shown.clone(),
             source: Box::new(e),
         };
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(2);
-        let conn = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(unavailable)?;
+        let (conn, subscribe_to) = match cluster_nodes(url) {
+            Some(nodes) => {
+                let nodes = nodes.map_err(invalid)?;
+                let client = redis::cluster::ClusterClient::builder(nodes.clone())
+                    .connection_timeout(Duration::from_secs(3))
+                    .response_timeout(Duration::from_secs(5))
+                    .build()
+                    .map_err(|e| invalid(e.to_string()))?;
+                let conn = client.get_async_connection().await.map_err(unavailable)?;
+                // PUBLISH reaches every node of a cluster: any one node will do.
+                let first =
+                    redis::Client::open(nodes[0].as_str()).map_err(|e| invalid(e.to_string()))?;
+                (Conn::Cluster(conn), first)
+            }
+            None => {
+                let client = redis::Client::open(url).map_err(|e| {
+                    invalid(format!("{e}; expected redis://[user:password@]host:port[/db], rediss://..., or redis+cluster://h1:p1,h2:p2"))
+                })?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(3)))
+                    .set_response_timeout(Some(Duration::from_secs(5)))
+                    .set_number_of_retries(2);
+                let conn = client
+                    .get_connection_manager_with_config(config)
+                    .await
+                    .map_err(unavailable)?;
+                (Conn::Single(conn), client)
+            }
+        };
         let channel = format!("lh:client:{:032x}", rand::random::<u128>());
         let waiters = Arc::new(Waiters::default());
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let subscriber = tokio::spawn(subscribe(
-            client,
+            subscribe_to,
             channel.clone(),
             waiters.clone(),
             ready_tx,
@@ -241,19 +291,71 @@ impl RedisStore {
         for arg in args {
             invocation.arg(arg);
         }
-        let mut conn = self.inner.conn.clone();
         // Every script is idempotent for its lease id, so a call that met a dropped
         // connection (a server restart) is sent once more on the reconnected one.
-        match invocation.invoke_async(&mut conn).await {
-            Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() => {
-                tracing::debug!(error = %e, "redis connection dropped; sending again");
-                invocation
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(|e| self.error(e, name))
+        let mut sent = 0;
+        loop {
+            sent += 1;
+            let result = match self.inner.conn.clone() {
+                Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
+                Conn::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+            };
+            match result {
+                Err(e)
+                    if sent == 1
+                        && (e.is_io_error()
+                            || e.is_connection_dropped()
+                            || e.is_connection_refusal()) =>
+                {
+                    tracing::debug!(error = %e, "redis connection dropped; sending again");
+                }
+                result => return result.map_err(|e| self.error(e, name)),
             }
-            result => result.map_err(|e| self.error(e, name)),
         }
+    }
+
+    /// Every key of ours that matches `pattern`, from each master when clustered.
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>> {
+        let unavailable = |e: redis::RedisError| Error::Unavailable {
+            store: self.inner.shown.clone(),
+            source: Box::new(e),
+        };
+        let mut conns = Vec::new();
+        match self.inner.conn.clone() {
+            Conn::Single(c) => conns.push(c),
+            Conn::Cluster(mut c) => {
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut c)
+                    .await
+                    .map_err(unavailable)?;
+                for line in nodes
+                    .lines()
+                    .filter(|l| l.contains("master") && !l.contains("fail"))
+                {
+                    let Some(addr) = line
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|a| a.split('@').next())
+                    else {
+                        continue;
+                    };
+                    let client =
+                        redis::Client::open(format!("redis://{addr}")).map_err(unavailable)?;
+                    conns.push(client.get_connection_manager().await.map_err(unavailable)?);
+                }
+            }
+        }
+        let mut keys = Vec::new();
+        for mut conn in conns {
+            let mut iter = redis::AsyncCommands::scan_match::<_, String>(&mut conn, pattern)
+                .await
+                .map_err(unavailable)?;
+            while let Some(k) = iter.next_item().await {
+                keys.push(k.map_err(unavailable)?);
+            }
+        }
+        Ok(keys)
     }
 }
 
@@ -552,7 +654,6 @@ impl Store for RedisStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
-        let mut conn = self.inner.conn.clone();
         let mut pattern = String::from("lh:{");
         for c in key_escape(prefix).chars() {
             if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -561,22 +662,7 @@ impl Store for RedisStore {
             pattern.push(c);
         }
         pattern.push('*');
-        let keys: Vec<String> = {
-            let mut iter = redis::AsyncCommands::scan_match::<_, String>(&mut conn, &pattern)
-                .await
-                .map_err(|e| Error::Unavailable {
-                    store: self.inner.shown.clone(),
-                    source: Box::new(e),
-                })?;
-            let mut keys = Vec::new();
-            while let Some(k) = iter.next_item().await {
-                keys.push(k.map_err(|e| Error::Unavailable {
-                    store: self.inner.shown.clone(),
-                    source: Box::new(e),
-                })?);
-            }
-            keys
-        };
+        let keys = self.scan(&pattern).await?;
         let mut out = Vec::new();
         for k in keys {
             let Some(name) = k.strip_prefix("lh:{").and_then(|k| k.strip_suffix('}')) else {
