@@ -43,6 +43,7 @@
 //! - [`MemoryStore`]: the tasks of one process.
 //! - [`LocalStore`] (feature `local`, on by default): the processes of one host; nothing
 //!   to install. The `leasehold` CLI's default.
+//! - `RedisStore` (feature `redis`): a Redis server or Redis Cluster.
 //! - Any [`Store`] you implement; run the [`conformance`] suite against it.
 //!
 //! # Release
@@ -52,6 +53,7 @@
 //!
 //! # Features
 //! - `local` (default): the local store (Linux).
+//! - `redis`: the Redis store (TLS with rustls).
 
 #![warn(missing_docs)]
 
