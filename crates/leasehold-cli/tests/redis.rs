@@ -205,3 +205,34 @@ fn volatile_redis_restart_makes_the_holder_stop_its_command_and_exit_76() {
     wait_for("the holder's command to be stopped", || !pid_alive(child.0));
     cli.run(&["run", "--no-wait", "k", "--", "true"]).expect(0);
 }
+
+#[test]
+fn run_and_status_work_on_a_redis_cluster() {
+    let cluster = leasehold_testkit::RedisCluster::start();
+    let cli = Cli::with_store("redis-cluster", Some(cluster.url()));
+    let (mut holder, token) = cli.hold("holder", &["{braces}/and%percent"]);
+    let holders = cli.holders("{braces}/and%percent");
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0]["token"], token);
+    assert_eq!(
+        cli.list("{braces}").len(),
+        1,
+        "list finds it on the master that has it"
+    );
+    cli.run(&["run", "--no-wait", "{braces}/and%percent", "--", "true"])
+        .expect(75);
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
+    cli.run(&["run", "--no-wait", "{braces}/and%percent", "--", "true"])
+        .expect(0);
+}
+
+#[test]
+fn cluster_url_with_a_database_is_rejected_with_64() {
+    let cli = Cli::with_store(
+        "redis-cluster-db",
+        Some("redis+cluster://127.0.0.1:7000/2".into()),
+    );
+    let out = cli.run(&["run", "k", "--", "true"]).expect(64);
+    assert!(out.stderr.contains("seed nodes"), "{}", out.stderr);
+}
