@@ -699,73 +699,13 @@ fn help_lists_the_exit_codes() {
 
 #[test]
 fn holder_killed_with_sigkill_frees_the_lock_long_before_its_lease_ends() {
-    let cli = Cli::new("kill9");
     // A one-hour lease: only the dead-process reclaim can free it within the test.
-    let (holder, token) = cli.hold("holder", &["--ttl", "1h", "k"]);
-    let mut waiter = cli.spawn(
-        "waiter",
-        &[
-            "run",
-            "--wait",
-            "1h",
-            "k",
-            "--",
-            "sh",
-            "-c",
-            "echo $LEASEHOLD_TOKEN > token2",
-        ],
-    );
-    cli.wait_waiters("k", 1);
-    holder.signal(libc::SIGKILL);
-    // Not reaped on purpose: a zombie holder must count as dead too.
-    waiter.expect_exit(0);
-    let token2: u64 = cli.read("token2").trim().parse().unwrap();
-    assert!(token2 > token, "token {token2} after {token}");
-    cli.assert_all_free("k");
-    drop(holder);
+    killed_holder_is_taken_over_with_a_higher_token(&Cli::new("kill9"), "1h");
 }
 
 #[test]
 fn holder_paused_past_its_ttl_stops_its_command_and_exits_76_when_resumed() {
-    let cli = Cli::new("sigstop");
-    let mut paused = cli.spawn(
-        "paused",
-        &[
-            "run",
-            "--ttl",
-            "500ms",
-            "--grace",
-            "1s",
-            "k",
-            "--",
-            "sh",
-            "-c",
-            "echo $LEASEHOLD_TOKEN > token1; echo $$ > child.pid; exec sleep 1000",
-        ],
-    );
-    let child = PidGuard(read_pid(&cli, "child.pid"));
-    paused.signal(libc::SIGSTOP);
-    // Another holder gets the lock once the paused holder's lease has run out.
-    cli.run(&[
-        "run",
-        "--wait",
-        "1h",
-        "k",
-        "--",
-        "sh",
-        "-c",
-        "echo $LEASEHOLD_TOKEN > token2",
-    ])
-    .expect(0);
-    let token1: u64 = cli.read("token1").trim().parse().unwrap();
-    let token2: u64 = cli.read("token2").trim().parse().unwrap();
-    assert!(token2 > token1, "token {token2} after {token1}");
-    paused.signal(libc::SIGCONT);
-    paused.expect_exit(76);
-    assert!(paused.stderr().contains("lost"), "{}", paused.stderr());
-    wait_for("the paused holder's command to be stopped", || {
-        !pid_alive(child.0)
-    });
+    paused_holder_loses_the_lock_and_exits_76(&Cli::new("sigstop"));
 }
 
 #[test]

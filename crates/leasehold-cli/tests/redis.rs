@@ -44,65 +44,13 @@ fn wrong_redis_password_exits_69_without_showing_it() {
 #[test]
 fn redis_holder_killed_with_sigkill_frees_the_lock_within_its_ttl() {
     let server = RedisServer::start();
-    let cli = world("redis-kill9", &server);
-    let (holder, token) = cli.hold("holder", &["--ttl", "1s", "k"]);
-    holder.signal(libc::SIGKILL);
-    cli.run(&[
-        "run",
-        "--wait",
-        "30s",
-        "k",
-        "--",
-        "sh",
-        "-c",
-        "echo $LEASEHOLD_TOKEN > token2",
-    ])
-    .expect(0);
-    let token2: u64 = cli.read("token2").trim().parse().unwrap();
-    assert!(token2 > token, "token {token2} after {token}");
-    drop(holder);
+    killed_holder_is_taken_over_with_a_higher_token(&world("redis-kill9", &server), "1s");
 }
 
 #[test]
 fn redis_holder_paused_past_its_ttl_stops_its_command_and_exits_76() {
     let server = RedisServer::start();
-    let cli = world("redis-sigstop", &server);
-    let mut paused = cli.spawn(
-        "paused",
-        &[
-            "run",
-            "--ttl",
-            "500ms",
-            "--grace",
-            "1s",
-            "k",
-            "--",
-            "sh",
-            "-c",
-            "echo $LEASEHOLD_TOKEN > token1; echo $$ > child.pid; exec sleep 1000",
-        ],
-    );
-    let child = PidGuard(read_pid(&cli, "child.pid"));
-    paused.signal(libc::SIGSTOP);
-    cli.run(&[
-        "run",
-        "--wait",
-        "30s",
-        "k",
-        "--",
-        "sh",
-        "-c",
-        "echo $LEASEHOLD_TOKEN > token2",
-    ])
-    .expect(0);
-    let token1: u64 = cli.read("token1").trim().parse().unwrap();
-    let token2: u64 = cli.read("token2").trim().parse().unwrap();
-    assert!(token2 > token1, "token {token2} after {token1}");
-    paused.signal(libc::SIGCONT);
-    paused.expect_exit(76);
-    wait_for("the paused holder's command to be stopped", || {
-        !pid_alive(child.0)
-    });
+    paused_holder_loses_the_lock_and_exits_76(&world("redis-sigstop", &server));
 }
 
 /// With `appendfsync always` the restarted server has every lock it had, so holders

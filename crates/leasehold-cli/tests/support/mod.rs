@@ -311,3 +311,54 @@ pub fn read_pid(cli: &Cli, rel: &str) -> i32 {
         cli.read(rel).trim().parse().ok()
     })
 }
+
+/// A holder (TTL 500 ms) is stopped with SIGSTOP past its lease: another process gets the
+/// lock with a higher token; resumed, the holder stops its command and exits 76.
+pub fn paused_holder_loses_the_lock_and_exits_76(cli: &Cli) {
+    let script = "echo $LEASEHOLD_TOKEN > token1; echo $$ > child.pid; exec sleep 1000";
+    let args = [
+        "run", "--ttl", "500ms", "--grace", "1s", "k", "--", "sh", "-c", script,
+    ];
+    let mut paused = cli.spawn("paused", &args);
+    let child = PidGuard(read_pid(cli, "child.pid"));
+    paused.signal(libc::SIGSTOP);
+    let next = [
+        "run",
+        "--wait",
+        "1h",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_TOKEN > token2",
+    ];
+    cli.run(&next).expect(0);
+    let token1: u64 = cli.read("token1").trim().parse().unwrap();
+    let token2: u64 = cli.read("token2").trim().parse().unwrap();
+    assert!(token2 > token1, "token {token2} after {token1}");
+    paused.signal(libc::SIGCONT);
+    paused.expect_exit(76);
+    assert!(paused.stderr().contains("lost"), "{}", paused.stderr());
+    wait_for("the paused holder's command to be stopped", || {
+        !pid_alive(child.0)
+    });
+}
+
+/// A holder with lease `ttl` is killed with SIGKILL (and not reaped: a zombie must count
+/// as dead too) while another process waits: the waiter gets the lock with a higher
+/// token, within the test's patience.
+pub fn killed_holder_is_taken_over_with_a_higher_token(cli: &Cli, ttl: &str) {
+    let (holder, token) = cli.hold("holder", &["--ttl", ttl, "k"]);
+    let script = "echo $LEASEHOLD_TOKEN > token2";
+    let mut waiter = cli.spawn(
+        "waiter",
+        &["run", "--wait", "1h", "k", "--", "sh", "-c", script],
+    );
+    cli.wait_waiters("k", 1);
+    holder.signal(libc::SIGKILL);
+    waiter.expect_exit(0);
+    let token2: u64 = cli.read("token2").trim().parse().unwrap();
+    assert!(token2 > token, "token {token2} after {token}");
+    cli.assert_all_free("k");
+    drop(holder);
+}
