@@ -299,3 +299,20 @@ mod millis {
         Ok(Duration::from_millis(u64::deserialize(d)?))
     }
 }
+
+/// `describe` of each name, keeping the locks with holders or waiters, sorted by name:
+/// the shared end of a store's `list`.
+pub(crate) async fn busy_states<S: Store + ?Sized>(
+    store: &S,
+    names: Vec<LockName>,
+) -> Result<Vec<LockState>> {
+    let mut out = Vec::new();
+    for name in names {
+        let state = store.describe(&name).await?;
+        if !state.holders.is_empty() || !state.waiters.is_empty() {
+            out.push(state);
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}

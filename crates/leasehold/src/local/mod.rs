@@ -39,8 +39,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::record::{Look, Now, Record, Wake};
 use crate::store::{
-    AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal, Store,
-    Watermark,
+    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal,
+    Store, Watermark,
 };
 use crate::{sys, Error, LockName, Result};
 
@@ -507,7 +507,7 @@ impl Store for LocalStore {
     async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
         let entries = std::fs::read_dir(&self.inner.locks_dir)
             .map_err(|e| self.io_error("*", "cannot list the locks directory", e))?;
-        let mut out = Vec::new();
+        let mut names = Vec::new();
         for entry in entries.flatten() {
             let file_name = entry.file_name();
             if !file_name.to_string_lossy().ends_with(".lock") {
@@ -525,15 +525,9 @@ impl Store for LocalStore {
             if !record.name.starts_with(prefix) || record.is_idle() {
                 continue;
             }
-            if let Ok(name) = LockName::new(record.name) {
-                let state = self.describe(&name).await?;
-                if !state.holders.is_empty() || !state.waiters.is_empty() {
-                    out.push(state);
-                }
-            }
+            names.extend(LockName::new(record.name).ok());
         }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        busy_states(self, names).await
     }
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {

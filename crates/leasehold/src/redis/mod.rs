@@ -47,8 +47,8 @@ use tokio::sync::Notify;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::store::{
-    AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LockKind, LockState,
-    Released, Renewal, Store, WaiterInfo, Watermark,
+    busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LockKind,
+    LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
 use crate::{Error, FencingToken, LockName, Result};
 
@@ -663,21 +663,11 @@ impl Store for RedisStore {
         }
         pattern.push('*');
         let keys = self.scan(&pattern).await?;
-        let mut out = Vec::new();
-        for k in keys {
-            let Some(name) = k.strip_prefix("lh:{").and_then(|k| k.strip_suffix('}')) else {
-                continue;
-            };
-            let Ok(name) = LockName::new(key_unescape(name)) else {
-                continue;
-            };
-            let state = self.describe(&name).await?;
-            if !state.holders.is_empty() || !state.waiters.is_empty() {
-                out.push(state);
-            }
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        let names = keys.iter().filter_map(|k| {
+            let name = k.strip_prefix("lh:{")?.strip_suffix('}')?;
+            LockName::new(key_unescape(name)).ok()
+        });
+        busy_states(self, names.collect()).await
     }
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
