@@ -295,9 +295,10 @@ fn backend_of(url: &str) -> String {
 /// How waiters learn that the lock may be free, per backend.
 fn retry_text(backend: &str) -> &'static str {
     match backend {
-        "local" => "woken by the store (inotify), no polling",
+        "local" => "woken by the store (inotify, pidfd), no polling",
         "memory" => "woken by the store (tokio Notify), no polling",
-        _ => "woken by the store (inotify/notify), no polling",
+        "redis" => "woken by pub/sub (one subscription per client); fair: handed over in the release",
+        _ => "woken by the store, no polling",
     }
 }
 
