@@ -297,7 +297,9 @@ fn retry_text(backend: &str) -> &'static str {
     match backend {
         "local" => "woken by the store (inotify, pidfd), no polling",
         "memory" => "woken by the store (tokio Notify), no polling",
-        "redis" => "woken by pub/sub (one subscription per client); fair: handed over in the release",
+        "redis" => {
+            "woken by pub/sub (one subscription per client); fair: handed over in the release"
+        }
         _ => "woken by the store, no polling",
     }
 }

@@ -112,6 +112,9 @@ impl Store for PartitionedRenewals {
     async fn release(&self, lease: &Lease) -> Result<Released> {
         self.inner.release(lease).await
     }
+    async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
+        self.inner.transfer(from, to).await
+    }
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
         self.inner.changed(req, since).await
     }
@@ -141,6 +144,7 @@ pub async fn mutual_exclusion(store: Arc<dyn Store>) {
     let name = unique("mutex");
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicUsize::new(0));
+    let last_token = Arc::new(AtomicU64::new(0));
     let (tasks, rounds) = (8, 40);
     let mut handles = Vec::new();
     for task in 0..tasks {
@@ -150,7 +154,7 @@ pub async fn mutual_exclusion(store: Arc<dyn Store>) {
             Leasehold::from_store(store.clone())
         };
         let lock = locks.mutex(name.as_str()).unwrap();
-        let (counter, inside) = (counter.clone(), inside.clone());
+        let (counter, inside, last_token) = (counter.clone(), inside.clone(), last_token.clone());
         handles.push(tokio::spawn(async move {
             for _ in 0..rounds {
                 let guard = lock.lock().await.unwrap();
@@ -159,6 +163,9 @@ pub async fn mutual_exclusion(store: Arc<dyn Store>) {
                     0,
                     "two holders at once"
                 );
+                let token = guard.check().unwrap().get();
+                let before = last_token.swap(token, Ordering::SeqCst);
+                assert!(token > before, "token {token} after {before}");
                 let seen = counter.load(Ordering::SeqCst);
                 tokio::task::yield_now().await;
                 counter.store(seen + 1, Ordering::SeqCst);

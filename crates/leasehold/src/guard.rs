@@ -3,9 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
+use crate::gate::Turn;
 use crate::keepalive::{Lifeline, Renewals, Status};
 use crate::options::{check_ttl, humanize};
 use crate::store::{Lease, LockKind, Released, Renewal};
@@ -31,9 +32,9 @@ struct Held {
     kind: LockKind,
     owner: String,
     acquired: Instant,
-    /// This process's turn at the lock (see `Gates` in lock.rs), passed on after the
-    /// store release.
-    gate_pass: Option<OwnedMutexGuard<()>>,
+    /// This process's turn at the lock (see gate.rs): the release hands the lock to the
+    /// next task of this process, or passes the turn on after the store release.
+    turn: Option<Turn>,
 }
 
 impl LockGuard {
@@ -56,14 +57,14 @@ impl LockGuard {
                 kind,
                 owner,
                 acquired: Instant::now(),
-                gate_pass: None,
+                turn: None,
             }),
         }
     }
 
-    pub(crate) fn with_gate_pass(mut self, pass: Option<OwnedMutexGuard<()>>) -> Self {
+    pub(crate) fn with_turn(mut self, turn: Option<Turn>) -> Self {
         if let Some(held) = self.held.as_mut() {
-            held.gate_pass = pass;
+            held.turn = turn;
         }
         self
     }
@@ -190,7 +191,7 @@ impl LockGuard {
         held.line.close();
         tokio::task::consume_budget().await;
         let lease = &held.line.lease;
-        let released = held.line.store.release(lease).await?;
+        let released = release(&held.line, held.turn).await?;
         tracing::info!(
             lock = %lease.name,
             token = held.token.0,
@@ -215,11 +216,19 @@ impl Drop for LockGuard {
         let Some(held) = self.held.take() else { return };
         held.line.close();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (line, gate_pass) = (held.line, held.gate_pass);
+            let (line, turn) = (held.line, held.turn);
             runtime.spawn(async move {
-                let _ = line.store.release(&line.lease).await;
-                drop(gate_pass);
+                let _ = release(&line, turn).await;
             });
         }
+    }
+}
+
+/// Ends a hold: through this process's gate when it has the turn (handing the lock to the
+/// next task in one store step), else by a plain store release.
+async fn release(line: &Lifeline, turn: Option<Turn>) -> Result<Released> {
+    match turn {
+        Some(turn) => turn.release(line.store.as_ref(), &line.lease).await,
+        None => line.store.release(&line.lease).await,
     }
 }

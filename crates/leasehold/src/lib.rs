@@ -59,6 +59,7 @@
 
 mod error;
 mod fence;
+mod gate;
 mod guard;
 mod keepalive;
 mod lock;

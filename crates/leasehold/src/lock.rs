@@ -1,14 +1,13 @@
 //! The entry point ([`Leasehold`]), lock handles, and the one place where waiting happens.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OwnedMutexGuard;
-use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
+use crate::gate::{Gates, Until};
 use crate::guard::LockGuard;
 use crate::keepalive::{jitter, Lifeline, Renewals};
 use crate::options::{check_owner, check_permits, check_ttl, DEFAULT_TTL};
@@ -39,22 +38,6 @@ pub struct Leasehold {
     requester: Arc<Requester>,
     gates: Arc<Gates>,
     renewals: Arc<Renewals>,
-}
-
-/// Tasks of this process that want the same non-fair exclusive lock (with no owner id,
-/// so no re-entry) queue here first: only one of them can hold it, so only one asks the
-/// store at a time, and a release hands over to the next task without a store wake-up.
-#[derive(Debug, Default)]
-struct Gates(Mutex<HashMap<LockName, Arc<tokio::sync::Mutex<()>>>>);
-
-impl Gates {
-    fn gate(&self, name: &LockName) -> Arc<tokio::sync::Mutex<()>> {
-        let mut gates = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if gates.len() > 1024 {
-            gates.retain(|_, gate| Arc::strong_count(gate) > 1);
-        }
-        gates.entry(name.clone()).or_default().clone()
-    }
 }
 
 impl fmt::Debug for Leasehold {
@@ -294,31 +277,42 @@ impl Lock {
         let req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::info_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
         async {
-            let Some(pass) = self.pass_gate(&wait).await else {
-                return Ok(None);
+            let turn = if self.fair || self.kind != LockKind::Exclusive || self.owner.is_some() {
+                None
+            } else {
+                let until = match wait {
+                    Wait::No => Until::Now,
+                    Wait::Until(deadline) => Until::Deadline(deadline),
+                    Wait::Forever => Until::Forever,
+                };
+                match self.gates.gate(&self.name).enter(&req, until).await {
+                    None => return Ok(None),
+                    // Handed over by the task before us, in one store step.
+                    Some((turn, Some((grant, sent)))) => {
+                        return Ok(Some(self.guard(&req, grant, sent).with_turn(Some(turn))))
+                    }
+                    Some((turn, None)) => Some(turn),
+                }
             };
             let guard = self.acquire_from_store(req, wait).await?;
-            Ok(guard.map(|g| g.with_gate_pass(pass)))
+            Ok(guard.map(|g| g.with_turn(turn)))
         }
         .instrument(span)
         .await
     }
 
-    /// Waits for this process's other tasks that want the same lock (see [`Gates`]);
-    /// `None` if the wait runs out, `Some(None)` when no gate applies.
-    async fn pass_gate(&self, wait: &Wait) -> Option<Option<OwnedMutexGuard<()>>> {
-        if self.fair || self.kind != LockKind::Exclusive || self.owner.is_some() {
-            return Some(None);
-        }
-        let gate = self.gates.gate(&self.name);
-        match wait {
-            Wait::No => gate.try_lock_owned().ok().map(Some),
-            Wait::Until(deadline) => timeout_at(*deadline, gate.lock_owned())
-                .await
-                .ok()
-                .map(Some),
-            Wait::Forever => Some(Some(gate.lock_owned().await)),
-        }
+    /// The guard of a granted acquisition whose request was sent at `sent`.
+    fn guard(&self, req: &AcquireRequest, grant: Grant, sent: Instant) -> LockGuard {
+        tracing::info!(token = grant.token.0, holds = grant.holds, "acquired");
+        let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl);
+        LockGuard::start(
+            line,
+            &self.renewals,
+            grant.token,
+            grant.holds,
+            req.kind,
+            req.owner.clone(),
+        )
     }
 
     async fn acquire_from_store(
@@ -334,10 +328,8 @@ impl Lock {
         let mut answered = false;
         let mut trouble = Duration::from_millis(50);
         let granted = |grant: Grant, sent: Instant| {
-            tracing::info!(token = grant.token.0, holds = grant.holds, waited = ?started.elapsed(), "acquired");
-            let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl);
-            let (kind, owner) = (req.kind, req.owner.clone());
-            LockGuard::start(line, &self.renewals, grant.token, grant.holds, kind, owner)
+            tracing::debug!(waited = ?started.elapsed(), "waited");
+            self.guard(&req, grant, sent)
         };
         loop {
             // A store answering from memory never yields; let other tasks run.

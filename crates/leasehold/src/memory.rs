@@ -111,6 +111,12 @@ impl Store for MemoryStore {
         self.with(&lease.name, |r, _| r.release(lease))
     }
 
+    async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
+        self.with(&to.name, |r, now| {
+            Ok((r.release(from), r.acquire(to, now)?))
+        })?
+    }
+
     async fn changed(&self, req: &AcquireRequest, mut since: Watermark) -> Result<Option<Grant>> {
         let wake = self.with_entry(&req.name, |e, _| e.changed.clone())?;
         loop {

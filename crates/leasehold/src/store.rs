@@ -251,6 +251,9 @@ pub trait Store: Debug + Send + Sync + 'static {
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal>;
     /// Drop our hold (and our place in the queue, if waiting).
     async fn release(&self, lease: &Lease) -> Result<Released>;
+    /// `release(from)` and then the attempt `to`, as one atomic step: how a process hands
+    /// a lock from one of its tasks to the next in one round trip.
+    async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)>;
     /// Resolves once `req` may succeed if tried again: the lock changed since `since` in
     /// a way that can let `req` in (a release, a force-release, a queue move, a holder's
     /// process exit). A store that can tell should not resolve for changes that cannot

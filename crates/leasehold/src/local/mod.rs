@@ -419,6 +419,13 @@ impl Store for LocalStore {
         .await?
     }
 
+    async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
+        self.with(&to.name, |r, now| {
+            Ok((r.release(from), r.acquire(to, now)?))
+        })
+        .await?
+    }
+
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
         self.with(&lease.name, |r, now| r.renew(lease, ttl, now))
             .await

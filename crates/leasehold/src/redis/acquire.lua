@@ -1,9 +1,10 @@
 -- Acquire. ARGV: lease, owner, kind (exclusive|shared|permit), permits, ttl ms,
 -- fair (0|1), enqueue (0|1), host, pid, client channel, wall clock ms (display only).
--- Replies: {1, token, holds} when granted;
+-- Replies: {1, token, holds, released before} when granted;
 --   {0, position, retry_in ms, version, holder...} when busy (position 0: not queued,
 --   retry_in -1: none; holder: owner, host, pid, token, acquired ms, lease left ms,
---   holds, kind, permits — owner '' when no holder is in the way);
+--   holds, kind, permits — owner '' when no holder is in the way — then released
+--   before: 1 if transfer.lua released a hold first, else 0);
 --   an error starting with LHCONFLICT when the request cannot be served as asked.
 local lease, owner, kind = ARGV[1], ARGV[2], ARGV[3]
 local permits, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -13,7 +14,7 @@ local expires = now + ttl
 
 local function granted(h)
   save()
-  return {1, h.t, #h.d}
+  return {1, h.t, #h.d, released_before}
 end
 
 -- A retry of a request already granted: the same answer again.
@@ -94,4 +95,5 @@ save()
 local reply = {0, position, retry_at - now, st.v}
 if retry_at < 0 then reply[3] = -1 end
 for _, x in ipairs(holder_reply(blocking_holder)) do reply[#reply + 1] = x end
+reply[#reply + 1] = released_before
 return reply

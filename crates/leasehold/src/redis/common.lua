@@ -21,6 +21,8 @@ local st
 if raw then st = cjson.decode(raw) else st = {t = 0, v = 0, s = 0, h = {}, w = {}} end
 local dirty = false
 local bumped = false
+-- Set by transfer.lua when the hold it hands over was still held; ends acquire replies.
+local released_before = 0
 
 local function bump()
   st.v = st.v + 1

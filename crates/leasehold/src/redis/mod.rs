@@ -54,6 +54,7 @@ use crate::{Error, FencingToken, LockName, Result};
 
 struct Scripts {
     acquire: Script,
+    transfer: Script,
     renew: Script,
     release: Script,
     force: Script,
@@ -73,6 +74,13 @@ fn scripts() -> &'static Scripts {
     }
     SCRIPTS.get_or_init(|| Scripts {
         acquire: script!("acquire.lua"),
+        transfer: Script::new(concat!(
+            include_str!("common.lua"),
+            "\n",
+            include_str!("transfer.lua"),
+            "\n",
+            include_str!("acquire.lua")
+        )),
         renew: script!("renew.lua"),
         release: script!("release.lua"),
         force: script!("force.lua"),
@@ -256,6 +264,81 @@ impl RedisStore {
                 _subscriber: AbortOnDropHandle::new(subscriber),
             }),
         })
+    }
+
+    /// An acquire attempt, after releasing `from` in the same script when given.
+    async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        from: Option<&Lease>,
+    ) -> Result<(Released, Attempt)> {
+        let lease = req.lease.0.as_str();
+        if req.enqueue {
+            // Before the attempt, so a wake-up sent right after it is not missed.
+            self.inner.waiters.register(lease);
+        }
+        let permits = match req.kind {
+            LockKind::Permit { permits } => permits,
+            _ => 0,
+        };
+        let ttl_ms = req.ttl.as_millis() as u64;
+        let mut args = vec![
+            lease.to_string(),
+            req.owner.clone(),
+            req.kind.word().to_string(),
+            permits.to_string(),
+            ttl_ms.to_string(),
+            (req.fair as u8).to_string(),
+            (req.enqueue as u8).to_string(),
+            req.requester.host.clone(),
+            req.requester.pid.to_string(),
+            self.inner.channel.clone(),
+            wall_ms().to_string(),
+        ];
+        let script = match from {
+            Some(from) => {
+                args.push(from.id.0.clone());
+                &scripts().transfer
+            }
+            None => &scripts().acquire,
+        };
+        let reply: Vec<Value> = self.run(script, &req.name, &args).await?;
+        let released = match reply.last().map(int) {
+            Some(1) => Released::Released,
+            _ => Released::NotHeld,
+        };
+        if reply.first().map(int) == Some(1) && reply.len() >= 4 {
+            self.inner.waiters.forget(lease);
+            let grant = Grant {
+                token: FencingToken(int(&reply[1]) as u64),
+                holds: int(&reply[2]) as u32,
+            };
+            return Ok((released, Attempt::Granted(grant)));
+        }
+        if reply.len() < 14 {
+            return Err(Error::Internal(format!(
+                "unexpected reply from the acquire script: {reply:?}"
+            )));
+        }
+        let holder = (!text(&reply[4]).is_empty()).then(|| HolderInfo {
+            owner: text(&reply[4]),
+            host: text(&reply[5]),
+            pid: int(&reply[6]) as u32,
+            token: FencingToken(int(&reply[7]) as u64),
+            since: since(int(&reply[8])),
+            lease_left: Duration::from_millis(int(&reply[9]).max(0) as u64),
+            holds: int(&reply[10]) as u32,
+            kind: kind(&text(&reply[11]), int(&reply[12])),
+        });
+        let position = int(&reply[1]);
+        let retry_in = int(&reply[2]);
+        let busy = Busy {
+            holder,
+            position: (position > 0).then_some(position as usize),
+            retry_in: (retry_in >= 0).then(|| Duration::from_millis(retry_in as u64)),
+            watermark: Watermark(int(&reply[3]) as u64),
+        };
+        Ok((released, Attempt::Busy(busy)))
     }
 
     fn error(&self, e: redis::RedisError, name: &LockName) -> Error {
@@ -500,65 +583,11 @@ where
 #[async_trait]
 impl Store for RedisStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let lease = req.lease.0.as_str();
-        if req.enqueue {
-            // Before the attempt, so a wake-up sent right after it is not missed.
-            self.inner.waiters.register(lease);
-        }
-        let permits = match req.kind {
-            LockKind::Permit { permits } => permits,
-            _ => 0,
-        };
-        let ttl_ms = req.ttl.as_millis() as u64;
-        let reply: Vec<Value> = self
-            .run(
-                &scripts().acquire,
-                &req.name,
-                &[
-                    lease.to_string(),
-                    req.owner.clone(),
-                    req.kind.word().to_string(),
-                    permits.to_string(),
-                    ttl_ms.to_string(),
-                    (req.fair as u8).to_string(),
-                    (req.enqueue as u8).to_string(),
-                    req.requester.host.clone(),
-                    req.requester.pid.to_string(),
-                    self.inner.channel.clone(),
-                    wall_ms().to_string(),
-                ],
-            )
-            .await?;
-        if reply.first().map(int) == Some(1) && reply.len() >= 3 {
-            self.inner.waiters.forget(lease);
-            return Ok(Attempt::Granted(Grant {
-                token: FencingToken(int(&reply[1]) as u64),
-                holds: int(&reply[2]) as u32,
-            }));
-        }
-        if reply.len() < 13 {
-            return Err(Error::Internal(format!(
-                "unexpected reply from the acquire script: {reply:?}"
-            )));
-        }
-        let holder = (!text(&reply[4]).is_empty()).then(|| HolderInfo {
-            owner: text(&reply[4]),
-            host: text(&reply[5]),
-            pid: int(&reply[6]) as u32,
-            token: FencingToken(int(&reply[7]) as u64),
-            since: since(int(&reply[8])),
-            lease_left: Duration::from_millis(int(&reply[9]).max(0) as u64),
-            holds: int(&reply[10]) as u32,
-            kind: kind(&text(&reply[11]), int(&reply[12])),
-        });
-        let position = int(&reply[1]);
-        let retry_in = int(&reply[2]);
-        Ok(Attempt::Busy(Busy {
-            holder,
-            position: (position > 0).then_some(position as usize),
-            retry_in: (retry_in >= 0).then(|| Duration::from_millis(retry_in as u64)),
-            watermark: Watermark(int(&reply[3]) as u64),
-        }))
+        Ok(self.attempt(req, None).await?.1)
+    }
+
+    async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
+        self.attempt(to, Some(from)).await
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {

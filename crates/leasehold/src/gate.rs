@@ -1,0 +1,168 @@
+//! Tasks of one process that want the same lock queue here first (non-fair exclusive
+//! locks without an owner id, so no re-entry): only one of them can hold it, so only one
+//! asks the store at a time, and a release hands the lock to the next task in the same
+//! store step ([`Store::transfer`]): one round trip per hand-over instead of two, and no
+//! wake-up through the store.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+use tokio::time::{timeout_at, Instant};
+
+use crate::store::{AcquireRequest, Attempt, Grant, Lease, Released, Store};
+use crate::{LockName, Result};
+
+/// The gates of one [`Leasehold`](crate::Leasehold), by lock name.
+#[derive(Debug, Default)]
+pub(crate) struct Gates(Mutex<HashMap<LockName, Arc<Gate>>>);
+
+impl Gates {
+    pub fn gate(&self, name: &LockName) -> Arc<Gate> {
+        let mut gates = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if gates.len() > 1024 {
+            gates.retain(|_, gate| Arc::strong_count(gate) > 1);
+        }
+        gates.entry(name.clone()).or_default().clone()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Gate(Mutex<State>);
+
+#[derive(Debug, Default)]
+struct State {
+    /// A task has the turn (it asks the store, or holds the lock).
+    busy: bool,
+    /// Tasks waiting for the turn, with the request each would send.
+    queue: VecDeque<(AcquireRequest, oneshot::Sender<Pass>)>,
+}
+
+/// What a queued task is given.
+#[derive(Debug)]
+enum Pass {
+    /// Your turn: ask the store yourself.
+    Turn,
+    /// The lock, handed over by a store step sent at that instant.
+    Granted(Grant, Instant),
+}
+
+/// How far a wait at the gate may go.
+pub(crate) enum Until {
+    Now,
+    Deadline(Instant),
+    Forever,
+}
+
+/// The turn at a gate; passed on when dropped, or by [`Turn::release`].
+#[derive(Debug)]
+pub(crate) struct Turn(Option<Arc<Gate>>);
+
+impl Gate {
+    /// Waits for the turn; `None` if `until` comes first. With the turn comes the lock
+    /// itself when the previous task handed it over.
+    pub async fn enter(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        until: Until,
+    ) -> Option<(Turn, Option<(Grant, Instant)>)> {
+        let pass = {
+            let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if !state.busy {
+                state.busy = true;
+                return Some((Turn(Some(self.clone())), None));
+            }
+            if matches!(until, Until::Now) {
+                return None;
+            }
+            let (tx, rx) = oneshot::channel();
+            state.queue.push_back((req.clone(), tx));
+            rx
+        };
+        let pass = match until {
+            Until::Deadline(deadline) => timeout_at(deadline, pass).await.ok()?,
+            _ => pass.await,
+        };
+        // The sender is only dropped after a send; a closed channel means no pass.
+        let turn = Turn(Some(self.clone()));
+        match pass.ok()? {
+            Pass::Turn => Some((turn, None)),
+            Pass::Granted(grant, sent) => Some((turn, Some((grant, sent)))),
+        }
+    }
+
+    /// The next task still waiting, or `None` after marking the gate free.
+    fn next(&self) -> Option<(AcquireRequest, oneshot::Sender<Pass>)> {
+        let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some((req, tx)) = state.queue.pop_front() {
+            if !tx.is_closed() {
+                return Some((req, tx));
+            }
+        }
+        state.busy = false;
+        None
+    }
+
+    /// Gives the turn to the next waiting task, or frees the gate.
+    fn pass_turn(&self) {
+        while let Some((_, tx)) = self.next() {
+            if tx.send(Pass::Turn).is_ok() {
+                return;
+            }
+        }
+    }
+}
+
+impl Turn {
+    /// Releases `lease`: handed straight to the next waiting task of this process when
+    /// there is one, else released in the store and the turn passed on.
+    pub async fn release(mut self, store: &dyn Store, lease: &Lease) -> Result<Released> {
+        let Some(gate) = self.0.take() else {
+            return store.release(lease).await;
+        };
+        let waiting = gate
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .queue
+            .iter()
+            .any(|(_, tx)| !tx.is_closed());
+        if !waiting {
+            let released = store.release(lease).await;
+            // Someone may have queued meanwhile: they ask the store themselves.
+            gate.pass_turn();
+            return released;
+        }
+        let Some((req, tx)) = gate.next() else {
+            return store.release(lease).await;
+        };
+        let sent = Instant::now();
+        let outcome = store.transfer(lease, &req).await;
+        let pass = match &outcome {
+            Ok((_, Attempt::Granted(grant))) => Pass::Granted(grant.clone(), sent),
+            Ok(_) => Pass::Turn,
+            Err(_) => {
+                // Outcome unknown: undo the new acquisition by its id before the task,
+                // which asks the store itself, reuses that id.
+                let _ = store.release(&req.lease()).await;
+                Pass::Turn
+            }
+        };
+        if let Err(unsent) = tx.send(pass) {
+            // The task gave up meanwhile: free what was handed to it, pass the turn on.
+            if let Pass::Granted(..) = unsent {
+                let _ = store.release(&req.lease()).await;
+            }
+            gate.pass_turn();
+        }
+        outcome.map(|(released, _)| released)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(gate) = self.0.take() {
+            gate.pass_turn();
+        }
+    }
+}
