@@ -67,9 +67,9 @@ fn persistent_redis_restart_under_a_holder_and_waiters_leaves_no_hung_waiter_and
         "always",
     ]);
     let cli = world("redis-restart", &server);
-    // Each run appends "start" and "end" around a short critical section; an overlap
-    // shows as two starts in a row.
-    let body = "echo start >> log; touch inside.$$; sleep 0.2; echo end >> log";
+    // Each run appends "start" and "end" around its critical section, which lasts until
+    // the test says go; an overlap shows as two starts in a row.
+    let body = "echo start >> log; while [ ! -e go ]; do sleep 0.05; done; echo end >> log";
     let mut runs = Vec::new();
     for i in 0..4 {
         runs.push(cli.spawn(
@@ -79,8 +79,15 @@ fn persistent_redis_restart_under_a_holder_and_waiters_leaves_no_hung_waiter_and
             ],
         ));
     }
-    wait_for("a first holder to start", || cli.exists("log"));
+    // Everyone has reached the store (a run that cannot reach it at its start exits 69,
+    // which is not what this test is about).
+    wait_for("a holder and three waiters", || {
+        let status = cli.status("k");
+        status["holders"].as_array().map_or(0, Vec::len) == 1
+            && status["waiters"].as_array().map_or(0, Vec::len) == 3
+    });
     server.restart();
+    cli.touch("go");
     for run in &mut runs {
         // A run that lost its lock in the restart exits 76; none may hang.
         let code = run.exits_within(leasehold_testkit::PATIENCE);
