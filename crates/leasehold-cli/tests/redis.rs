@@ -191,3 +191,32 @@ fn cluster_url_with_a_database_is_rejected_with_64() {
     let out = cli.run(&["run", "k", "--", "true"]).expect(64);
     assert!(out.stderr.contains("seed nodes"), "{}", out.stderr);
 }
+
+/// A fair waiter killed in the queue stops blocking it within its short waiter lease
+/// (5 s), not the lock's TTL (60 s here, longer than the test's patience), even when the
+/// lock is handed to it on release.
+#[test]
+fn dead_fair_waiter_blocks_the_queue_only_for_its_waiter_lease() {
+    let server = RedisServer::start();
+    let cli = world("redis-dead-waiter", &server);
+    let (mut holder, _) = cli.hold("holder", &["--fair", "--ttl", "60s", "k"]);
+    let dead = cli.spawn(
+        "dead",
+        &["run", "--fair", "--ttl", "60s", "k", "--", "true"],
+    );
+    cli.wait_waiters("k", 1);
+    dead.signal(libc::SIGKILL);
+    let script = "touch done";
+    let mut live = cli.spawn(
+        "live",
+        &[
+            "run", "--fair", "--ttl", "60s", "k", "--", "sh", "-c", script,
+        ],
+    );
+    cli.wait_waiters("k", 2);
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
+    live.expect_exit(0);
+    assert!(cli.exists("done"));
+    drop(dead);
+}

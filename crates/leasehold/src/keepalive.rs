@@ -50,9 +50,17 @@ pub(crate) struct Lifeline {
 }
 
 impl Lifeline {
-    pub fn new(store: Arc<dyn Store>, lease: Lease, sent: Instant, ttl: Duration) -> Arc<Self> {
+    /// A lease granted for `granted` (at most `ttl`) by a request sent at `sent`;
+    /// renewals ask for `ttl`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        lease: Lease,
+        sent: Instant,
+        ttl: Duration,
+        granted: Duration,
+    ) -> Arc<Self> {
         let (status, _) = watch::channel(Status {
-            valid_until: safe_deadline(sent, ttl),
+            valid_until: safe_deadline(sent, granted.min(ttl)),
             renewed_at: sent,
             ttl,
             lost: None,
@@ -172,7 +180,9 @@ impl Renewals {
     /// Schedules the first renewal of a new guard's lease.
     pub fn add(self: &Arc<Self>, line: &Arc<Lifeline>) {
         let status = line.status.borrow().clone();
-        self.schedule(Arc::downgrade(line), status.renewed_at + status.ttl / 3);
+        // A third of the way to the safe deadline (a third of the TTL for a full lease).
+        let first = status.renewed_at + (status.valid_until - status.renewed_at) / 3;
+        self.schedule(Arc::downgrade(line), first);
     }
 
     fn schedule(self: &Arc<Self>, line: Weak<Lifeline>, at: Instant) {

@@ -88,7 +88,10 @@ pub use local::LocalStore;
 pub use lock::{Leasehold, Lock};
 pub use memory::MemoryStore;
 pub use name::{LockName, MAX_NAME_LEN};
-pub use options::{humanize, DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
+pub use options::{
+    humanize, waiter_lease, DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MAX_WAITER_LEASE,
+    MIN_TTL,
+};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use store::{

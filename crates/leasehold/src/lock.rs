@@ -10,7 +10,7 @@ use tracing::Instrument;
 use crate::gate::{Gates, Until};
 use crate::guard::LockGuard;
 use crate::keepalive::{jitter, Lifeline, Renewals};
-use crate::options::{check_owner, check_permits, check_ttl, DEFAULT_TTL};
+use crate::options::{check_owner, check_permits, check_ttl, waiter_lease, DEFAULT_TTL};
 use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Requester, Store,
 };
@@ -304,7 +304,8 @@ impl Lock {
     /// The guard of a granted acquisition whose request was sent at `sent`.
     fn guard(&self, req: &AcquireRequest, grant: Grant, sent: Instant) -> LockGuard {
         tracing::info!(token = grant.token.0, holds = grant.holds, "acquired");
-        let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl);
+        let granted = grant.lease.unwrap_or(req.ttl);
+        let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl, granted);
         LockGuard::start(
             line,
             &self.renewals,
@@ -383,7 +384,7 @@ impl Lock {
             tracing::debug!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
             // Try again when the store signals a change, or when a holder's lease (or a
             // waiter ahead) can have expired, or in time to refresh our own waiter lease.
-            let refresh = req.ttl / 2;
+            let refresh = waiter_lease(req.ttl) / 2;
             let retry_in = busy
                 .retry_in
                 .map_or(refresh, |d| (d + Duration::from_millis(1)).min(refresh));

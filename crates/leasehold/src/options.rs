@@ -12,6 +12,15 @@ pub const MIN_TTL: Duration = Duration::from_millis(100);
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Longest owner id accepted, in bytes.
 pub const MAX_OWNER_LEN: usize = 128;
+/// Longest lease of a place in a wait queue. A waiter renews its place at half of it
+/// while it waits, so one that died or gave up stops blocking a fair queue within it.
+pub const MAX_WAITER_LEASE: Duration = Duration::from_secs(5);
+
+/// The lease of a waiter's place in the queue, for a lock lease of `ttl`.
+pub fn waiter_lease(ttl: Duration) -> Duration {
+    ttl.min(MAX_WAITER_LEASE)
+}
+
 /// Most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 100_000;
 

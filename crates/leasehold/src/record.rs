@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
+use crate::options::waiter_lease;
 use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, HolderInfo, Lease, LockKind, LockState, Released,
     Renewal, WaiterInfo, Watermark,
@@ -267,6 +268,7 @@ impl Record {
             Attempt::Granted(Grant {
                 token: FencingToken(h.token),
                 holds: h.holds.len() as u32,
+                lease: None,
             })
         };
         let (holder, waiter, me) = match self.admit(req)? {
@@ -310,8 +312,9 @@ impl Record {
             (true, Some(i)) => {
                 // Refresh the waiter lease only once a quarter of it is gone, so
                 // re-attempts do not rewrite the record each time.
-                if self.waiters[i].expires < deadline(now, req.ttl.mul_f64(0.75)) {
-                    self.waiters[i].expires = hold.expires;
+                let lease = waiter_lease(req.ttl);
+                if self.waiters[i].expires < deadline(now, lease.mul_f64(0.75)) {
+                    self.waiters[i].expires = deadline(now, lease);
                 }
                 Some(i + 1)
             }
@@ -324,7 +327,7 @@ impl Record {
                     host: hold.host,
                     pid: hold.pid,
                     since_ms: now.wall_ms,
-                    expires: hold.expires,
+                    expires: deadline(now, waiter_lease(req.ttl)),
                 });
                 self.next_seq += 1;
                 Some(self.waiters.len())

@@ -138,6 +138,9 @@ pub struct Grant {
     pub token: FencingToken,
     /// How many times this owner now holds the lock (1 unless re-entered).
     pub holds: u32,
+    /// The lease granted, when shorter than the one asked for (a lock handed to a queued
+    /// waiter runs on the waiter's short lease until its first renewal).
+    pub lease: Option<Duration>,
 }
 
 /// Why an attempt was not granted, and when trying again may help.

@@ -1,5 +1,6 @@
 -- Acquire. ARGV: lease, owner, kind (exclusive|shared|permit), permits, ttl ms,
--- fair (0|1), enqueue (0|1), host, pid, client channel, wall clock ms (display only).
+-- fair (0|1), enqueue (0|1), host, pid, client channel, wall clock ms (display only),
+-- waiter lease ms (how long a place in the queue lasts unless renewed).
 -- Replies: {1, token, holds, released before} when granted;
 --   {0, position, retry_in ms, version, holder...} when busy (position 0: not queued,
 --   retry_in -1: none; holder: owner, host, pid, token, acquired ms, lease left ms,
@@ -10,6 +11,7 @@ local lease, owner, kind = ARGV[1], ARGV[2], ARGV[3]
 local permits, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local fair, enqueue = ARGV[6] == '1', ARGV[7] == '1'
 local host, pid, channel, wall = ARGV[8], tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
+local waiter_lease = tonumber(ARGV[12])
 local expires = now + ttl
 
 local function granted(h)
@@ -81,12 +83,13 @@ local position = 0
 if enqueue then
   if me then
     -- Refresh the waiter lease only once a quarter of it is gone.
-    if st.w[me].e < now + ttl * 3 / 4 then st.w[me].e = expires; dirty = true end
+    if st.w[me].e < now + waiter_lease * 3 / 4 then st.w[me].e = now + waiter_lease; dirty = true end
     position = me
   else
     st.s = st.s + 1
     table.insert(st.w, {l = lease, o = owner, k = kind, p = permits, f = fair and 1 or 0,
-                        n = host, i = pid, a = wall, e = expires, c = channel, x = ttl})
+                        n = host, i = pid, a = wall, e = now + waiter_lease, c = channel, x = ttl,
+                        y = waiter_lease})
     dirty = true
     position = #st.w
   end

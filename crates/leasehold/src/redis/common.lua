@@ -8,7 +8,8 @@
 --   h  holders: {o owner, k kind, p permits, t token, a acquired ms, d holds:
 --        {l lease, n host, i pid, e expiry ms}}
 --   w  waiters in queue order: {l lease, o owner, k kind, p permits, f fair, n host,
---        i pid, a since ms, e expiry ms, c client channel, x lease ttl ms}
+--        i pid, a since ms, e expiry ms, c client channel, x lease ttl ms,
+--        y waiter lease ms (at most x)}
 -- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them
 -- (a holder's "acquired" time is the client's wall clock, for display only).
 
@@ -77,9 +78,10 @@ local function tell(channel, item)
   table.insert(messages[channel], item)
 end
 
--- Fair waiters at the head of the queue that can get in now get the lock here, with
--- the lease they asked for from now: no round trip to come and take it, and nobody can
--- pass them. (Their client counts its lease from its last request, which is earlier.)
+-- Fair waiters at the head of the queue that can get in now get the lock here: no round
+-- trip to come and take it, and nobody can pass them. The hold lasts a waiter lease (its
+-- client counts it from its last request, which is earlier, and renews to the full TTL
+-- at a third of it), so a waiter that died does not keep the lock for a whole TTL.
 -- Returns whether the head should still be woken: a non-fair head, or one that must
 -- come itself (re-entry); not a fair head that a holder keeps out.
 local function hand_over()
@@ -90,12 +92,15 @@ local function hand_over()
     for _, h in ipairs(st.h) do
       if h.o == w.o then return true end -- re-entry: let the owner's client come for it
     end
+    -- The waiter's own short lease, not the lock's TTL: a waiter that died does not
+    -- keep the lock long; a live one renews it to the TTL at once.
+    local lease = w.y or w.x
     st.t = st.t + 1
     table.insert(st.h, {o = w.o, k = w.k, p = w.p, t = st.t, a = now,
-                        d = {{l = w.l, n = w.n, i = w.i, e = now + w.x}}})
+                        d = {{l = w.l, n = w.n, i = w.i, e = now + lease}}})
     table.remove(st.w, 1)
     dirty = true
-    tell(w.c, w.l .. '=' .. string.format('%d', st.t))
+    tell(w.c, w.l .. '=' .. string.format('%d:%d', st.t, lease))
   end
   return false
 end

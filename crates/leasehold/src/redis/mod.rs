@@ -46,6 +46,7 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::options::waiter_lease;
 use crate::store::{
     busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LockKind,
     LockState, Released, Renewal, Store, WaiterInfo, Watermark,
@@ -125,7 +126,8 @@ struct Waiters(Mutex<HashMap<String, Arc<Slot>>>);
 #[derive(Debug, Default)]
 struct Slot {
     wake: Notify,
-    granted: Mutex<Option<u64>>,
+    /// Token and lease (ms) of a lock handed over by a script.
+    granted: Mutex<Option<(u64, u64)>>,
 }
 
 impl Waiters {
@@ -138,11 +140,17 @@ impl Waiters {
     fn forget(&self, lease: &str) {
         self.map().remove(lease);
     }
-    /// One item of a message: `LEASE` (look again) or `LEASE=TOKEN` (handed over).
-    /// `notify_one` keeps the wake-up for a waiter that is between two looks.
+    /// One item of a message: `LEASE` (look again) or `LEASE=TOKEN:MS` (handed over
+    /// with a lease of MS). `notify_one` keeps the wake-up for a waiter that is between
+    /// two looks.
     fn deliver(&self, item: &str) {
         let (lease, token) = match item.split_once('=') {
-            Some((lease, token)) => (lease, token.parse().ok()),
+            Some((lease, grant)) => {
+                let parsed = grant
+                    .split_once(':')
+                    .and_then(|(t, ms)| Some((t.parse().ok()?, ms.parse().ok()?)));
+                (lease, parsed)
+            }
             None => (item, None),
         };
         if let Some(slot) = self.map().get(lease) {
@@ -294,6 +302,7 @@ impl RedisStore {
             req.requester.pid.to_string(),
             self.inner.channel.clone(),
             wall_ms().to_string(),
+            (waiter_lease(req.ttl).as_millis() as u64).to_string(),
         ];
         let script = match from {
             Some(from) => {
@@ -312,6 +321,7 @@ impl RedisStore {
             let grant = Grant {
                 token: FencingToken(int(&reply[1]) as u64),
                 holds: int(&reply[2]) as u32,
+                lease: None,
             };
             return Ok((released, Attempt::Granted(grant)));
         }
@@ -631,11 +641,12 @@ impl Store for RedisStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        Ok(token.map(|token| {
+        Ok(token.map(|(token, lease_ms)| {
             self.inner.waiters.forget(&req.lease.0);
             Grant {
                 token: FencingToken(token),
                 holds: 1,
+                lease: Some(Duration::from_millis(lease_ms)),
             }
         }))
     }
