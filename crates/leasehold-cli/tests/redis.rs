@@ -220,3 +220,54 @@ fn dead_fair_waiter_blocks_the_queue_only_for_its_waiter_lease() {
     assert!(cli.exists("done"));
     drop(dead);
 }
+
+/// `?replicas=1`: a grant counts once a replica has it; with the replica stopped the
+/// grant is given back and `run` exits 69 without running anything.
+#[test]
+fn replica_sync_confirms_grants_and_refuses_when_the_replica_is_away() {
+    let master = RedisServer::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ]);
+    let replica = RedisServer::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--replicaof",
+        "127.0.0.1",
+        &master.port().to_string(),
+    ]);
+    wait_for("the replica to sync", || {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &replica.port().to_string(), "info", "replication"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("master_link_status:up")
+    });
+    let url = format!("{}?replicas=1&replica_timeout=200ms", master.url());
+    let cli = Cli::with_store("redis-replicas", Some(url));
+    cli.run(&["run", "k", "--", "true"]).expect(0);
+    replica.pause();
+    let out = cli.run(&["run", "k", "--", "touch", "ran"]).expect(69);
+    replica.resume();
+    assert!(out.stderr.contains("0 of 1 replicas"), "{}", out.stderr);
+    assert!(!cli.exists("ran"), "ran without a replicated grant");
+    wait_for("the refused grant to be given back", || {
+        cli.holders("k").is_empty()
+    });
+}
+
+#[test]
+fn bad_replica_options_are_rejected_with_64() {
+    let cli = Cli::with_store(
+        "redis-replicas-bad",
+        Some("redis://127.0.0.1:1/0?replicas=0".into()),
+    );
+    let out = cli.run(&["run", "k", "--", "true"]).expect(64);
+    assert!(out.stderr.contains("replicas=0"), "{}", out.stderr);
+}

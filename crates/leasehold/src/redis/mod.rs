@@ -98,6 +98,8 @@ pub struct RedisStore {
 struct Inner {
     shown: String,
     conn: Conn,
+    /// `?replicas=N[&replica_timeout=DUR]`: replicas that must acknowledge a grant.
+    replicas: Option<(u32, Duration)>,
     channel: String,
     waiters: Arc<Waiters>,
     _subscriber: AbortOnDropHandle<()>,
@@ -175,6 +177,47 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// Takes leasehold's own `replicas` and `replica_timeout` out of the URL's query.
+fn replica_option(url: &str) -> std::result::Result<(String, Option<(u32, Duration)>), String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_string(), None));
+    };
+    let (mut want, mut timeout, mut rest) = (None, Duration::from_millis(100), Vec::new());
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("replicas", n)) => {
+                want = Some(n.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    format!("replicas={n}: give how many replicas must confirm a grant, at least 1")
+                })?)
+            }
+            Some(("replica_timeout", t)) => {
+                timeout = parse_millis(t).ok_or_else(|| {
+                    format!("replica_timeout={t}: give a duration like 100ms or 1s")
+                })?
+            }
+            _ => rest.push(pair),
+        }
+    }
+    let url = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((url, want.map(|w| (w, timeout))))
+}
+
+/// `250ms` or `2s`.
+fn parse_millis(text: &str) -> Option<Duration> {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse().ok().map(Duration::from_millis);
+    }
+    text.strip_suffix('s')?
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
 /// The node URLs of a `redis+cluster://` or `rediss+cluster://` URL; `None` for
 /// other URLs.
 fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, String>> {
@@ -205,12 +248,23 @@ impl RedisStore {
     /// Connects to `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS), or a
     /// Redis Cluster given as `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster`
     /// for TLS), and subscribes to this client's wake-up channel.
+    ///
+    /// `?replicas=N` (with `&replica_timeout=DUR`, default 100ms) makes every grant wait
+    /// until N replicas have it (`WAIT`); a grant they do not confirm in time is released
+    /// and the attempt fails as unavailable. Single servers only.
     pub async fn connect(url: &str) -> Result<Self> {
         let shown = redact(url);
         let invalid = |reason: String| Error::InvalidStore {
             store: shown.clone(),
             reason,
         };
+        let (url, replicas) = replica_option(url).map_err(invalid)?;
+        let url = url.as_str();
+        if replicas.is_some() && cluster_nodes(url).is_some() {
+            return Err(invalid(
+                "?replicas is for a single server; a cluster's WAIT is per node".into(),
+            ));
+        }
         let unavailable = |e: redis::RedisError| Error::Unavailable {
             store: shown.clone(),
             source: Box::new(e),
@@ -267,6 +321,7 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 shown,
                 conn,
+                replicas,
                 channel,
                 waiters,
                 _subscriber: AbortOnDropHandle::new(subscriber),
@@ -318,6 +373,9 @@ impl RedisStore {
         };
         if reply.first().map(int) == Some(1) && reply.len() >= 4 {
             self.inner.waiters.forget(lease);
+            // Not on enough replicas (a failover could lose it): the error makes the
+            // caller undo the acquisition by its id.
+            self.replicated(&req.name).await?;
             let grant = Grant {
                 token: FencingToken(int(&reply[1]) as u64),
                 holds: int(&reply[2]) as u32,
@@ -405,6 +463,32 @@ impl RedisStore {
                 result => return result.map_err(|e| self.error(e, name)),
             }
         }
+    }
+
+    /// With `?replicas=N`: waits until N replicas have our writes so far (`WAIT`).
+    async fn replicated(&self, name: &LockName) -> Result<()> {
+        let (Some((want, timeout)), Conn::Single(mut conn)) =
+            (self.inner.replicas, self.inner.conn.clone())
+        else {
+            return Ok(());
+        };
+        let acked: u32 = redis::cmd("WAIT")
+            .arg(want)
+            .arg(timeout.as_millis() as u64)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(e, name))?;
+        if acked >= want {
+            return Ok(());
+        }
+        Err(Error::Unavailable {
+            store: self.inner.shown.clone(),
+            source: format!(
+                "lock \"{name}\" was granted but only {acked} of {want} replicas confirmed it within {}; it was released",
+                crate::humanize(timeout)
+            )
+            .into(),
+        })
     }
 
     /// Every key of ours that matches `pattern`, from each master when clustered.
@@ -641,6 +725,11 @@ impl Store for RedisStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        if self.inner.replicas.is_some() {
+            // The grant was written by another client, whose writes our WAIT does not
+            // cover: come and take it (rewriting it), then wait for the replicas.
+            return Ok(None);
+        }
         Ok(token.map(|(token, lease_ms)| {
             self.inner.waiters.forget(&req.lease.0);
             Grant {
