@@ -1,7 +1,8 @@
 -- Shared head of every leasehold script: one lock's whole state in one key, so every
 -- check-and-change is one script on one key (cluster-safe: the key is KEYS[1]).
 --
--- KEYS[1]: the lock's key, lh:{NAME}. Its value (JSON):
+-- KEYS[1]: the lock's key, lh:{NAME}. Its value (MessagePack, compact and quick to
+-- read and write; describe.lua gives it as JSON):
 --   t  last fencing token (never decreases; the key is never deleted, so tokens persist)
 --   v  version: bumped when a hold or a waiter goes away (what waiters wait for)
 --   s  next waiter sequence number (queue order)
@@ -15,11 +16,11 @@
 
 local key = KEYS[1]
 local clock = redis.call('TIME')
--- Milliseconds: cjson keeps 14 significant digits, exact for ms since the epoch.
+-- Milliseconds since the epoch.
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local raw = redis.call('GET', key)
 local st
-if raw then st = cjson.decode(raw) else st = {t = 0, v = 0, s = 0, h = {}, w = {}} end
+if raw then st = cmsgpack.unpack(raw) else st = {t = 0, v = 0, s = 0, h = {}, w = {}} end
 local dirty = false
 local bumped = false
 -- Set by transfer.lua when the hold it hands over was still held; ends acquire replies.
@@ -128,8 +129,7 @@ end
 local function save()
   if bumped and hand_over() then notify() end
   if dirty then
-    -- cjson writes empty arrays as {}; both decode to empty tables.
-    redis.call('SET', key, cjson.encode(st))
+    redis.call('SET', key, cmsgpack.pack(st))
   end
   for _, c in ipairs(channels) do
     redis.call('PUBLISH', c, table.concat(messages[c], ','))

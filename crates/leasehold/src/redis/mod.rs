@@ -12,7 +12,7 @@
 //! # How it works
 //! - A lock `NAME` is the key `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is the
 //!   whole name). It holds the lock's holders, waiters, last fencing token and version as
-//!   JSON. Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it, decide and
+//!   MessagePack. Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it, decide and
 //!   write it back: one atomic step, one key, so they run unchanged on Redis Cluster.
 //! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
 //! - Fencing tokens come from a counter in the same key, which is never deleted.
@@ -621,7 +621,7 @@ fn wall_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// The lock's JSON as the scripts keep it (see common.lua). cjson writes an empty list
+/// The lock as describe.lua gives it (JSON; see common.lua). cjson writes an empty list
 /// as `{}`, so lists are read leniently.
 #[derive(Deserialize)]
 struct State {
