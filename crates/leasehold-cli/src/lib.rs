@@ -19,7 +19,9 @@ use crate::exit::Failure;
 
 const STORE_HELP: &str =
     "Store URL: local:DIR, local: (the default directory: $LEASEHOLD_HOME, else \
-$XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold), memory: (this process only; for bench)";
+$XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold); redis://[user:password@]host:port[/db], \
+rediss://... (TLS), redis+cluster://h1:p1,h2:p2 (add ?replicas=N to wait for N replicas); \
+memory: (this process only; for bench)";
 
 /// Distributed locks from the shell: run a command while holding a lock, with a lease,
 /// a fencing token and a stop when the lock is lost.
