@@ -58,14 +58,7 @@ fn redis_holder_paused_past_its_ttl_stops_its_command_and_exits_76() {
 /// see the module docs of the Redis store and the next test.)
 #[test]
 fn persistent_redis_restart_under_a_holder_and_waiters_leaves_no_hung_waiter_and_no_overlap() {
-    let mut server = RedisServer::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-    ]);
+    let mut server = RedisServer::start_persistent();
     let cli = world("redis-restart", &server);
     // Each run appends "start" and "end" around its critical section, which lasts until
     // the test says go; an overlap shows as two starts in a row.

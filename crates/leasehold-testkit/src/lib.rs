@@ -112,6 +112,19 @@ impl RedisServer {
         Self::start_with(&["--save", "", "--appendonly", "no"])
     }
 
+    /// A server that writes every change to its append-only file before answering
+    /// (`appendfsync always`), so a restart loses nothing.
+    pub fn start_persistent() -> Self {
+        Self::start_with(&[
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ])
+    }
+
     /// A server with extra `redis-server` arguments (e.g. `--appendonly yes`).
     pub fn start_with(extra: &[&str]) -> Self {
         Self::start_on(extra, free_port)

@@ -15,14 +15,7 @@ async fn locks(server: &RedisServer) -> Leasehold {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_renews_again_after_a_server_restart_within_its_deadline() {
-    let mut server = RedisServer::start_with(&[
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-    ]);
+    let mut server = RedisServer::start_persistent();
     let locks = locks(&server).await;
     let ttl = Duration::from_secs(3);
     let guard = locks

@@ -145,6 +145,15 @@ local function find_hold(lease)
   return nil
 end
 
+-- Removes the hold `lease`, and its holder with its last hold. Whether it was held.
+local function remove_hold(lease)
+  local hi, di = find_hold(lease)
+  if not hi then return false end
+  table.remove(st.h[hi].d, di)
+  if #st.h[hi].d == 0 then table.remove(st.h, hi) end
+  return true
+end
+
 local function remove_waiter(lease)
   for i, w in ipairs(st.w) do
     if w.l == lease then

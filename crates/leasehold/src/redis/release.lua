@@ -2,10 +2,7 @@
 -- 0 nothing was held (a waiter entry is removed all the same).
 local lease = ARGV[1]
 local released = 0
-local hi, di = find_hold(lease)
-if hi then
-  table.remove(st.h[hi].d, di)
-  if #st.h[hi].d == 0 then table.remove(st.h, hi) end
+if remove_hold(lease) then
   released = 1
   bump()
 end

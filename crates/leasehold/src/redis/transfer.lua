@@ -2,12 +2,7 @@
 -- file is followed by) in the same step. How a client hands a lock from one of its tasks
 -- to the next in one round trip. The replies of acquire.lua end with 1 if ARGV[13] was
 -- held (0 if not).
-do
-  local hi, di = find_hold(ARGV[13])
-  if hi then
-    table.remove(st.h[hi].d, di)
-    if #st.h[hi].d == 0 then table.remove(st.h, hi) end
-    released_before = 1
-    bump()
-  end
+if remove_hold(ARGV[13]) then
+  released_before = 1
+  bump()
 end
