@@ -242,7 +242,7 @@ fn replica_sync_confirms_grants_and_refuses_when_the_replica_is_away() {
             .unwrap();
         String::from_utf8_lossy(&out.stdout).contains("master_link_status:up")
     });
-    let url = format!("{}?replicas=1&replica_timeout=200ms", master.url());
+    let url = format!("{}?replicas=1&replica_timeout=3s", master.url());
     let cli = Cli::with_store("redis-replicas", Some(url));
     cli.run(&["run", "k", "--", "true"]).expect(0);
     replica.pause();
