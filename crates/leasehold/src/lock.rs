@@ -137,7 +137,7 @@ impl Leasehold {
     ) -> Result<bool> {
         let name = name.try_into()?;
         let held = self.store.force_release(&name).await?;
-        tracing::warn!(lock = %name, held, "force-released");
+        tracing::info!(lock = %name, held, "force-released");
         Ok(held)
     }
 }
