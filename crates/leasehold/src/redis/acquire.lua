@@ -87,9 +87,10 @@ if enqueue then
     position = me
   else
     st.s = st.s + 1
-    table.insert(st.w, {l = lease, o = owner, k = kind, p = permits, f = fair and 1 or 0,
-                        n = host, i = pid, a = wall, e = now + waiter_lease, c = channel, x = ttl,
-                        y = waiter_lease})
+    local details = pack_details({o = owner, p = permits, n = host, i = pid, a = wall,
+                                  c = channel, x = ttl, y = waiter_lease})
+    table.insert(st.w, {l = lease, k = kind, f = fair and 1 or 0, e = now + waiter_lease,
+                        d = details})
     dirty = true
     position = #st.w
   end

@@ -8,9 +8,9 @@
 --   s  next waiter sequence number (queue order)
 --   h  holders: {o owner, k kind, p permits, t token, a acquired ms, d holds:
 --        {l lease, n host, i pid, e expiry ms}}
---   w  waiters in queue order: {l lease, o owner, k kind, p permits, f fair, n host,
---        i pid, a since ms, e expiry ms, c client channel, x lease ttl ms,
---        y waiter lease ms (at most x)}
+--   w  waiters in queue order: {l lease, k kind, f fair, e expiry ms, d details}; the
+--        fields every call looks at are fields, the rest is one string (fewer fields
+--        make a long queue quicker to read and write): see waiter_details.
 -- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them
 -- (a holder's "acquired" time is the client's wall clock, for display only).
 
@@ -61,6 +61,31 @@ local function prune()
   bump()
 end
 
+-- A waiter's details: o owner, p permits, n host, i pid, a since ms, c client channel,
+-- x lease ttl ms, y waiter lease ms (at most x).
+local DETAILS = {'o', 'p', 'n', 'i', 'a', 'c', 'x', 'y'}
+local NUMERIC = {p = true, i = true, a = true, x = true, y = true}
+
+local function waiter_details(w)
+  local out, i, n = {}, 1, 1
+  local s = w.d
+  while n <= #DETAILS do
+    local j = string.find(s, '\31', i, true)
+    local field = string.sub(s, i, (j or 0) - 1)
+    local name = DETAILS[n]
+    if NUMERIC[name] then out[name] = tonumber(field) else out[name] = field end
+    if not j then break end
+    i, n = j + 1, n + 1
+  end
+  return out
+end
+
+local function pack_details(t)
+  local parts = {}
+  for n, name in ipairs(DETAILS) do parts[n] = tostring(t[name]) end
+  return table.concat(parts, '\31')
+end
+
 -- The first holder that a new `kind` holder could not stand beside, if any.
 local function holder_in_the_way(kind, permits)
   if kind == 'permit' and #st.h >= permits then return st.h[1] end
@@ -88,20 +113,21 @@ end
 local function hand_over()
   while #st.w > 0 do
     local w = st.w[1]
-    if w.f ~= 1 or not w.x then return true end
-    if holder_in_the_way(w.k, w.p) then return false end
+    if w.f ~= 1 then return true end
+    local d = waiter_details(w)
+    if holder_in_the_way(w.k, d.p) then return false end
     for _, h in ipairs(st.h) do
-      if h.o == w.o then return true end -- re-entry: let the owner's client come for it
+      if h.o == d.o then return true end -- re-entry: let the owner's client come for it
     end
     -- The waiter's own short lease, not the lock's TTL: a waiter that died does not
     -- keep the lock long; a live one renews it to the TTL at once.
-    local lease = w.y or w.x
+    local lease = d.y
     st.t = st.t + 1
-    table.insert(st.h, {o = w.o, k = w.k, p = w.p, t = st.t, a = now,
-                        d = {{l = w.l, n = w.n, i = w.i, e = now + lease}}})
+    table.insert(st.h, {o = d.o, k = w.k, p = d.p, t = st.t, a = now,
+                        d = {{l = w.l, n = d.n, i = d.i, e = now + lease}}})
     table.remove(st.w, 1)
     dirty = true
-    tell(w.c, w.l .. '=' .. string.format('%d:%d', st.t, lease))
+    tell(d.c, w.l .. '=' .. string.format('%d:%d', st.t, lease))
   end
   return false
 end
@@ -113,7 +139,7 @@ local function notify()
   local head = st.w[1]
   local free = 1
   if head.k == 'permit' then
-    free = head.p
+    free = waiter_details(head).p
     for _, h in ipairs(st.h) do if h.k == 'permit' then free = free - 1 end end
     if free < 1 then free = 1 end
   end
@@ -122,7 +148,7 @@ local function notify()
       or (head.k == 'shared' and w.k == 'shared')
       or (head.k == 'permit' and w.k == 'permit' and i <= free)
     if not take then break end
-    tell(w.c, w.l)
+    tell(waiter_details(w).c, w.l)
   end
 end
 
