@@ -264,3 +264,69 @@ fn bad_replica_options_are_rejected_with_64() {
     let out = cli.run(&["run", "k", "--", "true"]).expect(64);
     assert!(out.stderr.contains("replicas=0"), "{}", out.stderr);
 }
+
+/// `rediss://`: TLS with rustls, verifying the server against a CA given by
+/// `SSL_CERT_FILE` (openssl makes the CA and the server's certificate).
+#[test]
+fn tls_redis_runs_commands_and_refuses_an_untrusted_server() {
+    let certs = leasehold_testkit::TempDir::new("redis-tls");
+    let dir = certs.path().display().to_string();
+    let make = format!(
+        "cd {dir} && \
+         openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=leasehold-test-ca && \
+         openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost && \
+         printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext && \
+         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile san.ext"
+    );
+    let made = std::process::Command::new("sh")
+        .args(["-c", &make])
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let tls_port = free_port().to_string();
+    let server = RedisServer::start_with(&[
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &format!("{dir}/server.pem"),
+        "--tls-key-file",
+        &format!("{dir}/server.key"),
+        "--tls-ca-cert-file",
+        &format!("{dir}/ca.pem"),
+        "--tls-auth-clients",
+        "no",
+    ]);
+    let cli = Cli::with_store(
+        "redis-tls",
+        Some(format!("rediss://127.0.0.1:{tls_port}/0")),
+    );
+    let trusted = |args: &[&str]| {
+        let mut cmd = cli.cmd(args);
+        cmd.env("SSL_CERT_FILE", format!("{dir}/ca.pem"));
+        Out::from(cmd.output().expect("run leasehold"))
+    };
+    trusted(&[
+        "run",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_TOKEN > token",
+    ])
+    .expect(0);
+    assert_eq!(cli.read("token").trim(), "1");
+    // Without the CA the server's certificate is not trusted: unreachable, exit 69.
+    let mut untrusted = cli.cmd(&["run", "k", "--", "touch", "ran"]);
+    untrusted.env("SSL_CERT_FILE", format!("{dir}/server.pem"));
+    Out::from(untrusted.output().unwrap()).expect(69);
+    assert!(!cli.exists("ran"));
+    drop(server);
+}
