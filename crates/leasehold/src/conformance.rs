@@ -118,6 +118,9 @@ impl Store for PartitionedRenewals {
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
         self.inner.changed(req, since).await
     }
+    async fn ended(&self, lease: &Lease) -> Result<()> {
+        self.inner.ended(lease).await
+    }
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         self.inner.describe(name).await
     }
@@ -540,15 +543,15 @@ pub async fn release_is_idempotent(store: Arc<dyn Store>) {
     next.release().await.unwrap();
 }
 
-/// Force-release frees the lock; the holder's guard reports the loss; its release says
-/// it was not held.
+/// Force-release frees the lock; the holder's guard reports the loss at once (not at
+/// its next renewal); its release says it was not held.
 pub async fn force_release_is_seen_as_lost(store: Arc<dyn Store>) {
     let locks = Leasehold::from_store(store);
     let name = unique("force");
     let lock = locks
         .mutex(name.as_str())
         .unwrap()
-        .with_ttl(Duration::from_millis(600))
+        .with_ttl(Duration::from_secs(3600))
         .with_owner("victim");
     let guard = lock.try_lock().await.unwrap().unwrap();
     let state = locks.describe(name.as_str()).await.unwrap();
@@ -556,19 +559,24 @@ pub async fn force_release_is_seen_as_lost(store: Arc<dyn Store>) {
     assert_eq!(holder.owner, "victim");
     assert_eq!(holder.pid, std::process::id());
     assert_eq!(holder.token, guard.token());
-    assert!(holder.lease_left > Duration::ZERO && holder.lease_left <= Duration::from_millis(600));
+    assert!(holder.lease_left > Duration::ZERO && holder.lease_left <= Duration::from_secs(3600));
     let listed = locks.list("conformance/force/").await.unwrap();
     assert!(
         listed.iter().any(|s| s.name == name),
         "list misses a held lock"
     );
-    assert!(locks.force_release(name.as_str()).await.unwrap());
+    // With a one-hour lease no renewal comes within the test: the store must say it.
+    let (released, ()) = within("the guard to see the loss", async {
+        tokio::join!(locks.force_release(name.as_str()), guard.lost())
+    })
+    .await;
+    assert!(released.unwrap());
     assert!(
         !locks.force_release(name.as_str()).await.unwrap(),
         "nothing left to release"
     );
-    within("the guard to see the loss", guard.lost()).await;
     assert!(guard.check().is_err());
+    within("lost() to resolve again once lost", guard.lost()).await;
     let next = locks
         .mutex(name.as_str())
         .unwrap()

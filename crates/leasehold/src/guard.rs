@@ -144,6 +144,19 @@ impl LockGuard {
     /// # Cancel safety
     /// Cancel-safe: it only watches.
     pub async fn lost(&self) {
+        let line = &self.held().line;
+        tokio::select! {
+            _ = self.deadline_or_known_loss() => {}
+            ended = line.store.ended(&line.lease) => match ended {
+                Ok(()) => line.mark_lost("the store no longer has the lease (it was force-released or ended)"),
+                // The store cannot watch now: the deadline still decides.
+                Err(_) => self.deadline_or_known_loss().await,
+            },
+        }
+    }
+
+    /// Resolves at the safe deadline, or once a renewal found the lease gone.
+    async fn deadline_or_known_loss(&self) {
         let mut status = self.held().status.clone();
         loop {
             let valid_until = {

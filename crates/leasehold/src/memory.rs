@@ -131,6 +131,19 @@ impl Store for MemoryStore {
         }
     }
 
+    async fn ended(&self, lease: &Lease) -> Result<()> {
+        let wake = self.with_entry(&lease.name, |e, _| e.changed.clone())?;
+        loop {
+            let notified = wake.notified_any();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.with(&lease.name, |r, _| r.holds(lease))? {
+                return Ok(());
+            }
+            notified.await;
+        }
+    }
+
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         self.with(name, |r, now| r.state(now))
     }

@@ -75,6 +75,11 @@ impl Wake {
     /// Any one non-fair exclusive waiter can use a change (only one can win it); fair
     /// waiters, readers and permit waiters (several permits may have come free, in
     /// one notification) each need to look.
+    /// Any change at all.
+    pub fn notified_any(&self) -> Notified<'_> {
+        self.all.notified()
+    }
+
     pub fn notified(&self, req: &AcquireRequest) -> Notified<'_> {
         if !req.fair && req.kind == LockKind::Exclusive {
             self.one.notified()
@@ -372,6 +377,13 @@ impl Record {
             self.version += 1;
         }
         released
+    }
+
+    /// Whether `lease` is one of the holds.
+    pub fn holds(&self, lease: &Lease) -> bool {
+        self.holders
+            .iter()
+            .any(|h| h.holds.iter().any(|x| x.lease == lease.id.0))
     }
 
     pub fn force_release(&mut self) -> bool {

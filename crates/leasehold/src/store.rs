@@ -266,6 +266,11 @@ pub trait Store: Debug + Send + Sync + 'static {
     /// A store that hands the lock to a queued waiter itself says so with `Some(grant)`:
     /// the lease then runs from a moment after the waiter's last request was sent.
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>>;
+    /// Resolves once the store no longer has `lease` as a hold (force-released, or ended
+    /// by its lease), so a guard watching for loss learns it at once rather than at its
+    /// next renewal. Must not resolve while the hold exists; may never resolve (the safe
+    /// deadline still ends the guard).
+    async fn ended(&self, lease: &Lease) -> Result<()>;
     /// Holders and waiters of one lock.
     async fn describe(&self, name: &LockName) -> Result<LockState>;
     /// Every lock whose name starts with `prefix` that has holders or waiters.

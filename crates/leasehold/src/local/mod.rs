@@ -502,6 +502,28 @@ impl Store for LocalStore {
         }
     }
 
+    async fn ended(&self, lease: &Lease) -> Result<()> {
+        let watching = self
+            .inner
+            .watcher
+            .get_or_init(|| self.start_watcher())
+            .is_some();
+        if !watching {
+            // Without change notifications the renewals tell.
+            return std::future::pending().await;
+        }
+        let watched = self.inner.wakers.get(&file_name(&lease.name));
+        loop {
+            let notified = watched.wake.notified_any();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.with(&lease.name, |r, _| r.holds(lease)).await? {
+                return Ok(());
+            }
+            notified.await;
+        }
+    }
+
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         let alive = self.alive();
         self.with(name, |r, now| {

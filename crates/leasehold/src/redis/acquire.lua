@@ -35,7 +35,7 @@ for _, h in ipairs(st.h) do
       return redis.error_reply('LHCONFLICT owner ' .. owner .. ' already holds it as ' .. h.k ..
         ' and asked for ' .. kind .. '; upgrading a shared hold would deadlock, release it first')
     end
-    table.insert(h.d, {l = lease, n = host, i = pid, e = expires})
+    table.insert(h.d, {l = lease, n = host, i = pid, e = expires, c = channel})
     if remove_waiter(lease) then bump() end
     dirty = true
     return granted(h)
@@ -69,7 +69,7 @@ end
 if not blocking_holder and not blocking_waiter then
   st.t = st.t + 1
   local h = {o = owner, k = kind, p = permits, t = st.t, a = wall,
-             d = {{l = lease, n = host, i = pid, e = expires}}}
+             d = {{l = lease, n = host, i = pid, e = expires, c = channel}}}
   table.insert(st.h, h)
   remove_waiter(lease)
   dirty = true

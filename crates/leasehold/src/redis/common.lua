@@ -7,7 +7,7 @@
 --   v  version: bumped when a hold or a waiter goes away (what waiters wait for)
 --   s  next waiter sequence number (queue order)
 --   h  holders: {o owner, k kind, p permits, t token, a acquired ms, d holds:
---        {l lease, n host, i pid, e expiry ms}}
+--        {l lease, n host, i pid, e expiry ms, c client channel}}
 --   w  waiters in queue order: {l lease, k kind, f fair, e expiry ms, d details}; the
 --        fields every call looks at are fields, the rest is one string (fewer fields
 --        make a long queue quicker to read and write): see waiter_details.
@@ -96,8 +96,8 @@ local function holder_in_the_way(kind, permits)
   return nil
 end
 
--- Messages to publish, by client channel: acquisitions to wake ("LEASE") or that were
--- granted here ("LEASE=TOKEN").
+-- Messages to publish, by client channel: acquisitions to wake ("LEASE"), granted here
+-- ("LEASE=TOKEN:MS"), or holds taken away ("LEASE!").
 local messages, channels = {}, {}
 local function tell(channel, item)
   if not messages[channel] then messages[channel] = {}; channels[#channels + 1] = channel end
@@ -124,7 +124,7 @@ local function hand_over()
     local lease = d.y
     st.t = st.t + 1
     table.insert(st.h, {o = d.o, k = w.k, p = d.p, t = st.t, a = now,
-                        d = {{l = w.l, n = d.n, i = d.i, e = now + lease}}})
+                        d = {{l = w.l, n = d.n, i = d.i, e = now + lease, c = d.c}}})
     table.remove(st.w, 1)
     dirty = true
     tell(d.c, w.l .. '=' .. string.format('%d:%d', st.t, lease))

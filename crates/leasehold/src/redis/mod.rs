@@ -59,6 +59,7 @@ struct Scripts {
     renew: Script,
     release: Script,
     force: Script,
+    held: Script,
     describe: Script,
 }
 
@@ -85,6 +86,7 @@ fn scripts() -> &'static Scripts {
         renew: script!("renew.lua"),
         release: script!("release.lua"),
         force: script!("force.lua"),
+        held: script!("held.lua"),
         describe: script!("describe.lua"),
     })
 }
@@ -130,6 +132,8 @@ struct Slot {
     wake: Notify,
     /// Token and lease (ms) of a lock handed over by a script.
     granted: Mutex<Option<(u64, u64)>>,
+    /// Told when the hold was taken away (force-release).
+    gone: Notify,
 }
 
 impl Waiters {
@@ -142,10 +146,16 @@ impl Waiters {
     fn forget(&self, lease: &str) {
         self.map().remove(lease);
     }
-    /// One item of a message: `LEASE` (look again) or `LEASE=TOKEN:MS` (handed over
-    /// with a lease of MS). `notify_one` keeps the wake-up for a waiter that is between
+    /// One item of a message: `LEASE` (look again), `LEASE=TOKEN:MS` (handed over
+    /// with a lease of MS) or `LEASE!` (the hold was taken away). `notify_one` keeps the wake-up for a waiter that is between
     /// two looks.
     fn deliver(&self, item: &str) {
+        if let Some(lease) = item.strip_suffix('!') {
+            if let Some(slot) = self.map().get(lease) {
+                slot.gone.notify_one();
+            }
+            return;
+        }
         let (lease, token) = match item.split_once('=') {
             Some((lease, grant)) => {
                 let parsed = grant
@@ -738,6 +748,24 @@ impl Store for RedisStore {
                 lease: Some(Duration::from_millis(lease_ms)),
             }
         }))
+    }
+
+    async fn ended(&self, lease: &Lease) -> Result<()> {
+        let slot = self.inner.waiters.register(&lease.id.0);
+        let gone = slot.gone.notified();
+        tokio::pin!(gone);
+        gone.as_mut().enable();
+        let held: i64 = self
+            .run(
+                &scripts().held,
+                &lease.name,
+                std::slice::from_ref(&lease.id.0),
+            )
+            .await?;
+        if held == 1 {
+            gone.await;
+        }
+        Ok(())
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {
