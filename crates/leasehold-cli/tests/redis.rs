@@ -155,8 +155,8 @@ fn volatile_redis_restart_makes_the_holder_stop_its_command_and_exit_76() {
 }
 
 #[test]
-fn run_and_status_work_on_a_redis_cluster() {
-    let cluster = leasehold_testkit::RedisCluster::start();
+fn run_status_and_list_work_on_a_redis_cluster_with_a_password() {
+    let cluster = leasehold_testkit::RedisCluster::start_with_password(Some("cluster-secret"));
     let cli = Cli::with_store("redis-cluster", Some(cluster.url()));
     let (mut holder, token) = cli.hold("holder", &["{braces}/and%percent"]);
     let holders = cli.holders("{braces}/and%percent");

@@ -271,12 +271,18 @@ fn free_cluster_port() -> u16 {
 pub struct RedisCluster {
     /// The nodes, in the order of [`url`](Self::url).
     pub nodes: Vec<RedisServer>,
+    password: Option<String>,
 }
 
 impl RedisCluster {
     /// Starts three nodes, joins them into one cluster and waits until it serves.
     pub fn start() -> Self {
-        let args = [
+        Self::start_with_password(None)
+    }
+
+    /// The same, every node requiring `password` (`requirepass`, `masterauth`).
+    pub fn start_with_password(password: Option<&str>) -> Self {
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -288,6 +294,11 @@ impl RedisCluster {
             "--appendonly",
             "no",
         ];
+        let mut auth = Vec::new();
+        if let Some(pw) = password {
+            args.extend(["--requirepass", pw, "--masterauth", pw]);
+            auth.extend(["-a", pw, "--no-auth-warning"]);
+        }
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::start_on(&args, free_cluster_port))
             .collect();
@@ -296,6 +307,7 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
         let out = std::process::Command::new("redis-cli")
+            .args(&auth)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -306,10 +318,14 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            password: password.map(str::to_string),
+        };
         for node in &cluster.nodes {
             wait_for("the cluster to be ok on every node", || {
                 let info = std::process::Command::new("redis-cli")
+                    .args(&auth)
                     .args(["-p", &node.port().to_string(), "cluster", "info"])
                     .output()
                     .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
@@ -320,13 +336,16 @@ impl RedisCluster {
         cluster
     }
 
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    /// `redis+cluster://[:PASSWORD@]127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
     pub fn url(&self) -> String {
         let addrs: Vec<String> = self
             .nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        format!("redis+cluster://{}", addrs.join(","))
+        let auth = (self.password.as_ref())
+            .map(|pw| format!(":{pw}@"))
+            .unwrap_or_default();
+        format!("redis+cluster://{auth}{}", addrs.join(","))
     }
 }

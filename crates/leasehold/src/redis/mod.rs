@@ -119,7 +119,8 @@ impl std::fmt::Debug for RedisStore {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(redis::cluster_async::ClusterConnection),
+    /// With the scheme and credentials to reach each node directly (for `list`).
+    Cluster(redis::cluster_async::ClusterConnection, String),
 }
 
 /// This client's waiting acquisitions, by lease id, woken by messages naming them.
@@ -228,9 +229,9 @@ fn parse_millis(text: &str) -> Option<Duration> {
         .map(Duration::from_secs_f64)
 }
 
-/// The node URLs of a `redis+cluster://` or `rediss+cluster://` URL; `None` for
-/// other URLs.
-fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, String>> {
+/// The node URLs of a `redis+cluster://` or `rediss+cluster://` URL, and their common
+/// start (scheme and credentials) for reaching other nodes; `None` for other URLs.
+fn cluster_nodes(url: &str) -> Option<std::result::Result<(String, Vec<String>), String>> {
     let (scheme, rest) = url.split_once("://")?;
     let plain = scheme.strip_suffix("+cluster")?;
     let (auth, hosts) = match rest.rsplit_once('@') {
@@ -243,10 +244,9 @@ fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, String>> 
             "a cluster URL lists seed nodes, e.g. {plain}+cluster://h1:6379,h2:6379 (no database: a cluster has only db 0)"
         )));
     }
-    Some(Ok(hosts
-        .split(',')
-        .map(|h| format!("{plain}://{auth}{h}"))
-        .collect()))
+    let prefix = format!("{plain}://{auth}");
+    let nodes = hosts.split(',').map(|h| format!("{prefix}{h}")).collect();
+    Some(Ok((prefix, nodes)))
 }
 
 /// `lh:{NAME}` with `%`, `{` and `}` escaped, so the whole name is the hash tag.
@@ -281,7 +281,7 @@ impl RedisStore {
         };
         let (conn, subscribe_to) = match cluster_nodes(url) {
             Some(nodes) => {
-                let nodes = nodes.map_err(invalid)?;
+                let (prefix, nodes) = nodes.map_err(invalid)?;
                 let client = redis::cluster::ClusterClient::builder(nodes.clone())
                     .connection_timeout(Duration::from_secs(3))
                     .response_timeout(Duration::from_secs(5))
@@ -291,7 +291,7 @@ impl RedisStore {
                 // PUBLISH reaches every node of a cluster: any one node will do.
                 let first =
                     redis::Client::open(nodes[0].as_str()).map_err(|e| invalid(e.to_string()))?;
-                (Conn::Cluster(conn), first)
+                (Conn::Cluster(conn, prefix), first)
             }
             None => {
                 let client = redis::Client::open(url).map_err(|e| {
@@ -459,7 +459,7 @@ impl RedisStore {
             sent += 1;
             let result = match self.inner.conn.clone() {
                 Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
-                Conn::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+                Conn::Cluster(mut c, _) => invocation.invoke_async(&mut c).await,
             };
             match result {
                 Err(e)
@@ -510,7 +510,7 @@ impl RedisStore {
         let mut conns = Vec::new();
         match self.inner.conn.clone() {
             Conn::Single(c) => conns.push(c),
-            Conn::Cluster(mut c) => {
+            Conn::Cluster(mut c, prefix) => {
                 let nodes: String = redis::cmd("CLUSTER")
                     .arg("NODES")
                     .query_async(&mut c)
@@ -528,7 +528,7 @@ impl RedisStore {
                         continue;
                     };
                     let client =
-                        redis::Client::open(format!("redis://{addr}")).map_err(unavailable)?;
+                        redis::Client::open(format!("{prefix}{addr}")).map_err(unavailable)?;
                     conns.push(client.get_connection_manager().await.map_err(unavailable)?);
                 }
             }
