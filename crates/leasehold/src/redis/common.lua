@@ -152,14 +152,19 @@ local function notify()
   end
 end
 
-local function save()
+-- Writes the state back and publishes the messages; those for `own_channel` (the
+-- calling client's) are returned instead, for it to deliver without a round trip.
+local function save(own_channel)
   if bumped and hand_over() then notify() end
   if dirty then
     redis.call('SET', key, cmsgpack.pack(st))
   end
+  local own = ''
   for _, c in ipairs(channels) do
-    redis.call('PUBLISH', c, table.concat(messages[c], ','))
+    local text = table.concat(messages[c], ',')
+    if c == own_channel then own = text else redis.call('PUBLISH', c, text) end
   end
+  return own
 end
 
 local function find_hold(lease)

@@ -711,14 +711,14 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        let released: i64 = self
-            .run(
-                &scripts().release,
-                &lease.name,
-                std::slice::from_ref(&lease.id.0),
-            )
-            .await?;
+        let args = [lease.id.0.clone(), self.inner.channel.clone()];
+        let (released, own): (i64, String) =
+            self.run(&scripts().release, &lease.name, &args).await?;
         self.inner.waiters.forget(&lease.id.0);
+        // A hand-over to a waiter of this client: no need to wait for a message.
+        own.split(',')
+            .filter(|item| !item.is_empty())
+            .for_each(|item| self.inner.waiters.deliver(item));
         Ok(if released == 1 {
             Released::Released
         } else {

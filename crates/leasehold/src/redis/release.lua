@@ -1,5 +1,6 @@
--- Release a hold, or leave the queue. ARGV: lease. Reply: 1 a hold was released,
--- 0 nothing was held (a waiter entry is removed all the same).
+-- Release a hold, or leave the queue. ARGV: lease, the caller's channel. Reply:
+-- {1 if a hold was released (0 if nothing was held; a waiter entry is removed all the
+-- same), messages for the caller's own waiters (as published to others, or '')}.
 local lease = ARGV[1]
 local released = 0
 if remove_hold(lease) then
@@ -7,5 +8,4 @@ if remove_hold(lease) then
   bump()
 end
 if remove_waiter(lease) then bump() end
-save()
-return released
+return {released, save(ARGV[2])}
