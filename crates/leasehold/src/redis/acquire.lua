@@ -53,20 +53,18 @@ if kind == 'permit' then
 end
 
 local blocking_holder = holder_in_the_way(kind, permits)
-local me = nil
-for i, w in ipairs(st.w) do if w.l == lease then me = i; break end end
--- Fair: nobody ahead, except readers let in together. Non-fair: barge, except that a
--- reader does not pass a waiting writer (no writer starvation).
-local blocking_waiter = nil
-for i = 1, (me or (#st.w + 1)) - 1 do
-  local w = st.w[i]
-  local blocks
-  if fair then blocks = not (w.k == 'shared' and kind == 'shared')
-  else blocks = (kind == 'shared' and w.k == 'exclusive') end
-  if blocks then blocking_waiter = w; break end
+local me, ahead = false, 0
+if st.q > 0 then
+  me = redis.call('ZSCORE', Q, lease)
+  local before = '+inf'
+  if me then before = '(' .. me end
+  -- Fair: nobody ahead, except readers let in together. Non-fair: barge, except that a
+  -- reader does not pass a waiting writer (no writer starvation).
+  if kind == 'shared' then ahead = redis.call('ZCOUNT', X, '-inf', before)
+  elseif fair then ahead = redis.call('ZCOUNT', Q, '-inf', before) end
 end
 
-if not blocking_holder and not blocking_waiter then
+if not blocking_holder and ahead == 0 then
   st.t = st.t + 1
   local h = {o = owner, k = kind, p = permits, t = st.t, a = wall,
              d = {{l = lease, n = host, i = pid, e = expires, c = channel}}}
@@ -77,22 +75,30 @@ if not blocking_holder and not blocking_waiter then
 end
 
 local retry_at = -1
-if blocking_holder then retry_at = max_expiry(blocking_holder)
-elseif blocking_waiter then retry_at = blocking_waiter.e end
+if blocking_holder then
+  retry_at = max_expiry(blocking_holder)
+else
+  local head = redis.call('ZRANGE', Q, 0, 0)[1]
+  if head then retry_at = tonumber(redis.call('ZSCORE', E, head)) end
+end
 local position = 0
 if enqueue then
   if me then
     -- Refresh the waiter lease only once a quarter of it is gone.
-    if st.w[me].e < now + waiter_lease * 3 / 4 then st.w[me].e = now + waiter_lease; dirty = true end
-    position = me
+    if tonumber(redis.call('ZSCORE', E, lease)) < now + waiter_lease * 3 / 4 then
+      redis.call('ZADD', E, now + waiter_lease, lease)
+    end
+    position = redis.call('ZRANK', Q, lease) + 1
   else
     st.s = st.s + 1
-    local details = pack_details({o = owner, p = permits, n = host, i = pid, a = wall,
-                                  c = channel, x = ttl, y = waiter_lease})
-    table.insert(st.w, {l = lease, k = kind, f = fair and 1 or 0, e = now + waiter_lease,
-                        d = details})
+    st.q = st.q + 1
     dirty = true
-    position = #st.w
+    redis.call('ZADD', Q, st.s, lease)
+    if kind ~= 'shared' then redis.call('ZADD', X, st.s, lease) end
+    redis.call('HSET', W, lease, pack_waiter({k = kind, f = fair and 1 or 0, o = owner,
+      p = permits, n = host, i = pid, a = wall, c = channel, x = ttl, y = waiter_lease}))
+    redis.call('ZADD', E, now + waiter_lease, lease)
+    position = st.q
   end
 end
 save()

@@ -1,26 +1,28 @@
 -- Shared head of every leasehold script: one lock's whole state in one key, so every
 -- check-and-change is one script on one key (cluster-safe: the key is KEYS[1]).
 --
--- KEYS[1]: the lock's key, lh:{NAME}. Its value (MessagePack, compact and quick to
--- read and write; describe.lua gives it as JSON):
+-- KEYS (one hash tag, so one cluster slot): 1 the lock's record, lh:{NAME}; 2 its queue
+-- (ZSET lease -> sequence number); 3 its waiters (HASH lease -> packed fields, see
+-- `waiter`); 4 waiter lease expiries (ZSET lease -> ms); 5 the queue's non-shared
+-- waiters (ZSET lease -> sequence number). The record (MessagePack):
 --   t  last fencing token (never decreases; the key is never deleted, so tokens persist)
 --   v  version: bumped when a hold or a waiter goes away (what waiters wait for)
---   s  next waiter sequence number (queue order)
+--   s  last waiter sequence number (queue order)
+--   q  how many waiters the queue holds (so that a call on a lock nobody waits for
+--      sends no queue command at all)
 --   h  holders: {o owner, k kind, p permits, t token, a acquired ms, d holds:
 --        {l lease, n host, i pid, e expiry ms, c client channel}}
---   w  waiters in queue order: {l lease, k kind, f fair, e expiry ms, d details}; the
---        fields every call looks at are fields, the rest is one string (fewer fields
---        make a long queue quicker to read and write): see waiter_details.
+-- The queue lives in its own keys so that a call does not read or write all of it.
 -- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them
 -- (a holder's "acquired" time is the client's wall clock, for display only).
 
-local key = KEYS[1]
+local key, Q, W, E, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local clock = redis.call('TIME')
 -- Milliseconds since the epoch.
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local raw = redis.call('GET', key)
 local st
-if raw then st = cmsgpack.unpack(raw) else st = {t = 0, v = 0, s = 0, h = {}, w = {}} end
+if raw then st = cmsgpack.unpack(raw) else st = {t = 0, v = 0, s = 0, h = {}, q = 0} end
 local dirty = false
 local bumped = false
 -- Set by transfer.lua when the hold it hands over was still held; ends acquire replies.
@@ -32,47 +34,19 @@ local function bump()
   bumped = true
 end
 
--- Drop expired holds, holders without holds, expired waiters (tables are rebuilt only
--- when something expired: this runs on every call).
-local function expired_any()
-  for _, h in ipairs(st.h) do
-    for _, d in ipairs(h.d) do if d.e <= now then return true end end
-  end
-  for _, w in ipairs(st.w) do if w.e <= now then return true end end
-  return false
-end
+-- A queued waiter, as the W hash keeps it: kind, fair, owner, permits, host, pid, since
+-- ms, client channel, lease ttl ms, waiter lease ms (at most the ttl).
+local FIELDS = {'k', 'f', 'o', 'p', 'n', 'i', 'a', 'c', 'x', 'y'}
+local NUMERIC = {f = true, p = true, i = true, a = true, x = true, y = true}
 
-local function prune()
-  if not expired_any() then return end
-  local holders = {}
-  for _, h in ipairs(st.h) do
-    local holds = {}
-    for _, d in ipairs(h.d) do
-      if d.e > now then holds[#holds + 1] = d end
-    end
-    h.d = holds
-    if #holds > 0 then holders[#holders + 1] = h end
-  end
-  local waiters = {}
-  for _, w in ipairs(st.w) do
-    if w.e > now then waiters[#waiters + 1] = w end
-  end
-  st.h, st.w = holders, waiters
-  bump()
-end
-
--- A waiter's details: o owner, p permits, n host, i pid, a since ms, c client channel,
--- x lease ttl ms, y waiter lease ms (at most x).
-local DETAILS = {'o', 'p', 'n', 'i', 'a', 'c', 'x', 'y'}
-local NUMERIC = {p = true, i = true, a = true, x = true, y = true}
-
-local function waiter_details(w)
-  local out, i, n = {}, 1, 1
-  local s = w.d
-  while n <= #DETAILS do
+local function waiter(lease)
+  local s = redis.call('HGET', W, lease)
+  if not s then return nil end
+  local out, i, n = {l = lease}, 1, 1
+  while n <= #FIELDS do
     local j = string.find(s, '\31', i, true)
     local field = string.sub(s, i, (j or 0) - 1)
-    local name = DETAILS[n]
+    local name = FIELDS[n]
     if NUMERIC[name] then out[name] = tonumber(field) else out[name] = field end
     if not j then break end
     i, n = j + 1, n + 1
@@ -80,10 +54,46 @@ local function waiter_details(w)
   return out
 end
 
-local function pack_details(t)
+local function pack_waiter(t)
   local parts = {}
-  for n, name in ipairs(DETAILS) do parts[n] = tostring(t[name]) end
+  for n, name in ipairs(FIELDS) do parts[n] = tostring(t[name]) end
   return table.concat(parts, '\31')
+end
+
+local function remove_waiter(lease)
+  if st.q == 0 or redis.call('ZREM', Q, lease) == 0 then return false end
+  st.q = st.q - 1
+  dirty = true
+  redis.call('ZREM', X, lease)
+  redis.call('HDEL', W, lease)
+  redis.call('ZREM', E, lease)
+  return true
+end
+
+-- Drop expired holds (and holders left without holds) and expired waiters; the
+-- holders are rebuilt only when one expired, the queue is asked for expired entries.
+local function prune()
+  local expired = false
+  for _, h in ipairs(st.h) do
+    for _, d in ipairs(h.d) do if d.e <= now then expired = true end end
+  end
+  if expired then
+    local holders = {}
+    for _, h in ipairs(st.h) do
+      local holds = {}
+      for _, d in ipairs(h.d) do
+        if d.e > now then holds[#holds + 1] = d end
+      end
+      h.d = holds
+      if #holds > 0 then holders[#holders + 1] = h end
+    end
+    st.h = holders
+    bump()
+  end
+  if st.q == 0 then return end
+  local gone = redis.call('ZRANGEBYSCORE', E, '-inf', now)
+  for _, lease in ipairs(gone) do remove_waiter(lease) end
+  if #gone > 0 then bump() end
 end
 
 -- The first holder that a new `kind` holder could not stand beside, if any.
@@ -111,23 +121,24 @@ end
 -- Returns whether the head should still be woken: a non-fair head, or one that must
 -- come itself (re-entry); not a fair head that a holder keeps out.
 local function hand_over()
-  while #st.w > 0 do
-    local w = st.w[1]
+  while st.q > 0 do
+    local head = redis.call('ZRANGE', Q, 0, 0)[1]
+    if not head then return false end
+    local w = waiter(head)
     if w.f ~= 1 then return true end
-    local d = waiter_details(w)
-    if holder_in_the_way(w.k, d.p) then return false end
+    if holder_in_the_way(w.k, w.p) then return false end
     for _, h in ipairs(st.h) do
-      if h.o == d.o then return true end -- re-entry: let the owner's client come for it
+      if h.o == w.o then return true end -- re-entry: let the owner's client come for it
     end
     -- The waiter's own short lease, not the lock's TTL: a waiter that died does not
     -- keep the lock long; a live one renews it to the TTL at once.
-    local lease = d.y
+    local lease = w.y
     st.t = st.t + 1
-    table.insert(st.h, {o = d.o, k = w.k, p = d.p, t = st.t, a = now,
-                        d = {{l = w.l, n = d.n, i = d.i, e = now + lease, c = d.c}}})
-    table.remove(st.w, 1)
+    table.insert(st.h, {o = w.o, k = w.k, p = w.p, t = st.t, a = now,
+                        d = {{l = w.l, n = w.n, i = w.i, e = now + lease, c = w.c}}})
+    remove_waiter(w.l)
     dirty = true
-    tell(d.c, w.l .. '=' .. string.format('%d:%d', st.t, lease))
+    tell(w.c, w.l .. '=' .. string.format('%d:%d', st.t, lease))
   end
   return false
 end
@@ -135,20 +146,24 @@ end
 -- Wake the waiters that may get in now: the head of the queue, readers right behind a
 -- reading head, permit waiters for the free permits.
 local function notify()
-  if #st.w == 0 then return end
-  local head = st.w[1]
+  if st.q == 0 then return end
+  local leases = redis.call('ZRANGE', Q, 0, 63)
+  if #leases == 0 then return end
+  local head = waiter(leases[1])
   local free = 1
   if head.k == 'permit' then
-    free = waiter_details(head).p
+    free = head.p
     for _, h in ipairs(st.h) do if h.k == 'permit' then free = free - 1 end end
     if free < 1 then free = 1 end
   end
-  for i, w in ipairs(st.w) do
+  for i, lease in ipairs(leases) do
+    local w = head
+    if i > 1 then w = waiter(lease) end
     local take = (i == 1)
       or (head.k == 'shared' and w.k == 'shared')
       or (head.k == 'permit' and w.k == 'permit' and i <= free)
     if not take then break end
-    tell(waiter_details(w).c, w.l)
+    tell(w.c, lease)
   end
 end
 
@@ -185,15 +200,6 @@ local function remove_hold(lease)
   return true
 end
 
-local function remove_waiter(lease)
-  for i, w in ipairs(st.w) do
-    if w.l == lease then
-      table.remove(st.w, i)
-      return true
-    end
-  end
-  return false
-end
 
 local function max_expiry(h)
   local e = 0

@@ -1,10 +1,13 @@
--- Describe. Reply: {server time ms, the state as JSON}.
+-- Describe. Reply: {server time ms, the state as JSON, with its waiters in queue order}.
 save()
--- Waiters with their details spelled out. cjson writes an empty list as {}; the client
--- reads either.
-for i, w in ipairs(st.w) do
-  local d = waiter_details(w)
-  d.l, d.k, d.f, d.e = w.l, w.k, w.f, w.e
-  st.w[i] = d
+local waiters = {}
+local queue = {}
+if st.q > 0 then queue = redis.call('ZRANGE', Q, 0, -1) end
+for i, lease in ipairs(queue) do
+  local w = waiter(lease)
+  w.e = tonumber(redis.call('ZSCORE', E, lease))
+  waiters[i] = w
 end
+st.w = waiters
+-- cjson writes an empty list as {}; the client reads either.
 return {tostring(now), cjson.encode(st)}

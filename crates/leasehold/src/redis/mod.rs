@@ -11,8 +11,9 @@
 //!
 //! # How it works
 //! - A lock `NAME` is the key `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is the
-//!   whole name). It holds the lock's holders, waiters, last fencing token and version as
-//!   MessagePack. Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it, decide and
+//!   whole name). It holds the lock's holders, last fencing token and version as
+//!   MessagePack; its queue lives beside it in `lh:{NAME}:q`, `:w`, `:e`, `:x` (same
+//!   hash tag), so a call touches only the waiters it needs. Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it, decide and
 //!   write it back: one atomic step, one key, so they run unchanged on Redis Cluster.
 //! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
 //! - Fencing tokens come from a counter in the same key, which is never deleted.
@@ -448,7 +449,12 @@ impl RedisStore {
         name: &LockName,
         args: &[String],
     ) -> Result<T> {
-        let mut invocation = script.key(key(name));
+        let base = key(name);
+        let mut invocation = script.key(&base);
+        // The queue's keys share the record's hash tag (see common.lua).
+        for part in [":q", ":w", ":e", ":x"] {
+            invocation.key(format!("{base}{part}"));
+        }
         for arg in args {
             invocation.arg(arg);
         }
