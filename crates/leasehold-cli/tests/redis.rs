@@ -330,3 +330,43 @@ fn tls_redis_runs_commands_and_refuses_an_untrusted_server() {
     assert!(!cli.exists("ran"));
     drop(server);
 }
+
+/// Every waiter and holder killed, nobody touching the lock again: the queue's keys
+/// expire by themselves; only the record (with the last token) stays.
+#[test]
+fn a_dead_queue_leaves_no_keys_behind() {
+    let server = RedisServer::start();
+    let cli = world("redis-dead-queue", &server);
+    let (holder, _) = cli.hold("holder", &["--ttl", "2s", "k"]);
+    let waiter = cli.spawn("waiter", &["run", "--ttl", "2s", "k", "--", "true"]);
+    cli.wait_waiters("k", 1);
+    waiter.signal(libc::SIGKILL);
+    holder.signal(libc::SIGKILL);
+    let keys = || {
+        let out = std::process::Command::new("redis-cli")
+            .args([
+                "-p",
+                &server.port().to_string(),
+                "--scan",
+                "--pattern",
+                "lh:{k}*",
+            ])
+            .output()
+            .unwrap();
+        let mut keys: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert!(
+        keys().len() > 1,
+        "the queue has keys while a waiter is queued: {:?}",
+        keys()
+    );
+    wait_for("the queue's keys to expire", || {
+        keys() == vec!["lh:{k}".to_string()]
+    });
+    drop((holder, waiter));
+}

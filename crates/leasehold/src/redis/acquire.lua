@@ -87,6 +87,7 @@ if enqueue then
     -- Refresh the waiter lease only once a quarter of it is gone.
     if tonumber(redis.call('ZSCORE', E, lease)) < now + waiter_lease * 3 / 4 then
       redis.call('ZADD', E, now + waiter_lease, lease)
+      keep_queue()
     end
     position = redis.call('ZRANK', Q, lease) + 1
   else
@@ -98,6 +99,7 @@ if enqueue then
     redis.call('HSET', W, lease, pack_waiter({k = kind, f = fair and 1 or 0, o = owner,
       p = permits, n = host, i = pid, a = wall, c = channel, x = ttl, y = waiter_lease}))
     redis.call('ZADD', E, now + waiter_lease, lease)
+    keep_queue()
     position = st.q
   end
 end

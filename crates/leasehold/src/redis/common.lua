@@ -60,6 +60,12 @@ local function pack_waiter(t)
   return table.concat(parts, '\31')
 end
 
+-- The queue's keys outlive their waiters by at most twice the longest waiter lease
+-- (MAX_WAITER_LEASE, 5 s): a queue whose waiters all died leaves nothing behind.
+local function keep_queue()
+  for _, k in ipairs({Q, W, E, X}) do redis.call('PEXPIRE', k, 10000) end
+end
+
 local function remove_waiter(lease)
   if st.q == 0 or redis.call('ZREM', Q, lease) == 0 then return false end
   st.q = st.q - 1
@@ -93,7 +99,12 @@ local function prune()
   if st.q == 0 then return end
   local gone = redis.call('ZRANGEBYSCORE', E, '-inf', now)
   for _, lease in ipairs(gone) do remove_waiter(lease) end
-  if #gone > 0 then bump() end
+  -- The queue's keys expire when no waiter renews them (see keep_queue): recount.
+  local left = redis.call('ZCARD', Q)
+  if #gone > 0 or left ~= st.q then
+    st.q = left
+    bump()
+  end
 end
 
 -- The first holder that a new `kind` holder could not stand beside, if any.
