@@ -1,5 +1,6 @@
--- Shared head of every leasehold script: one lock's whole state in one key, so every
--- check-and-change is one script on one key (cluster-safe: the key is KEYS[1]).
+-- Shared head of every leasehold script: one lock's state lives in five keys under one
+-- hash tag, all passed in KEYS, so every check-and-change is one script in one cluster
+-- slot.
 --
 -- KEYS (one hash tag, so one cluster slot): 1 the lock's record, lh:{NAME}; 2 its queue
 -- (ZSET lease -> sequence number); 3 its waiters (HASH lease -> packed fields, see

@@ -1,4 +1,4 @@
-//! Redis store: every lock in one key, every check-and-change one Lua script.
+//! Redis store: every lock under one hash tag, every check-and-change one Lua script.
 //!
 //! ```no_run
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
@@ -14,7 +14,7 @@
 //!   whole name). It holds the lock's holders, last fencing token and version as
 //!   MessagePack; its queue lives beside it in `lh:{NAME}:q`, `:w`, `:e`, `:x` (same
 //!   hash tag), so a call touches only the waiters it needs. Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it, decide and
-//!   write it back: one atomic step, one key, so they run unchanged on Redis Cluster.
+//!   write it back: one atomic step in one hash slot, so they run unchanged on Redis Cluster.
 //! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
 //! - Fencing tokens come from a counter in the same key, which is never deleted.
 //! - Waiting: each client subscribes once, on one connection, to a channel of its own.
