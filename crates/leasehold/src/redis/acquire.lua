@@ -92,14 +92,17 @@ if enqueue then
     position = redis.call('ZRANK', Q, lease) + 1
   else
     st.s = st.s + 1
-    st.q = st.q + 1
     dirty = true
     redis.call('ZADD', Q, st.s, lease)
+    -- Counted, not added up: the queue's keys may have expired with their waiters.
+    st.q = redis.call('ZCARD', Q)
     if kind ~= 'shared' then redis.call('ZADD', X, st.s, lease) end
     redis.call('HSET', W, lease, pack_waiter({k = kind, f = fair and 1 or 0, o = owner,
       p = permits, n = host, i = pid, a = wall, c = channel, x = ttl, y = waiter_lease}))
     redis.call('ZADD', E, now + waiter_lease, lease)
-    keep_queue()
+    -- Keep the queue's keys alive while it is in use (a waiter served quickly never
+    -- renews its place); topping them up when half their time is gone is enough.
+    if st.q == 1 or redis.call('PTTL', Q) < 5000 then keep_queue() end
     position = st.q
   end
 end

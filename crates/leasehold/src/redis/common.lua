@@ -62,7 +62,10 @@ local function pack_waiter(t)
 end
 
 -- The queue's keys outlive their waiters by at most twice the longest waiter lease
--- (MAX_WAITER_LEASE, 5 s): a queue whose waiters all died leaves nothing behind.
+-- (MAX_WAITER_LEASE, 5 s): a queue whose waiters all died leaves nothing behind. Set
+-- when the queue starts, topped up by arrivals when half of it is gone, and whenever a
+-- waiter renews its place (every waiter still queued does within half a waiter lease),
+-- so the keys last as long as anyone waits.
 local function keep_queue()
   for _, k in ipairs({Q, W, E, X}) do redis.call('PEXPIRE', k, 10000) end
 end
@@ -100,12 +103,7 @@ local function prune()
   if st.q == 0 then return end
   local gone = redis.call('ZRANGEBYSCORE', E, '-inf', now)
   for _, lease in ipairs(gone) do remove_waiter(lease) end
-  -- The queue's keys expire when no waiter renews them (see keep_queue): recount.
-  local left = redis.call('ZCARD', Q)
-  if #gone > 0 or left ~= st.q then
-    st.q = left
-    bump()
-  end
+  if #gone > 0 then bump() end
 end
 
 -- The first holder that a new `kind` holder could not stand beside, if any.
@@ -135,7 +133,11 @@ end
 local function hand_over()
   while st.q > 0 do
     local head = redis.call('ZRANGE', Q, 0, 0)[1]
-    if not head then return false end
+    if not head then
+      -- The queue's keys expired with their last waiters (see keep_queue).
+      st.q, dirty = 0, true
+      return false
+    end
     local w = waiter(head)
     if w.f ~= 1 then return true end
     if holder_in_the_way(w.k, w.p) then return false end
@@ -151,6 +153,8 @@ local function hand_over()
     remove_waiter(w.l)
     dirty = true
     tell(w.c, w.l .. '=' .. string.format('%d:%d', st.t, lease))
+    -- Nobody can join an exclusive holder: no need to look at the next waiter.
+    if w.k == 'exclusive' then return false end
   end
   return false
 end

@@ -3,9 +3,11 @@
 -- same), messages for the caller's own waiters (as published to others, or '')}.
 local lease = ARGV[1]
 local released = 0
+-- A lease is a hold or a place in the queue, never both.
 if remove_hold(lease) then
   released = 1
   bump()
+elseif remove_waiter(lease) then
+  bump()
 end
-if remove_waiter(lease) then bump() end
 return {released, save(ARGV[2])}
