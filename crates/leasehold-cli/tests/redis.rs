@@ -236,11 +236,9 @@ fn replica_sync_confirms_grants_and_refuses_when_the_replica_is_away() {
         &master.port().to_string(),
     ]);
     wait_for("the replica to sync", || {
-        let out = std::process::Command::new("redis-cli")
-            .args(["-p", &replica.port().to_string(), "info", "replication"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).contains("master_link_status:up")
+        replica
+            .cli(&["info", "replication"])
+            .contains("master_link_status:up")
     });
     let url = format!("{}?replicas=1&replica_timeout=3s", master.url());
     let cli = Cli::with_store("redis-replicas", Some(url));
@@ -343,17 +341,8 @@ fn a_dead_queue_leaves_no_keys_behind() {
     waiter.signal(libc::SIGKILL);
     holder.signal(libc::SIGKILL);
     let keys = || {
-        let out = std::process::Command::new("redis-cli")
-            .args([
-                "-p",
-                &server.port().to_string(),
-                "--scan",
-                "--pattern",
-                "lh:{k}*",
-            ])
-            .output()
-            .unwrap();
-        let mut keys: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        let mut keys: Vec<String> = server
+            .cli(&["--scan", "--pattern", "lh:{k}*"])
             .lines()
             .map(str::to_string)
             .collect();

@@ -205,6 +205,11 @@ impl RedisServer {
             && (&buf == b"+PONG" || &buf == b"-NOAU")
     }
 
+    /// Runs `redis-cli -p PORT ARGS...` against this server and returns what it printed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        redis_cli(&[&["-p", &self.port.to_string()], args].concat())
+    }
+
     /// `redis://127.0.0.1:PORT/0`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
@@ -253,6 +258,15 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Runs `redis-cli ARGS...` and returns what it printed (empty if it could not run).
+pub fn redis_cli(args: &[&str]) -> String {
+    std::process::Command::new("redis-cli")
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
 }
 
 /// A free port whose cluster bus port (port + 10000) is free too.
@@ -324,13 +338,8 @@ impl RedisCluster {
         };
         for node in &cluster.nodes {
             wait_for("the cluster to be ok on every node", || {
-                let info = std::process::Command::new("redis-cli")
-                    .args(&auth)
-                    .args(["-p", &node.port().to_string(), "cluster", "info"])
-                    .output()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
-                info.contains("cluster_state:ok")
+                node.cli(&[&auth[..], &["cluster", "info"]].concat())
+                    .contains("cluster_state:ok")
             });
         }
         cluster

@@ -83,7 +83,7 @@ async fn many_waiters_of_one_client_share_its_single_subscription() {
         locks.describe("k").await.unwrap().waiters.len() == 16
     })
     .await;
-    let clients = redis_clients(&server);
+    let clients = server.cli(&["CLIENT", "LIST"]);
     let subscribers = clients.lines().filter(|l| l.contains("sub=1")).count();
     assert_eq!(
         subscribers, 1,
@@ -91,13 +91,4 @@ async fn many_waiters_of_one_client_share_its_single_subscription() {
     );
     holder.release().await.unwrap();
     leasehold::conformance::join_all("every waiter", waiters).await;
-}
-
-/// `CLIENT LIST` through redis-cli.
-fn redis_clients(server: &RedisServer) -> String {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &server.port().to_string(), "CLIENT", "LIST"])
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
