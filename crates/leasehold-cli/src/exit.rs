@@ -63,7 +63,7 @@ impl From<leasehold::Error> for Failure {
             | E::InvalidOption { .. }
             | E::InvalidStore { .. }
             | E::Conflict { .. } => USAGE,
-            E::Unavailable { .. } => UNAVAILABLE,
+            E::Unavailable { .. } | E::WaitEnded { .. } => UNAVAILABLE,
             E::Lost { .. } => LOST,
             _ => INTERNAL,
         };

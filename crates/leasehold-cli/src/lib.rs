@@ -100,9 +100,15 @@ pub struct LockArgs {
     #[arg(long)]
     pub no_wait: bool,
 
-    /// First come, first served: do not pass earlier waiters
-    #[arg(long)]
+    /// First come, first served: do not pass earlier waiters [default: on for etcd, off
+    /// for the other stores]
+    #[arg(long, overrides_with = "no_fair")]
     pub fair: bool,
+
+    /// Not first come, first served: a release may go to any waiter (the fastest
+    /// hand-off; on etcd, waiters of a non-fair mutex all wake at each release)
+    #[arg(long, overrides_with = "fair")]
+    pub no_fair: bool,
 
     /// Make it a semaphore with N permits (everyone must use the same N)
     #[arg(long, value_name = "N", conflicts_with = "shared")]
@@ -126,10 +132,12 @@ impl LockArgs {
             (None, false) => locks.write(self.name.as_str())?,
         };
         let owner = self.owner.clone().unwrap_or_else(random_owner);
-        Ok(lock
-            .with_ttl(self.ttl)
-            .with_fair(self.fair)
-            .with_owner(owner))
+        let lock = match (self.fair, self.no_fair) {
+            (true, _) => lock.with_fair(true),
+            (_, true) => lock.with_fair(false),
+            _ => lock,
+        };
+        Ok(lock.with_ttl(self.ttl).with_owner(owner))
     }
 }
 

@@ -1,5 +1,5 @@
-//! Test support for leasehold: temporary directories and deadlines now; real store
-//! processes (redis-server, etcd) on free loopback ports as those stores arrive.
+//! Test support for leasehold: temporary directories, deadlines, and real store processes
+//! (redis-server, etcd) on free loopback ports.
 
 use std::path::{Path, PathBuf};
 
@@ -76,8 +76,38 @@ pub fn pid_alive(pid: i32) -> bool {
     }
 }
 
-/// Sends `signal` to process `pid`; panics if it cannot.
+/// Whether every thread of process `pid` is stopped (SIGSTOP), so it answers nothing.
+pub fn pid_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // a thread that just exited
+        };
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next());
+        if !matches!(state, Some("T" | "t" | "Z" | "X") | None) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// SIGSTOP to `pid`, and waits until all its threads stopped: `kill` returns before a
+/// thread busy on another core stops, and that thread could still answer a request.
+pub fn stop_process(pid: i32) {
+    send_signal(pid, libc::SIGSTOP);
+    wait_for(&format!("process {pid} to stop"), || pid_stopped(pid));
+}
+
+/// Sends `signal` to process `pid`; panics if it cannot, or if `pid` is not a process
+/// (0, the pid of a stopped server, would signal the test's own process group).
 pub fn send_signal(pid: i32, signal: i32) {
+    assert!(pid > 0, "no process to send signal {signal} to (pid {pid})");
     // SAFETY: plain syscall.
     let rc = unsafe { libc::kill(pid, signal) };
     assert_eq!(
@@ -225,9 +255,9 @@ impl RedisServer {
         self.child.as_ref().map_or(0, |c| c.id() as i32)
     }
 
-    /// SIGSTOP: the server stops answering but keeps its connections.
+    /// SIGSTOP: the server stops answering but keeps its connections (stopped on return).
     pub fn pause(&self) {
-        send_signal(self.pid(), libc::SIGSTOP);
+        stop_process(self.pid());
     }
 
     /// SIGCONT after [`pause`](Self::pause).
@@ -356,5 +386,394 @@ impl RedisCluster {
             .map(|pw| format!(":{pw}@"))
             .unwrap_or_default();
         format!("redis+cluster://{auth}{}", addrs.join(","))
+    }
+}
+
+/// `--heartbeat-interval` / `--election-timeout` (ms) of a lone [`EtcdServer`]: faster than
+/// etcd's defaults so its minimum lease TTL (1.5 election timeouts, rounded up to seconds)
+/// is 1 s rather than 2 s.
+const ETCD_SINGLE_TIMING: (u32, u32) = (50, 500);
+
+/// The same for an [`EtcdCluster`]: etcd's defaults, which keep three members from
+/// electing spuriously on two loaded cores (the minimum lease TTL is then 2 s).
+const ETCD_CLUSTER_TIMING: (u32, u32) = (100, 1000);
+
+/// A real `etcd` member on free loopback ports (client and peer) with its data and log in
+/// a directory of its own, stopped by pid when dropped (and killed with the test process,
+/// via `PR_SET_PDEATHSIG`). Alone ([`start`](Self::start)) or one of an [`EtcdCluster`].
+#[derive(Debug)]
+pub struct EtcdServer {
+    child: Option<std::process::Child>,
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    dir: TempDir,
+    /// `(heartbeat, election timeout)` in ms.
+    timing: (u32, u32),
+    /// `--initial-cluster` and `--initial-cluster-token`. Kept for restarts, where etcd
+    /// ignores them: the data directory already knows its cluster.
+    cluster: (String, String),
+    /// The length of its log when it was last started: what follows is this run's.
+    log_start: u64,
+}
+
+impl EtcdServer {
+    /// A single-member cluster, healthy; retried on new ports when another test took one
+    /// between our probe and etcd's bind.
+    pub fn start() -> Self {
+        let mut server = EtcdServer::new("m0", ETCD_SINGLE_TIMING);
+        for _ in 0..5 {
+            server.client_port = free_port();
+            server.peer_port = free_port();
+            server.cluster = (server.peer_entry(), etcd_cluster_token());
+            // A failed attempt may have left a data directory naming the old ports.
+            let _ = std::fs::remove_dir_all(server.data_dir());
+            server.spawn();
+            if server.wait_started() {
+                return server;
+            }
+        }
+        panic!("etcd did not start; see {}", server.log().display());
+    }
+
+    /// A member not started yet, without ports.
+    fn new(name: &str, timing: (u32, u32)) -> Self {
+        EtcdServer {
+            child: None,
+            name: name.to_string(),
+            client_port: 0,
+            peer_port: 0,
+            dir: TempDir::new("etcd"),
+            timing,
+            cluster: Default::default(),
+            log_start: 0,
+        }
+    }
+
+    /// Its `--initial-cluster` entry: `NAME=http://127.0.0.1:PEER_PORT`.
+    fn peer_entry(&self) -> String {
+        format!("{}=http://127.0.0.1:{}", self.name, self.peer_port)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    /// Starts the process on its ports, without waiting: a cluster's members only become
+    /// healthy once a majority of them runs.
+    fn spawn(&mut self) {
+        use std::os::unix::process::CommandExt;
+        // Appended to, so the log of a restart follows that of the run before.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log())
+            .expect("create the etcd log");
+        self.log_start = log.metadata().map_or(0, |m| m.len());
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut cmd = std::process::Command::new("etcd");
+        cmd.args(["--name", &self.name])
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.cluster.0])
+            .args(["--initial-cluster-token", &self.cluster.1])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--heartbeat-interval", &self.timing.0.to_string()])
+            .args(["--election-timeout", &self.timing.1.to_string()])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        // etcd reads its flags from ETCD_* variables too; keep the caller's out of it.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("ETCD_") && key != "ETCD_UNSUPPORTED_ARCH" {
+                cmd.env_remove(&*key);
+            }
+        }
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        self.child = Some(match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "etcd is not installed: run ./scripts/test (it installs it) or apt-get install etcd-server"
+            ),
+            Err(e) => panic!("cannot start etcd: {e}"),
+        });
+    }
+
+    /// Waits until the process is healthy (true) or has exited (false, e.g. a port taken).
+    fn wait_started(&mut self) -> bool {
+        let what = format!("etcd to be healthy; see {}", self.log().display());
+        wait_until(&what, PATIENCE, || {
+            match self.child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(_))) | None => return Some(false),
+                _ => {}
+            }
+            // Its own log first: until it serves, a healthy answer on its port may come
+            // from another test's etcd that took the port (ours then exits).
+            (self.serving() && self.healthy()).then_some(true)
+        })
+    }
+
+    /// Whether its log, since the last spawn, says it serves clients (its ports are its).
+    fn serving(&self) -> bool {
+        use std::io::{Read, Seek};
+        let mut log = String::new();
+        std::fs::File::open(self.log())
+            .and_then(|mut f| {
+                f.seek(std::io::SeekFrom::Start(self.log_start))?;
+                f.read_to_string(&mut log)
+            })
+            .is_ok_and(|_| log.contains("serving client traffic"))
+    }
+
+    /// Whether `GET /health` answers `"health":"true"` now: the member runs, knows a leader
+    /// and got a quorum read through. False within about a second when it is paused.
+    pub fn healthy(&self) -> bool {
+        use std::io::{Read, Write};
+        let timeout = std::time::Duration::from_secs(1);
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.client_port));
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(timeout));
+        let _ = s.set_write_timeout(Some(timeout));
+        let request = format!(
+            "GET /health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.client_port
+        );
+        let mut response = Vec::new();
+        s.write_all(request.as_bytes()).is_ok()
+            && s.read_to_end(&mut response).is_ok()
+            && String::from_utf8_lossy(&response).contains(r#""health":"true""#)
+    }
+
+    /// Runs `etcdctl --endpoints 127.0.0.1:PORT ARGS...` (API v3) against this member and
+    /// returns what it printed on stdout (empty when it failed).
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let out = self
+            .etcdctl_command(args)
+            .stdin(std::process::Stdio::null())
+            .output();
+        match out {
+            Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "etcdctl is not installed: run ./scripts/test (it installs it) or apt-get install etcd-client"
+            ),
+            Err(e) => panic!("cannot run etcdctl: {e}"),
+        }
+    }
+
+    fn etcdctl_command(&self, args: &[&str]) -> std::process::Command {
+        let mut cmd = std::process::Command::new("etcdctl");
+        // etcdctl reads its flags from ETCDCTL_* variables too; keep the caller's out of it.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("ETCDCTL_") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint()])
+            .args(args);
+        cmd
+    }
+
+    /// `etcdctl endpoint status -w json` against this member, started: it prints its
+    /// member id, the leader it knows (none when 0) and its raft term, or nothing if the
+    /// member did not answer within about a second.
+    fn status(&self) -> Option<std::process::Child> {
+        let args = [
+            "--dial-timeout=1s",
+            "--command-timeout=1s",
+            "endpoint",
+            "status",
+            "-w",
+            "json",
+        ];
+        self.etcdctl_command(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()
+    }
+
+    /// `etcd://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.endpoint())
+    }
+
+    /// `127.0.0.1:PORT`, its client address (for `etcdctl --endpoints`).
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// Its client port.
+    pub fn port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// Its pid (0 when stopped).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// SIGSTOP: the member stops answering (clients and peers) but keeps its connections
+    /// (stopped on return).
+    pub fn pause(&self) {
+        stop_process(self.pid());
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        send_signal(self.pid(), libc::SIGCONT);
+    }
+
+    /// SIGKILL, and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills it (if running), starts it again on the same ports and data directory (same
+    /// data, same cluster) and waits until it is healthy.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+        assert!(
+            self.wait_started(),
+            "etcd did not restart; see {}",
+            self.log().display()
+        );
+    }
+}
+
+impl Drop for EtcdServer {
+    /// Kills it; during a panic keeps its log (whose path the panic shows), not its data.
+    fn drop(&mut self) {
+        self.kill();
+        let logged = std::fs::metadata(self.log()).is_ok_and(|m| m.len() > 0);
+        if std::thread::panicking() && logged {
+            let _ = std::fs::remove_dir_all(self.data_dir());
+            self.dir.0.disable_cleanup(true);
+        }
+    }
+}
+
+/// An `--initial-cluster-token` no other cluster (of this or another test process) has,
+/// so members never join a stranger that reused a port.
+fn etcd_cluster_token() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("leasehold-{}-{n}", std::process::id())
+}
+
+/// The unsigned number after `"key":` in `json` (etcdctl's flat status output).
+fn json_u64(json: &str, key: &str) -> Option<u64> {
+    let rest = &json[json.find(&format!("\"{key}\":"))? + key.len() + 3..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// A three-member etcd cluster on loopback, each member an [`EtcdServer`] of its own with
+/// etcd's default timing, stopped by pid when dropped.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    /// The members, in the order of [`url`](Self::url).
+    pub members: Vec<EtcdServer>,
+}
+
+impl EtcdCluster {
+    /// Starts three members and waits until each is healthy and one leads; the whole
+    /// cluster is started again on new ports when a member could not bind its own.
+    pub fn start() -> Self {
+        let mut failed = Vec::new();
+        for _ in 0..5 {
+            failed.clear();
+            let mut members: Vec<EtcdServer> = (0..3)
+                .map(|i| {
+                    let mut m = EtcdServer::new(&format!("m{i}"), ETCD_CLUSTER_TIMING);
+                    m.client_port = free_port();
+                    m.peer_port = free_port();
+                    m
+                })
+                .collect();
+            let initial: Vec<String> = members.iter().map(EtcdServer::peer_entry).collect();
+            let cluster = (initial.join(","), etcd_cluster_token());
+            for m in &mut members {
+                m.cluster = cluster.clone();
+                m.spawn();
+            }
+            if members.iter_mut().all(EtcdServer::wait_started) {
+                let cluster = EtcdCluster { members };
+                cluster.wait_for_leader();
+                return cluster;
+            }
+            // Dropped (logs and all) before the next attempt; the last one's logs are kept.
+            failed = members;
+        }
+        let logs: Vec<String> = (failed.iter())
+            .map(|m| m.log().display().to_string())
+            .collect();
+        panic!("etcd cluster did not start; see {}", logs.join(", "));
+    }
+
+    /// `etcd://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn url(&self) -> String {
+        let endpoints: Vec<String> = self.members.iter().map(EtcdServer::endpoint).collect();
+        format!("etcd://{}", endpoints.join(","))
+    }
+
+    /// The index of the member that leads now: of the running members that answer
+    /// `endpoint status` within about a second (paused ones are skipped), one that names
+    /// itself leader, at the highest raft term if two do (a stale leader just resumed).
+    pub fn leader(&self) -> Option<usize> {
+        // All asked at once, so a member that does not answer costs one timeout in all.
+        let asked: Vec<(usize, std::process::Child)> = (self.members.iter().enumerate())
+            .filter(|(_, m)| m.pid() != 0 && !pid_stopped(m.pid()))
+            .filter_map(|(i, m)| Some((i, m.status()?)))
+            .collect();
+        let mut best: Option<(u64, usize)> = None;
+        for (i, child) in asked {
+            let Ok(out) = child.wait_with_output() else {
+                continue;
+            };
+            let json = String::from_utf8_lossy(&out.stdout);
+            let (Some(id), Some(leader), Some(term)) = (
+                json_u64(&json, "member_id"),
+                json_u64(&json, "leader"),
+                json_u64(&json, "raftTerm"),
+            ) else {
+                continue;
+            };
+            if id == leader && best.is_none_or(|(t, _)| term > t) {
+                best = Some((term, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// Waits (up to [`PATIENCE`]) until a running member leads, and returns its index.
+    pub fn wait_for_leader(&self) -> usize {
+        wait_until("an etcd member to lead", PATIENCE, || self.leader())
     }
 }

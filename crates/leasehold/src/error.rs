@@ -80,6 +80,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// A wait ended without the lock because the store dropped our place in its queue
+    /// (the waiter's own lease expired while this process was paused or cut off).
+    #[error("lock \"{name}\": stopped waiting: {reason}")]
+    WaitEnded {
+        /// The lock.
+        name: String,
+        /// Why the place was lost.
+        reason: String,
+    },
+
     /// A bug or an unexpected state.
     #[error("internal error: {0}")]
     Internal(String),

@@ -77,9 +77,14 @@ pub mod local;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
+
 pub mod conformance;
 
 pub use error::{BoxError, Error, Result};
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdStore;
 pub use fence::{FenceGate, FencingToken};
 pub use guard::LockGuard;
 pub use keepalive::{safe_deadline, DRIFT, MARGIN};

@@ -83,7 +83,7 @@ impl Leasehold {
             name,
             kind,
             ttl: DEFAULT_TTL,
-            fair: false,
+            fair: self.store.capabilities().fair_by_default,
             owner: None,
             on_wait: None,
         }
@@ -184,7 +184,8 @@ impl Lock {
         self
     }
 
-    /// FIFO: never pass a waiter queued earlier (default: off, the fastest hand-off).
+    /// FIFO: never pass a waiter queued earlier (default: off, the fastest hand-off; on
+    /// for stores whose [`Capabilities::fair_by_default`](crate::Capabilities) says so).
     pub fn with_fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self

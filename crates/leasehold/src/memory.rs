@@ -174,6 +174,7 @@ impl Store for MemoryStore {
         Capabilities {
             cross_process: false,
             reclaims_dead_processes: false,
+            fair_by_default: false,
         }
     }
 

@@ -237,6 +237,9 @@ pub struct Capabilities {
     pub cross_process: bool,
     /// A holder whose process dies is dropped at once rather than at its lease's end.
     pub reclaims_dead_processes: bool,
+    /// Locks are fair (FIFO) unless [`Lock::with_fair`](crate::Lock::with_fair) says
+    /// otherwise: the store's queue is its natural shape (etcd).
+    pub fair_by_default: bool,
 }
 
 /// A lock store. Every method is one attempt: none waits for a holder.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::{Error, MemoryStore, Result, Store};
 
 /// The URL forms this build understands, for messages and `--help`.
-pub const URL_FORMS: &str = "local:DIR, local: (default directory), memory: (this process only), redis://[user:password@]host:port[/db], rediss://... (TLS), redis+cluster://h1:p1,h2:p2";
+pub const URL_FORMS: &str = "local:DIR, local: (default directory), memory: (this process only), redis://[user:password@]host:port[/db], rediss://... (TLS), redis+cluster://h1:p1,h2:p2, etcd://h1:2379[,h2:2379...][?user=U&password=P], etcds://... (TLS)";
 
 /// Opens the store `url` names.
 ///
@@ -50,6 +50,9 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>> {
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Err(invalid(format!(
             "the redis store is not part of this build; available: {URL_FORMS}"
         ))),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Arc::new(crate::EtcdStore::connect(url).await?)),
+        #[cfg(not(feature = "etcd"))]
         "etcd" | "etcds" => Err(invalid(format!(
             "the {scheme} store is not part of this build; available: {URL_FORMS}"
         ))),

@@ -567,6 +567,7 @@ impl Store for LocalStore {
         Capabilities {
             cross_process: true,
             reclaims_dead_processes: true,
+            fair_by_default: false,
         }
     }
 

@@ -842,6 +842,7 @@ impl Store for RedisStore {
         Capabilities {
             cross_process: true,
             reclaims_dead_processes: false,
+            fair_by_default: false,
         }
     }
 

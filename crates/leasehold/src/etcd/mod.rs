@@ -1,0 +1,1401 @@
+//! etcd store: a lock is a queue of keys ordered by create revision, each on an etcd lease.
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! use leasehold::Leasehold;
+//! let locks = Leasehold::connect("etcd://127.0.0.1:2379,127.0.0.1:22379").await?;
+//! let guard = locks.mutex("nightly")?.lock().await?; // fair (FIFO) by default on etcd
+//! println!("fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! URLs: `etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET]`, and `etcds://` for
+//! TLS (rustls; the CA must be trusted by the system store or `SSL_CERT_FILE`). Calls go to
+//! one member and fail over to the next when it is down, paused (no answer within 3 s) or
+//! has no leader.
+//!
+//! # How it works
+//! - Every acquisition of lock `NAME` by owner `O` is the key `leasehold\0NAME\0O`, holding
+//!   the holder's description and acquisition ids (JSON). Keys of one lock sort by create
+//!   revision into one queue; who holds follows from the order: a writer or mutex holds
+//!   when it is first, a reader when no writer is ahead of it, a permit holder when it is
+//!   among the first N.
+//! - The fencing token is the key's create revision: strictly increasing cluster-wide,
+//!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
+//! - **Fair mode** (the default on etcd): a waiter puts its key, and watches only the key
+//!   whose deletion can let it in — the key just ahead for a writer, the last writer ahead
+//!   for a reader — so a release wakes one waiter, not the herd. When that key was the only
+//!   one ahead, the deletion itself is the hand-over: the waiter holds the lock without
+//!   another round trip. Semaphore waiters watch the whole queue for deletions.
+//! - **Non-fair mode** (mutexes only; `with_fair(false)`): one Txn puts the key only if
+//!   the queue is empty (a compare over the whole key range), and a waiter watches the
+//!   holder's key for deletion, so every non-fair waiter wakes at a release. It never
+//!   passes fair waiters already queued. Read locks and semaphores always queue.
+//! - **Leases.** Each acquisition's key is on an etcd lease of its own, renewed by the
+//!   guard's renewals (LeaseKeepAlive at about a third of the TTL): a guard that stops
+//!   renewing loses its lock at the end of its TTL, whatever else the process holds. A
+//!   released lease is kept alive and reused by the process's next acquisition, so an
+//!   uncontended acquire and release cost one Txn each, like a bare put-if-absent and
+//!   delete. etcd leases count whole seconds (at least the server's minimum, 1–2 s by
+//!   default): a lock with a shorter TTL is held by the store slightly longer than the
+//!   guard believes, never shorter.
+//! - Release deletes only our own key, and only if it is still the acquisition we made
+//!   (compared on create/mod revision), so a retried release never deletes a newer lock.
+//!   An acquire whose answer never came (timeout, cancellation) is undone by revoking its
+//!   lease: whatever etcd did with the request, the key goes with it.
+//! - A waiter's key is on its lease too: a waiter that dies leaves the queue when its
+//!   lease ends. A waiter that finds its own key gone (its lease expired while the process
+//!   was paused or cut off) stops with [`Error::WaitEnded`].
+//! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
+//!   Renewal checks both the lease and the key.
+//!
+//! # Guarantees and limits
+//! - etcd is linearizable: with a majority of members up, a lock has at most one holder
+//!   and tokens never repeat, across leader changes and member restarts.
+//! - Holder times (`since`) are the clients' wall clocks; etcd keeps no time of its own.
+//! - `describe().last_token` is the newest token among current holders and waiters (etcd
+//!   keeps no per-name counter; tokens come from the cluster revision).
+
+mod rpc;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::store::{
+    busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId,
+    LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
+};
+use crate::{Error, FencingToken, LockName, Result};
+use rpc::{
+    prefix_end, Client, Compare, DeleteRangeRequest, KeyValue, LeaseGrantRequest,
+    LeaseGrantResponse, LeaseKeepAliveResponse, LeaseTimeToLiveResponse, Op, PutRequest,
+    RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest, WatchOp,
+    WatchRequest, WatchResponse,
+};
+
+const ROOT: &[u8] = b"leasehold\0";
+
+/// The etcd store. Cheap to clone; clones share the connections.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("url", &self.inner.shown)
+            .finish()
+    }
+}
+
+struct Inner {
+    shown: String,
+    client: Client,
+    /// This client's acquisitions, by id: what etcd holds for each.
+    acquisitions: Mutex<HashMap<LeaseId, Acquisition>>,
+    /// Released leases, alive and without keys, by TTL in seconds: the next acquisition
+    /// takes one instead of granting a new lease.
+    spare: Mutex<HashMap<i64, Vec<EtcdLease>>>,
+}
+
+/// An etcd lease and how long it is surely alive.
+#[derive(Clone, Copy, Debug)]
+struct EtcdLease {
+    id: i64,
+    /// Seconds etcd granted.
+    ttl: i64,
+    /// Seconds asked for: the spare list it goes back to.
+    asked: i64,
+    /// Request time of the last grant or keepalive plus the TTL: etcd cannot end the
+    /// lease earlier.
+    alive_until: Instant,
+    /// Granted by this client for one acquisition (not borrowed from a re-entered key),
+    /// so it may be reused once that acquisition's key is gone.
+    ours: bool,
+}
+
+impl EtcdLease {
+    fn left(&self, now: Instant) -> Duration {
+        self.alive_until.saturating_duration_since(now)
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl.max(0) as u64)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Acquisition {
+    key: Vec<u8>,
+    lease: Option<EtcdLease>,
+    state: State,
+}
+
+#[derive(Clone, Debug)]
+enum State {
+    /// An attempt was sent and its outcome is unknown: undo by revoking the lease.
+    Unknown,
+    /// Not in the queue (a try, or a non-fair waiter): wait for `blocker` to go.
+    Outside { blocker: Blocker },
+    /// Our key waits in the queue.
+    Queued {
+        create: i64,
+        blocker: Blocker,
+        /// The blocker is the only key ahead: its deletion hands us the lock.
+        sole: bool,
+        /// When the last attempt started: a hand-over lease counts from there.
+        attempted: Instant,
+    },
+    /// Granted: our key (or our owner's, re-entered) at `create`, last written at
+    /// `modified`, then with our hold `alone` in it.
+    Held {
+        create: i64,
+        modified: i64,
+        alone: bool,
+    },
+}
+
+/// What a waiter watches for deletion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Blocker {
+    Key(Vec<u8>),
+    /// Any key of the lock.
+    Queue(Vec<u8>),
+}
+
+/// The value of a queue key.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Entry {
+    owner: String,
+    host: String,
+    pid: u32,
+    kind: LockKind,
+    /// Client wall clock, ms since the epoch.
+    since: u64,
+    /// Acquisition ids holding through this key (several after re-entry).
+    holds: Vec<String>,
+}
+
+/// A queue key read back.
+#[derive(Clone, Debug)]
+struct Member {
+    kv: KeyValue,
+    entry: Entry,
+}
+
+/// Where one key stands in its queue.
+#[derive(Debug, PartialEq, Eq)]
+struct Standing {
+    granted: bool,
+    blocker: Option<Blocker>,
+    sole: bool,
+    /// Waiters ahead + 1.
+    position: usize,
+}
+
+/// The standing of `queue[at]`, by the rules of its kind. `queue` is in create order.
+fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
+    let granted = |i: usize| match queue[i].entry.kind {
+        LockKind::Exclusive => i == 0,
+        LockKind::Shared => !queue[..i]
+            .iter()
+            .any(|m| m.entry.kind == LockKind::Exclusive),
+        LockKind::Permit { permits } => i < permits as usize,
+    };
+    let position = (0..at).filter(|&i| !granted(i)).count() + 1;
+    if granted(at) {
+        return Standing {
+            granted: true,
+            blocker: None,
+            sole: false,
+            position,
+        };
+    }
+    let (blocker, sole) = match queue[at].entry.kind {
+        LockKind::Exclusive => (Blocker::Key(queue[at - 1].kv.key.clone()), at == 1),
+        LockKind::Shared => {
+            let writers: Vec<_> = queue[..at]
+                .iter()
+                .filter(|m| m.entry.kind == LockKind::Exclusive)
+                .collect();
+            match writers.last() {
+                Some(last) => (Blocker::Key(last.kv.key.clone()), writers.len() == 1),
+                None => (Blocker::Queue(prefix.to_vec()), false),
+            }
+        }
+        LockKind::Permit { .. } => (Blocker::Queue(prefix.to_vec()), false),
+    };
+    Standing {
+        granted: false,
+        blocker: Some(blocker),
+        sole,
+        position,
+    }
+}
+
+/// Whether `kind` can share a queue with `other`: read and write locks mix; a semaphore
+/// only with the same number of permits.
+fn compatible(kind: LockKind, other: LockKind) -> bool {
+    match (kind, other) {
+        (LockKind::Permit { permits: a }, LockKind::Permit { permits: b }) => a == b,
+        (LockKind::Permit { .. }, _) | (_, LockKind::Permit { .. }) => false,
+        _ => true,
+    }
+}
+
+fn queue_prefix(name: &LockName) -> Vec<u8> {
+    [ROOT, name.as_str().as_bytes(), b"\0"].concat()
+}
+
+fn queue_key(name: &LockName, owner: &str) -> Vec<u8> {
+    [queue_prefix(name), owner.as_bytes().to_vec()].concat()
+}
+
+fn range_queue(prefix: &[u8]) -> Op {
+    Op::Range(RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        sort_order: rpc::ASCEND,
+        sort_target: rpc::BY_CREATE,
+        keys_only: false,
+    })
+}
+
+fn range_key(key: &[u8]) -> Op {
+    Op::Range(RangeRequest {
+        key: key.to_vec(),
+        ..Default::default()
+    })
+}
+
+fn delete(key: &[u8]) -> Op {
+    Op::Delete(DeleteRangeRequest { key: key.to_vec() })
+}
+
+fn txn(compare: Vec<Compare>, success: Vec<Op>, failure: Vec<Op>) -> TxnRequest {
+    TxnRequest {
+        compare,
+        success: success.into_iter().map(Into::into).collect(),
+        failure: failure.into_iter().map(Into::into).collect(),
+    }
+}
+
+/// Whole seconds of etcd lease covering `ttl`.
+fn lease_seconds(ttl: Duration) -> i64 {
+    (ttl.as_millis().div_ceil(1000) as i64).max(1)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+impl EtcdStore {
+    /// Connects to the etcd cluster `url` names (see the module docs). Fails at once,
+    /// with [`Error::Unavailable`], when no endpoint answers.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let invalid = |reason: String| Error::InvalidStore {
+            store: url.to_string(),
+            reason,
+        };
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("etcds://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("etcd://") {
+            (false, rest)
+        } else {
+            return Err(invalid(
+                "an etcd URL is etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET] (etcds:// for TLS)".into(),
+            ));
+        };
+        let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let hosts = hosts.trim_end_matches('/');
+        let addresses: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .collect();
+        if addresses.is_empty() {
+            return Err(invalid("no endpoint: give HOST:PORT[,HOST:PORT...]".into()));
+        }
+        for address in &addresses {
+            let ok = address
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                return Err(invalid(format!(
+                    "endpoint {address:?} is not HOST:PORT (etcd's client port is usually 2379)"
+                )));
+            }
+        }
+        let (mut user, mut password) = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("user", v)) => user = Some(v.to_string()),
+                Some(("password", v)) => password = Some(v.to_string()),
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown parameter {pair:?}; etcd URLs take user= and password="
+                    )))
+                }
+            }
+        }
+        let credentials = match (user, password) {
+            (Some(u), Some(p)) => Some((u, p)),
+            (None, None) => None,
+            _ => return Err(invalid("give both user= and password=".into())),
+        };
+        let shown = format!("{}://{hosts}", if tls { "etcds" } else { "etcd" });
+        let client = Client::new(&addresses, tls, credentials).map_err(invalid)?;
+        let store = EtcdStore {
+            inner: Arc::new(Inner {
+                shown,
+                client,
+                acquisitions: Mutex::default(),
+                spare: Mutex::default(),
+            }),
+        };
+        // Fail now, with a clear error, rather than at the first lock.
+        store.range(range_key(b"leasehold")).await?;
+        Ok(store)
+    }
+
+    fn unavailable(&self, status: tonic::Status) -> Error {
+        let message = status.message().to_string();
+        let reason = match status.code() {
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                format!("authentication failed: {message} (check user= and password=)")
+            }
+            _ if message.is_empty() => format!("{}", status.code()),
+            _ => message,
+        };
+        Error::Unavailable {
+            store: self.inner.shown.clone(),
+            source: reason.into(),
+        }
+    }
+
+    async fn call_txn(&self, request: TxnRequest) -> Result<TxnResponse> {
+        self.inner
+            .client
+            .unary("/etcdserverpb.KV/Txn", request)
+            .await
+            .map_err(|s| self.unavailable(s))
+    }
+
+    async fn range(&self, op: Op) -> Result<RangeResponse> {
+        let Op::Range(request) = op else {
+            unreachable!("range takes a range")
+        };
+        self.inner
+            .client
+            .unary("/etcdserverpb.KV/Range", request)
+            .await
+            .map_err(|s| self.unavailable(s))
+    }
+
+    fn corrupt(&self, name: &LockName, reason: String) -> Error {
+        Error::Corrupt {
+            store: self.inner.shown.clone(),
+            name: name.to_string(),
+            reason,
+        }
+    }
+
+    fn members(&self, name: &LockName, kvs: &[KeyValue]) -> Result<Vec<Member>> {
+        kvs.iter()
+            .map(|kv| {
+                let entry = serde_json::from_slice(&kv.value).map_err(|e| {
+                    self.corrupt(
+                        name,
+                        format!(
+                            "key {:?} is not a leasehold queue entry ({e}); delete it with etcdctl",
+                            String::from_utf8_lossy(&kv.key)
+                        ),
+                    )
+                })?;
+                Ok(Member {
+                    kv: kv.clone(),
+                    entry,
+                })
+            })
+            .collect()
+    }
+
+    async fn queue(&self, name: &LockName) -> Result<(Vec<Member>, i64)> {
+        let answer = self.range(range_queue(&queue_prefix(name))).await?;
+        let revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        Ok((self.members(name, &answer.kvs)?, revision))
+    }
+
+    // --- leases -------------------------------------------------------------------
+
+    /// A lease for a new acquisition: a spare one with at least half its TTL left, or a
+    /// new grant.
+    async fn lease_for(&self, ttl: Duration) -> Result<EtcdLease> {
+        let seconds = lease_seconds(ttl);
+        let now = Instant::now();
+        let mut stale = Vec::new();
+        let spare = {
+            let mut spare = self.inner.spare.lock().unwrap();
+            let list = spare.entry(seconds).or_default();
+            let mut found = None;
+            while let Some(lease) = list.pop() {
+                if lease.left(now) * 2 >= lease.ttl() {
+                    found = Some(lease);
+                    break;
+                }
+                stale.push(lease.id);
+            }
+            found
+        };
+        for id in stale {
+            self.revoke_later(id);
+        }
+        match spare {
+            Some(lease) => Ok(lease),
+            None => self.grant(ttl).await,
+        }
+    }
+
+    /// A new etcd lease covering `ttl`.
+    async fn grant(&self, ttl: Duration) -> Result<EtcdLease> {
+        let seconds = lease_seconds(ttl);
+        let sent = Instant::now();
+        let answer: LeaseGrantResponse = self
+            .inner
+            .client
+            .unary(
+                "/etcdserverpb.Lease/LeaseGrant",
+                LeaseGrantRequest { ttl: seconds },
+            )
+            .await
+            .map_err(|s| self.unavailable(s))?;
+        if !answer.error.is_empty() {
+            return Err(self.unavailable(tonic::Status::unavailable(answer.error)));
+        }
+        Ok(EtcdLease {
+            id: answer.id,
+            ttl: answer.ttl,
+            asked: seconds,
+            alive_until: sent + Duration::from_secs(answer.ttl.max(0) as u64),
+            ours: true,
+        })
+    }
+
+    /// Keeps `lease` for the next acquisition.
+    fn spare(&self, lease: EtcdLease) {
+        if lease.ours && lease.alive_until > Instant::now() {
+            let mut spare = self.inner.spare.lock().unwrap();
+            spare.entry(lease.asked).or_default().push(lease);
+        }
+    }
+
+    fn revoke_later(&self, id: i64) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let store = self.clone();
+            runtime.spawn(async move {
+                let _ = store.revoke(id).await;
+            });
+        }
+    }
+
+    async fn revoke(&self, id: i64) -> Result<()> {
+        let result: std::result::Result<rpc::Empty, _> = self
+            .inner
+            .client
+            .unary("/etcdserverpb.Lease/LeaseRevoke", rpc::LeaseId { id })
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(status) if status.message().contains("not found") => Ok(()),
+            Err(status) => Err(self.unavailable(status)),
+        }
+    }
+
+    /// One LeaseKeepAlive: the lease's new bound, or `None` if etcd no longer has it.
+    async fn keep_alive(&self, lease: EtcdLease) -> Result<Option<EtcdLease>> {
+        let sent = Instant::now();
+        let mut answers = self
+            .inner
+            .client
+            .stream::<_, LeaseKeepAliveResponse>(
+                "/etcdserverpb.Lease/LeaseKeepAlive",
+                rpc::LeaseId { id: lease.id },
+            )
+            .await
+            .map_err(|s| self.unavailable(s))?;
+        let answer = tokio::time::timeout(rpc::CALL_TIMEOUT, answers.message())
+            .await
+            .map_err(|_| self.unavailable(tonic::Status::deadline_exceeded("keepalive")))?
+            .map_err(|s| self.unavailable(s))?
+            .ok_or_else(|| {
+                self.unavailable(tonic::Status::unavailable("keepalive stream ended"))
+            })?;
+        Ok((answer.ttl > 0).then(|| EtcdLease {
+            ttl: answer.ttl,
+            alive_until: sent + Duration::from_secs(answer.ttl as u64),
+            ..lease
+        }))
+    }
+
+    // --- acquisitions -----------------------------------------------------------------
+
+    fn acquisition(&self, id: &LeaseId) -> Option<Acquisition> {
+        self.inner.acquisitions.lock().unwrap().get(id).cloned()
+    }
+
+    fn record(&self, id: &LeaseId, acquisition: Acquisition) {
+        self.inner
+            .acquisitions
+            .lock()
+            .unwrap()
+            .insert(id.clone(), acquisition);
+    }
+
+    fn forget(&self, id: &LeaseId) -> Option<Acquisition> {
+        self.inner.acquisitions.lock().unwrap().remove(id)
+    }
+
+    /// The queue key holding acquisition `id` of `name`, found by reading the queue (for
+    /// acquisitions this client does not know: made by another client, or unanswered).
+    async fn find(&self, name: &LockName, id: &LeaseId) -> Result<Option<Member>> {
+        let (queue, _) = self.queue(name).await?;
+        Ok(queue.into_iter().find(|m| m.entry.holds.contains(&id.0)))
+    }
+
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let started = Instant::now();
+        let prefix = queue_prefix(&req.name);
+        let key = queue_key(&req.name, &req.owner);
+        let known = self.acquisition(&req.lease);
+        if let Some(Acquisition {
+            lease: Some(lease),
+            state: State::Queued { create, .. },
+            ..
+        }) = known
+        {
+            return self
+                .recheck(req, &prefix, &key, lease, create, started)
+                .await;
+        }
+        let lease = match known.and_then(|a| a.lease) {
+            Some(lease) => lease,
+            None => self.lease_for(req.ttl).await?,
+        };
+        self.record(
+            &req.lease,
+            Acquisition {
+                key: key.clone(),
+                lease: Some(lease),
+                state: State::Unknown,
+            },
+        );
+        let entry = Entry {
+            owner: req.owner.clone(),
+            host: req.requester.host.clone(),
+            pid: req.requester.pid,
+            kind: req.kind,
+            since: now_ms(),
+            holds: vec![req.lease.0.clone()],
+        };
+        let put = Op::Put(PutRequest {
+            key: key.clone(),
+            value: serde_json::to_vec(&entry).expect("an entry serializes"),
+            lease: lease.id,
+            ignore_lease: false,
+        });
+        // A mutex that does not queue (non-fair, or a try) takes the lock only if nobody
+        // holds or waits; everything else joins the queue.
+        let only_if_free = req.kind == LockKind::Exclusive && (!req.fair || !req.enqueue);
+        let request = if only_if_free {
+            txn(
+                vec![Compare::empty(&prefix, &prefix_end(&prefix))],
+                vec![put],
+                vec![range_queue(&prefix)],
+            )
+        } else {
+            txn(
+                vec![Compare::created_at(&key, 0)],
+                vec![put, range_queue(&prefix)],
+                vec![range_queue(&prefix)],
+            )
+        };
+        let answer = match self.call_txn(request).await {
+            Err(Error::Unavailable { source, .. })
+                if source.to_string().contains("requested lease not found") =>
+            {
+                // A spare lease that etcd ended (revoked by hand, or a restore): drop it.
+                self.forget(&req.lease);
+                return Box::pin(self.attempt(req)).await;
+            }
+            other => other?,
+        };
+        let revision = answer.revision();
+        let queue = match answer.range() {
+            Some(kvs) => self.members(&req.name, kvs)?,
+            // Put into an empty queue: ours alone.
+            None => vec![Member {
+                kv: KeyValue {
+                    key: key.clone(),
+                    create_revision: revision,
+                    mod_revision: revision,
+                    value: Vec::new(),
+                    lease: lease.id,
+                },
+                entry,
+            }],
+        };
+        if let Some(other) = queue.iter().find(|m| !compatible(req.kind, m.entry.kind)) {
+            if answer.succeeded && !only_if_free {
+                self.withdraw(&req.lease, &key, revision, lease).await?;
+            } else {
+                self.forget(&req.lease);
+                self.spare(lease);
+            }
+            return Err(Error::Conflict {
+                name: req.name.to_string(),
+                reason: format!(
+                    "it is used as a {} ({}), not as a {}: everyone must use the same kind and permits",
+                    other.entry.kind.word(),
+                    describe_kind(other.entry.kind),
+                    describe_kind(req.kind),
+                ),
+            });
+        }
+        let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
+            // Not queued (the lock was busy for a mutex that does not queue).
+            self.spare(lease);
+            return Ok(self.outside(req, &queue, &prefix, revision));
+        };
+        let mine = queue[at].entry.holds.contains(&req.lease.0);
+        let here = standing(&queue, at, &prefix);
+        if !mine {
+            // Our owner is already here: re-enter if it holds.
+            self.spare(lease);
+            if here.granted {
+                return self.reenter(req, &queue[at], started).await;
+            }
+            return Ok(self.outside(req, &queue, &prefix, revision));
+        }
+        let create = queue[at].kv.create_revision;
+        if here.granted {
+            return Ok(self.granted(
+                req,
+                &key,
+                lease,
+                create,
+                queue[at].kv.mod_revision,
+                1,
+                started,
+            ));
+        }
+        if !req.enqueue {
+            self.withdraw(&req.lease, &key, create, lease).await?;
+            return Ok(self.busy(&queue, None, revision));
+        }
+        Ok(self.queued(req, key, lease, create, &queue, here, revision, started))
+    }
+
+    /// A waiting acquisition tries again: is its key still there, and where?
+    async fn recheck(
+        &self,
+        req: &AcquireRequest,
+        prefix: &[u8],
+        key: &[u8],
+        lease: EtcdLease,
+        create: i64,
+        started: Instant,
+    ) -> Result<Attempt> {
+        let due = lease.left(started) * 3 < lease.ttl() * 2;
+        let check = self.call_txn(txn(
+            vec![Compare::created_at(key, create)],
+            vec![range_queue(prefix)],
+            vec![],
+        ));
+        let (answer, renewed) = if due {
+            let (answer, renewed) = tokio::join!(check, self.keep_alive(lease));
+            (answer?, renewed.ok())
+        } else {
+            (check.await?, Some(Some(lease)))
+        };
+        let lease = match renewed {
+            Some(Some(lease)) => lease,
+            // A failed keepalive: keep the old bound.
+            None => lease,
+            Some(None) => return Err(self.wait_ended(req)),
+        };
+        if !answer.succeeded {
+            return Err(self.wait_ended(req));
+        }
+        let queue = self.members(&req.name, answer.range().unwrap_or_default())?;
+        let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
+            return Err(self.wait_ended(req));
+        };
+        let here = standing(&queue, at, prefix);
+        if here.granted {
+            let modified = queue[at].kv.mod_revision;
+            return Ok(self.granted(req, key, lease, create, modified, 1, started));
+        }
+        let revision = answer.revision();
+        Ok(self.queued(
+            req,
+            key.to_vec(),
+            lease,
+            create,
+            &queue,
+            here,
+            revision,
+            started,
+        ))
+    }
+
+    fn wait_ended(&self, req: &AcquireRequest) -> Error {
+        self.forget(&req.lease);
+        Error::WaitEnded {
+            name: req.name.to_string(),
+            reason: "our place in etcd's queue is gone: its lease expired while this process could not renew it (paused, or cut off from etcd)".into(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn granted(
+        &self,
+        req: &AcquireRequest,
+        key: &[u8],
+        lease: EtcdLease,
+        create: i64,
+        modified: i64,
+        holds: u32,
+        started: Instant,
+    ) -> Attempt {
+        self.record(
+            &req.lease,
+            Acquisition {
+                key: key.to_vec(),
+                lease: Some(lease),
+                state: State::Held {
+                    create,
+                    modified,
+                    alone: holds == 1,
+                },
+            },
+        );
+        Attempt::Granted(grant(req, lease, create, holds, started))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queued(
+        &self,
+        req: &AcquireRequest,
+        key: Vec<u8>,
+        lease: EtcdLease,
+        create: i64,
+        queue: &[Member],
+        here: Standing,
+        revision: i64,
+        started: Instant,
+    ) -> Attempt {
+        let busy = self.busy(queue, Some(here.position), revision);
+        self.record(
+            &req.lease,
+            Acquisition {
+                key,
+                lease: Some(lease),
+                state: State::Queued {
+                    create,
+                    blocker: here.blocker.expect("a waiter has a blocker"),
+                    sole: here.sole,
+                    attempted: started,
+                },
+            },
+        );
+        busy
+    }
+
+    /// Busy for an acquisition that is not in the queue: wait for the holder to go (or,
+    /// with several keys, for any key to go).
+    fn outside(
+        &self,
+        req: &AcquireRequest,
+        queue: &[Member],
+        prefix: &[u8],
+        revision: i64,
+    ) -> Attempt {
+        let blocker = match queue {
+            [only] => Blocker::Key(only.kv.key.clone()),
+            _ => Blocker::Queue(prefix.to_vec()),
+        };
+        self.record(
+            &req.lease,
+            Acquisition {
+                key: Vec::new(),
+                lease: None,
+                state: State::Outside { blocker },
+            },
+        );
+        self.busy(queue, None, revision)
+    }
+
+    fn busy(&self, queue: &[Member], position: Option<usize>, revision: i64) -> Attempt {
+        Attempt::Busy(Busy {
+            holder: queue.first().map(|m| holder_info(m, Duration::ZERO)),
+            position,
+            // Deletions are watched, lease expiries included: no timer needed.
+            retry_in: None,
+            watermark: Watermark(revision as u64),
+        })
+    }
+
+    /// Takes back a key we put but will not wait with (a try that found the lock busy).
+    async fn withdraw(
+        &self,
+        id: &LeaseId,
+        key: &[u8],
+        create: i64,
+        lease: EtcdLease,
+    ) -> Result<()> {
+        self.forget(id);
+        self.call_txn(txn(
+            vec![Compare::created_at(key, create)],
+            vec![delete(key)],
+            vec![],
+        ))
+        .await?;
+        self.spare(lease);
+        Ok(())
+    }
+
+    /// Adds a hold to our owner's key, which holds the lock.
+    async fn reenter(
+        &self,
+        req: &AcquireRequest,
+        member: &Member,
+        started: Instant,
+    ) -> Result<Attempt> {
+        let mut entry = member.entry.clone();
+        entry.holds.push(req.lease.0.clone());
+        let put = Op::Put(PutRequest {
+            key: member.kv.key.clone(),
+            value: serde_json::to_vec(&entry).expect("an entry serializes"),
+            lease: 0,
+            ignore_lease: true,
+        });
+        let borrowed = borrowed(member.kv.lease);
+        let (answer, alive) = tokio::join!(
+            self.call_txn(txn(
+                vec![Compare::modified_at(&member.kv.key, member.kv.mod_revision)],
+                vec![put],
+                vec![],
+            )),
+            self.keep_alive(borrowed)
+        );
+        let answer = answer?;
+        let Some(lease) = alive? else {
+            // The key's lease just ended: wait for etcd to delete the key.
+            let prefix = queue_prefix(&req.name);
+            let revision = answer.revision();
+            return Ok(self.outside(req, std::slice::from_ref(member), &prefix, revision));
+        };
+        if !answer.succeeded {
+            // Another hold of this owner changed the key meanwhile.
+            return Box::pin(self.attempt(req)).await;
+        }
+        let holds = entry.holds.len() as u32;
+        let create = member.kv.create_revision;
+        Ok(self.granted(
+            req,
+            &member.kv.key,
+            lease,
+            create,
+            answer.revision(),
+            holds,
+            started,
+        ))
+    }
+
+    // --- watching ----------------------------------------------------------------------
+
+    /// Resolves at the first deletion in `blocker` after revision `seen`. `Ok(false)` when
+    /// etcd can no longer tell (the revision was compacted): look again.
+    async fn deleted(&self, blocker: &Blocker, seen: i64) -> Result<bool> {
+        let (key, range_end) = match blocker {
+            Blocker::Key(key) => (key.clone(), Vec::new()),
+            Blocker::Queue(prefix) => (prefix.clone(), prefix_end(prefix)),
+        };
+        let create = WatchRequest {
+            request: Some(WatchOp::Create(WatchCreateRequest {
+                key,
+                range_end,
+                start_revision: seen + 1,
+                filters: vec![rpc::NO_PUT],
+            })),
+        };
+        let mut events = self
+            .inner
+            .client
+            .stream::<_, WatchResponse>("/etcdserverpb.Watch/Watch", create)
+            .await
+            .map_err(|s| self.unavailable(s))?;
+        loop {
+            match events.message().await.map_err(|s| self.unavailable(s))? {
+                Some(answer) if answer.canceled => {
+                    if answer.compact_revision > 0 {
+                        return Ok(false);
+                    }
+                    return Err(self.unavailable(tonic::Status::unavailable(format!(
+                        "watch cancelled: {}",
+                        answer.cancel_reason
+                    ))));
+                }
+                Some(answer) if !answer.events.is_empty() => return Ok(true),
+                Some(_) => {}
+                None => {
+                    return Err(self.unavailable(tonic::Status::unavailable("watch stream ended")))
+                }
+            }
+        }
+    }
+}
+
+fn describe_kind(kind: LockKind) -> String {
+    match kind {
+        LockKind::Permit { permits } => format!("a semaphore of {permits}"),
+        LockKind::Shared | LockKind::Exclusive => "a mutex or read-write lock".into(),
+    }
+}
+
+fn grant(
+    req: &AcquireRequest,
+    lease: EtcdLease,
+    create: i64,
+    holds: u32,
+    started: Instant,
+) -> Grant {
+    let left = lease.left(started);
+    Grant {
+        token: FencingToken(create as u64),
+        holds,
+        lease: (left < req.ttl).then_some(left),
+    }
+}
+
+/// A lease another acquisition made, known only by id until a keepalive bounds it.
+fn borrowed(id: i64) -> EtcdLease {
+    EtcdLease {
+        id,
+        ttl: 0,
+        asked: 0,
+        alive_until: Instant::now(),
+        ours: false,
+    }
+}
+
+fn holder_info(member: &Member, lease_left: Duration) -> HolderInfo {
+    HolderInfo {
+        owner: member.entry.owner.clone(),
+        host: member.entry.host.clone(),
+        pid: member.entry.pid,
+        token: FencingToken(member.kv.create_revision as u64),
+        kind: member.entry.kind,
+        since: UNIX_EPOCH + Duration::from_millis(member.entry.since),
+        lease_left,
+        holds: member.entry.holds.len() as u32,
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.attempt(req).await
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        let (key, etcd_lease, create) = match self.acquisition(&lease.id) {
+            Some(Acquisition {
+                key,
+                lease: Some(etcd_lease),
+                state: State::Held { create, .. },
+            }) => (key, etcd_lease, create),
+            Some(_) => return Ok(Renewal::Lost),
+            None => match self.find(&lease.name, &lease.id).await? {
+                Some(m) => (m.kv.key, borrowed(m.kv.lease), m.kv.create_revision),
+                None => return Ok(Renewal::Lost),
+            },
+        };
+        // The key is checked too: a force-release deletes it but leaves the lease.
+        let (alive, current) =
+            tokio::join!(self.keep_alive(etcd_lease), self.range(range_key(&key)));
+        let (alive, current) = (alive?, current?);
+        let Some(kv) = current.kvs.into_iter().next().filter(|kv| {
+            kv.create_revision == create
+                && serde_json::from_slice::<Entry>(&kv.value)
+                    .is_ok_and(|e| e.holds.contains(&lease.id.0))
+        }) else {
+            self.forget(&lease.id);
+            return Ok(Renewal::Lost);
+        };
+        if kv.lease != etcd_lease.id {
+            // Another hold of our owner moved the key to a longer lease: follow it.
+            self.set_lease(&lease.id, borrowed(kv.lease), None);
+            return Box::pin(self.renew(lease, ttl)).await;
+        }
+        let Some(renewed) = alive else {
+            self.forget(&lease.id);
+            return Ok(Renewal::Lost);
+        };
+        self.set_lease(&lease.id, renewed, None);
+        if renewed.ttl() < ttl {
+            return self.move_to_longer_lease(lease, &kv, renewed, ttl).await;
+        }
+        Ok(Renewal::Renewed)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let known = self.forget(&lease.id);
+        // `alone`: the key is ours with our hold alone, last written at the revision given.
+        let (key, alone) = match known {
+            Some(Acquisition {
+                lease: Some(etcd_lease),
+                state: State::Unknown,
+                ..
+            }) => {
+                // Whatever etcd did with the unanswered attempt, its key goes with the lease.
+                self.revoke(etcd_lease.id).await?;
+                return Ok(Released::Released);
+            }
+            Some(Acquisition {
+                key,
+                lease: Some(etcd_lease),
+                state:
+                    State::Held {
+                        modified: at,
+                        alone: true,
+                        ..
+                    }
+                    | State::Queued { create: at, .. },
+            }) => (key, Some((etcd_lease, at))),
+            // Re-entered: other holds share the key; take ours out of it.
+            Some(Acquisition {
+                key,
+                state: State::Held { .. },
+                ..
+            }) => (key, None),
+            Some(_) => return Ok(Released::NotHeld),
+            None => match self.find(&lease.name, &lease.id).await? {
+                Some(member) => (member.kv.key, None),
+                None => return Ok(Released::NotHeld),
+            },
+        };
+        let mut current = match alone {
+            Some((etcd_lease, modified)) => {
+                match self.delete_alone(&key, etcd_lease, modified).await? {
+                    None => return Ok(Released::Released),
+                    Some(current) => current,
+                }
+            }
+            None => self.range(range_key(&key)).await?.kvs.into_iter().next(),
+        };
+        // Other holds of our owner share the key (or it is not ours any more): take our
+        // hold out, deleting the key with the last one.
+        loop {
+            let Some(kv) = current else {
+                return Ok(Released::NotHeld);
+            };
+            let Ok(mut entry) = serde_json::from_slice::<Entry>(&kv.value) else {
+                return Ok(Released::NotHeld);
+            };
+            let before = entry.holds.len();
+            entry.holds.retain(|h| h != &lease.id.0);
+            if entry.holds.len() == before {
+                return Ok(Released::NotHeld);
+            }
+            let change = if entry.holds.is_empty() {
+                delete(&key)
+            } else {
+                Op::Put(PutRequest {
+                    key: key.clone(),
+                    value: serde_json::to_vec(&entry).expect("an entry serializes"),
+                    lease: 0,
+                    ignore_lease: true,
+                })
+            };
+            let answer = self
+                .call_txn(txn(
+                    vec![Compare::modified_at(&key, kv.mod_revision)],
+                    vec![change],
+                    vec![range_key(&key)],
+                ))
+                .await?;
+            if answer.succeeded {
+                return Ok(Released::Released);
+            }
+            current = answer.range().and_then(|kvs| kvs.first().cloned());
+        }
+    }
+
+    async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
+        let released = self.release(from).await?;
+        Ok((released, self.attempt(to).await?))
+    }
+
+    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
+        let (blocker, handover) = match self.acquisition(&req.lease) {
+            Some(Acquisition {
+                state: State::Outside { blocker, .. },
+                ..
+            }) => (blocker, None),
+            Some(Acquisition {
+                key,
+                lease: Some(lease),
+                state:
+                    State::Queued {
+                        create,
+                        blocker,
+                        sole,
+                        attempted,
+                        ..
+                    },
+            }) => (blocker, sole.then_some((key, lease, create, attempted))),
+            _ => return std::future::pending().await,
+        };
+        if !self.deleted(&blocker, since.0 as i64).await? {
+            return Ok(None);
+        }
+        let Some((key, lease, create, attempted)) = handover else {
+            return Ok(None);
+        };
+        // The only key ahead of ours is gone and nothing can queue ahead of us: the lock
+        // is ours, if our own lease is surely still alive.
+        if lease.left(Instant::now()) * 2 < lease.ttl().min(req.ttl) {
+            return Ok(None);
+        }
+        match self.granted(req, &key, lease, create, create, 1, attempted) {
+            Attempt::Granted(grant) => Ok(Some(grant)),
+            Attempt::Busy(_) => Ok(None),
+        }
+    }
+
+    async fn ended(&self, lease: &Lease) -> Result<()> {
+        let Some(Acquisition {
+            key,
+            state: State::Held { modified, .. },
+            ..
+        }) = self.acquisition(&lease.id)
+        else {
+            return std::future::pending().await;
+        };
+        let mut seen = modified;
+        let mut trouble = Duration::from_millis(50);
+        loop {
+            match self.deleted(&Blocker::Key(key.clone()), seen).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {
+                    // Compacted past `seen`: is our key still there?
+                    let now = self.range(range_key(&key)).await?;
+                    match now.kvs.first() {
+                        Some(kv) if kv.create_revision <= modified => {
+                            seen = now.header.map_or(seen, |h| h.revision)
+                        }
+                        _ => return Ok(()),
+                    }
+                }
+                // A member went away: watch again through another.
+                Err(error) if error.is_retryable() => {
+                    tracing::debug!(%error, "watch on a held key broke; watching again");
+                    tokio::time::sleep(trouble).await;
+                    trouble = (trouble * 2).min(Duration::from_secs(1));
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<LockState> {
+        let (queue, _) = self.queue(name).await?;
+        let prefix = queue_prefix(name);
+        let mut state = LockState {
+            name: name.to_string(),
+            last_token: FencingToken(
+                queue
+                    .iter()
+                    .map(|m| m.kv.create_revision as u64)
+                    .max()
+                    .unwrap_or(0),
+            ),
+            holders: Vec::new(),
+            waiters: Vec::new(),
+        };
+        for at in 0..queue.len() {
+            let member = &queue[at];
+            if standing(&queue, at, &prefix).granted {
+                let answer: LeaseTimeToLiveResponse = self
+                    .inner
+                    .client
+                    .unary(
+                        "/etcdserverpb.Lease/LeaseTimeToLive",
+                        rpc::LeaseId {
+                            id: member.kv.lease,
+                        },
+                    )
+                    .await
+                    .map_err(|s| self.unavailable(s))?;
+                let left = Duration::from_secs(answer.ttl.max(0) as u64);
+                state.holders.push(holder_info(member, left));
+            } else {
+                state.waiters.push(WaiterInfo {
+                    owner: member.entry.owner.clone(),
+                    host: member.entry.host.clone(),
+                    pid: member.entry.pid,
+                    kind: member.entry.kind,
+                    since: UNIX_EPOCH + Duration::from_millis(member.entry.since),
+                });
+            }
+        }
+        Ok(state)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
+        let start = [ROOT, prefix.as_bytes()].concat();
+        let answer = self
+            .range(Op::Range(RangeRequest {
+                range_end: prefix_end(&start),
+                key: start,
+                keys_only: true,
+                ..Default::default()
+            }))
+            .await?;
+        // Keys sort by name first (names hold no NUL), so each name's keys are adjacent.
+        let mut names: Vec<String> = answer
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                let rest = kv.key.get(ROOT.len()..)?;
+                let name = rest.split(|&b| b == 0).next()?;
+                std::str::from_utf8(name).ok().map(str::to_string)
+            })
+            .collect();
+        names.dedup();
+        let names = names
+            .into_iter()
+            .filter_map(|n| LockName::new(n).ok())
+            .collect();
+        busy_states(self, names).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let (queue, _) = self.queue(name).await?;
+        let prefix = queue_prefix(name);
+        let mut any = false;
+        for at in 0..queue.len() {
+            if !standing(&queue, at, &prefix).granted {
+                continue;
+            }
+            let key = &queue[at].kv.key;
+            let answer = self
+                .call_txn(txn(
+                    vec![Compare::created_at(key, queue[at].kv.create_revision)],
+                    vec![delete(key)],
+                    vec![],
+                ))
+                .await?;
+            any |= answer.succeeded;
+        }
+        Ok(any)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cross_process: true,
+            reclaims_dead_processes: false,
+            fair_by_default: true,
+        }
+    }
+
+    fn describe_store(&self) -> String {
+        self.inner.shown.clone()
+    }
+}
+
+impl EtcdStore {
+    /// Deletes our key if it is unchanged since `modified` (our hold alone in it), and
+    /// keeps its lease for the next acquisition, refreshed on the way if it has aged.
+    /// `Some(the key as it is now)` if it changed.
+    async fn delete_alone(
+        &self,
+        key: &[u8],
+        lease: EtcdLease,
+        modified: i64,
+    ) -> Result<Option<Option<KeyValue>>> {
+        let delete_if_unchanged = self.call_txn(txn(
+            vec![Compare::modified_at(key, modified)],
+            vec![delete(key)],
+            vec![range_key(key)],
+        ));
+        let aged = lease.ours && lease.left(Instant::now()) * 3 < lease.ttl() * 2;
+        let (answer, lease) = if aged {
+            let (answer, refreshed) = tokio::join!(delete_if_unchanged, self.keep_alive(lease));
+            (answer?, refreshed.ok().flatten())
+        } else {
+            (delete_if_unchanged.await?, Some(lease))
+        };
+        if !answer.succeeded {
+            return Ok(Some(answer.range().and_then(|kvs| kvs.first().cloned())));
+        }
+        if let Some(lease) = lease {
+            self.spare(lease);
+        }
+        Ok(None)
+    }
+
+    fn set_lease(&self, id: &LeaseId, lease: EtcdLease, modified: Option<i64>) {
+        if let Some(a) = self.inner.acquisitions.lock().unwrap().get_mut(id) {
+            a.lease = Some(lease);
+            if let (Some(revision), State::Held { modified, .. }) = (modified, &mut a.state) {
+                *modified = revision;
+            }
+        }
+    }
+
+    /// `extend` asked for a longer TTL than the key's etcd lease has: put the key on a
+    /// new lease of that length (the key, and so the token, stays).
+    async fn move_to_longer_lease(
+        &self,
+        lease: &Lease,
+        kv: &KeyValue,
+        old: EtcdLease,
+        ttl: Duration,
+    ) -> Result<Renewal> {
+        let new = self.grant(ttl).await?;
+        let answer = self
+            .call_txn(txn(
+                vec![Compare::modified_at(&kv.key, kv.mod_revision)],
+                vec![Op::Put(PutRequest {
+                    key: kv.key.clone(),
+                    value: kv.value.clone(),
+                    lease: new.id,
+                    ignore_lease: false,
+                })],
+                vec![],
+            ))
+            .await?;
+        if !answer.succeeded {
+            // Changed meanwhile: look again.
+            self.spare(new);
+            return Box::pin(self.renew(lease, ttl)).await;
+        }
+        self.set_lease(&lease.id, new, Some(answer.revision()));
+        if old.ours {
+            self.spare(old);
+        }
+        Ok(Renewal::Renewed)
+    }
+}
