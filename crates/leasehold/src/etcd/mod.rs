@@ -1399,3 +1399,89 @@ impl EtcdStore {
         Ok(Renewal::Renewed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(kinds: &[LockKind]) -> Vec<Member> {
+        kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &kind)| Member {
+                kv: KeyValue {
+                    key: vec![b'k', i as u8],
+                    create_revision: 10 + i as i64,
+                    ..Default::default()
+                },
+                entry: Entry {
+                    owner: format!("o{i}"),
+                    host: "h".into(),
+                    pid: 1,
+                    kind,
+                    since: 0,
+                    holds: vec![format!("l{i}")],
+                },
+            })
+            .collect()
+    }
+
+    fn key(i: u8) -> Option<Blocker> {
+        Some(Blocker::Key(vec![b'k', i]))
+    }
+
+    use LockKind::{Exclusive as W, Shared as R};
+
+    #[test]
+    fn a_writer_waits_for_the_key_just_ahead() {
+        let q = queue(&[W, R, W]);
+        assert!(standing(&q, 0, b"p").granted);
+        let second = standing(&q, 1, b"p");
+        assert_eq!(
+            (second.granted, second.blocker, second.sole),
+            (false, key(0), true)
+        );
+        let third = standing(&q, 2, b"p");
+        assert_eq!(
+            (third.granted, third.blocker, third.sole),
+            (false, key(1), false)
+        );
+        assert_eq!(third.position, 2);
+    }
+
+    #[test]
+    fn a_reader_waits_only_for_the_last_writer_ahead() {
+        let q = queue(&[R, R, W, R, W, R]);
+        assert!(standing(&q, 1, b"p").granted, "readers share");
+        let reader = standing(&q, 3, b"p");
+        assert_eq!((reader.blocker, reader.sole), (key(2), true));
+        let later = standing(&q, 5, b"p");
+        assert_eq!((later.blocker, later.sole), (key(4), false));
+    }
+
+    #[test]
+    fn the_first_permits_hold_and_the_rest_watch_the_queue() {
+        let sem = LockKind::Permit { permits: 2 };
+        let q = queue(&[sem, sem, sem]);
+        assert!(standing(&q, 1, b"p").granted);
+        let third = standing(&q, 2, b"p");
+        assert_eq!(third.blocker, Some(Blocker::Queue(b"p".to_vec())));
+        assert_eq!(third.position, 1);
+        assert!(!compatible(sem, LockKind::Permit { permits: 3 }));
+        assert!(!compatible(sem, W));
+        assert!(compatible(R, W));
+    }
+
+    #[test]
+    fn lease_seconds_round_up() {
+        assert_eq!(lease_seconds(Duration::from_millis(100)), 1);
+        assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(lease_seconds(Duration::from_secs(15)), 15);
+    }
+
+    #[test]
+    fn prefix_end_is_the_next_key_range() {
+        assert_eq!(rpc::prefix_end(b"ab"), b"ac");
+        assert_eq!(rpc::prefix_end(b"a\xff"), b"b");
+    }
+}

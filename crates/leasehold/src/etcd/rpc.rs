@@ -467,7 +467,10 @@ impl Client {
                 }
                 Err(status) if try_next_member(&status) => {
                     tracing::debug!(member = %member.address, %status, "etcd member failed; trying the next");
-                    last = Some(status);
+                    last = Some(Status::new(
+                        status.code(),
+                        format!("{}: {}", member.address, with_causes(&status)),
+                    ));
                 }
                 Err(status)
                     if status.code() == Code::Unauthenticated && self.credentials.is_some() =>
@@ -516,6 +519,21 @@ impl Client {
         }
         request
     }
+}
+
+/// A status's message followed by its causes ("tcp connect error: Connection refused").
+fn with_causes(status: &Status) -> String {
+    let mut text = status.message().to_string();
+    let mut cause = std::error::Error::source(status);
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text.push_str(": ");
+            text.push_str(&c_text);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 fn transport_status(error: tonic::transport::Error) -> Status {

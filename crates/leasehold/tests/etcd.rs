@@ -1,0 +1,161 @@
+//! What only the etcd store promises, against a real etcd: a waiter whose own lease ends
+//! stops with a clear error, renewal across a member restart, `lost` when etcd stays
+//! away, non-fair waiting, extending past the lease etcd granted.
+#![cfg(feature = "etcd")]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold::conformance::{eventually, join_all, within};
+use leasehold::{Error, EtcdStore, Leasehold};
+use leasehold_testkit::EtcdServer;
+use tokio::time::Instant;
+
+async fn start() -> (EtcdServer, Leasehold) {
+    let server = tokio::task::spawn_blocking(EtcdServer::start)
+        .await
+        .unwrap();
+    let locks = Leasehold::new(EtcdStore::connect(&server.url()).await.unwrap());
+    (server, locks)
+}
+
+/// The etcd lease ids of the lock's queue keys, in queue order (etcdctl's JSON).
+fn queue_leases(server: &EtcdServer) -> Vec<i64> {
+    let out = server.etcdctl(&[
+        "get",
+        "--prefix",
+        "leasehold",
+        "--sort-by=CREATE",
+        "--order=ASCEND",
+        "-w",
+        "json",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("etcdctl prints JSON");
+    json["kvs"]
+        .as_array()
+        .map(|kvs| kvs.iter().map(|kv| kv["lease"].as_i64().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_own_lease_ends_stops_with_a_clear_error() {
+    let (server, locks) = start().await;
+    let lock = locks.mutex("k").unwrap().with_ttl(Duration::from_secs(2));
+    let holder = lock.try_lock().await.unwrap().unwrap();
+    let waiter = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.lock().await }
+    });
+    eventually("the waiter to queue", || async {
+        locks.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    // What a pause longer than its TTL does to a waiter: etcd ends its lease.
+    let leases = queue_leases(&server);
+    assert_eq!(leases.len(), 2);
+    let id = format!("{:x}", leases[1]);
+    let revoked = tokio::task::block_in_place(|| server.etcdctl(&["lease", "revoke", &id]));
+    assert!(revoked.contains("revoked"), "{revoked}");
+    let ended = within("the waiter to stop", waiter).await.unwrap();
+    match ended {
+        Err(Error::WaitEnded { name, reason }) => {
+            assert_eq!(name, "k");
+            assert!(reason.contains("lease expired"), "{reason}");
+        }
+        other => panic!("expected WaitEnded, got {other:?}"),
+    }
+    assert!(holder.check().is_ok());
+    holder.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_renews_again_after_a_member_restart_within_its_deadline() {
+    let (mut server, locks) = start().await;
+    let ttl = Duration::from_secs(4);
+    let guard = locks
+        .mutex("k")
+        .unwrap()
+        .with_ttl(ttl)
+        .lock()
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| server.restart());
+    let restarted = Instant::now();
+    // Only a renewal sent after the restart can move the deadline this far.
+    eventually("a renewal after the restart", || async {
+        guard.valid_until() > restarted + ttl / 2
+    })
+    .await;
+    assert!(guard.check().is_ok());
+    assert!(locks
+        .mutex("k")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_etcd_stays_away() {
+    let (mut server, locks) = start().await;
+    let guard = locks
+        .mutex("k")
+        .unwrap()
+        .with_ttl(Duration::from_secs(1))
+        .lock()
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| server.kill());
+    within("lost() after etcd went away", guard.lost()).await;
+    assert!(matches!(guard.check(), Err(Error::Lost { .. })));
+}
+
+/// Non-fair waiters (who watch the holder's key rather than queue) still exclude each
+/// other, and tokens keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_fair_waiters_exclude_each_other() {
+    let (_server, locks) = start().await;
+    let lock = locks.mutex("k").unwrap().with_fair(false);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..6 {
+        let (lock, inside) = (lock.clone(), inside.clone());
+        handles.push(tokio::spawn(async move {
+            let mut last = 0;
+            for _ in 0..10 {
+                let guard = lock.lock().await.unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                assert!(guard.token().get() > last);
+                last = guard.token().get();
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    join_all("the non-fair tasks", handles).await;
+}
+
+/// `extend` past the lease etcd granted moves the key to a longer lease: the token stays,
+/// and the lock outlives the old lease without renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_beyond_the_granted_lease_keeps_the_token() {
+    let (_server, locks) = start().await;
+    let guard = locks
+        .mutex("k")
+        .unwrap()
+        .with_ttl(Duration::from_secs(1))
+        .lock()
+        .await
+        .unwrap();
+    let token = guard.token();
+    guard.extend(Duration::from_secs(30)).await.unwrap();
+    assert!(guard.valid_until() > Instant::now() + Duration::from_secs(20));
+    let state = locks.describe("k").await.unwrap();
+    assert_eq!(state.holders[0].token, token);
+    assert!(state.holders[0].lease_left > Duration::from_secs(20));
+    guard.release().await.unwrap();
+}
