@@ -89,8 +89,13 @@ pub struct BenchArgs {
     pub etcd: Option<String>,
 
     /// First come, first served: waiters are granted the lock in arrival order
-    #[arg(long)]
+    /// [default: on for etcd, off for the other stores]
+    #[arg(long, overrides_with = "no_fair")]
     pub fair: bool,
+
+    /// Not first come, first served: a release may go to any waiter
+    #[arg(long, overrides_with = "fair")]
+    pub no_fair: bool,
 
     /// Print exactly one lockbench.v1 JSON line on stdout instead of the table
     #[arg(long)]
@@ -300,6 +305,7 @@ fn retry_text(backend: &str) -> &'static str {
         "redis" => {
             "woken by pub/sub (one subscription per client); fair: handed over in the release"
         }
+        "etcd" => "watch on the key ahead (fair; handed over by its deletion) or on the holder (non-fair), no polling",
         _ => "woken by the store, no polling",
     }
 }
@@ -770,10 +776,11 @@ fn table(r: &Report, store: &str, cpu: Duration) -> String {
 
 /// Runs the benchmark.
 pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Failure> {
-    let plan = Plan::new(&args)?;
+    let mut plan = Plan::new(&args)?;
     let url = store_url(store, &args)?;
     let backend = backend_of(&url);
     let store: Arc<dyn Store> = crate::open_store(Some(&url)).await?;
+    plan.fair = args.fair || (!args.no_fair && store.capabilities().fair_by_default);
     let store_name = store.describe_store();
     let locks = Leasehold::from_store(store);
     let handles = plan

@@ -21,6 +21,7 @@ const STORE_HELP: &str =
     "Store URL: local:DIR, local: (the default directory: $LEASEHOLD_HOME, else \
 $XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold); redis://[user:password@]host:port[/db], \
 rediss://... (TLS), redis+cluster://h1:p1,h2:p2 (add ?replicas=N to wait for N replicas); \
+etcd://h1:2379[,h2:2379...][?user=NAME&password=SECRET], etcds://... (TLS); \
 memory: (this process only; for bench)";
 
 /// Distributed locks from the shell: run a command while holding a lock, with a lease,

@@ -926,16 +926,21 @@ impl EtcdStore {
 
     /// Resolves at the first deletion in `blocker` after revision `seen`. `Ok(false)` when
     /// etcd can no longer tell (the revision was compacted): look again.
+    ///
+    /// A single key is watched from now rather than from `seen + 1`: etcd serves a watch
+    /// that starts in the past from a loop that runs every 100 ms, which would delay a
+    /// hand-over by up to that. A read after the watch exists covers the gap: the key
+    /// gone, or replaced by a newer one, is a deletion since `seen`.
     async fn deleted(&self, blocker: &Blocker, seen: i64) -> Result<bool> {
-        let (key, range_end) = match blocker {
-            Blocker::Key(key) => (key.clone(), Vec::new()),
-            Blocker::Queue(prefix) => (prefix.clone(), prefix_end(prefix)),
+        let (key, range_end, start) = match blocker {
+            Blocker::Key(key) => (key.clone(), Vec::new(), 0),
+            Blocker::Queue(prefix) => (prefix.clone(), prefix_end(prefix), seen + 1),
         };
         let create = WatchRequest {
             request: Some(WatchOp::Create(WatchCreateRequest {
-                key,
+                key: key.clone(),
                 range_end,
-                start_revision: seen + 1,
+                start_revision: start,
                 filters: vec![rpc::NO_PUT],
             })),
         };
@@ -957,6 +962,19 @@ impl EtcdStore {
                     ))));
                 }
                 Some(answer) if !answer.events.is_empty() => return Ok(true),
+                Some(answer) if answer.created && start == 0 => {
+                    let now = answer.header.as_ref().map_or(i64::MAX, |h| h.revision);
+                    if now > seen {
+                        let current = self.range(range_key(&key)).await?;
+                        let same = current
+                            .kvs
+                            .first()
+                            .is_some_and(|kv| kv.create_revision <= seen);
+                        if !same {
+                            return Ok(true);
+                        }
+                    }
+                }
                 Some(_) => {}
                 None => {
                     return Err(self.unavailable(tonic::Status::unavailable("watch stream ended")))

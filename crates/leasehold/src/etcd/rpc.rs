@@ -245,6 +245,8 @@ pub struct WatchCreateRequest {
 pub struct WatchResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
+    #[prost(bool, tag = "3")]
+    pub created: bool,
     #[prost(bool, tag = "4")]
     pub canceled: bool,
     #[prost(int64, tag = "5")]
