@@ -846,6 +846,7 @@ mod tests {
             redis_url: None,
             etcd: None,
             fair: false,
+            no_fair: false,
             json: false,
         }
     }

@@ -269,22 +269,7 @@ fn bad_replica_options_are_rejected_with_64() {
 fn tls_redis_runs_commands_and_refuses_an_untrusted_server() {
     let certs = leasehold_testkit::TempDir::new("redis-tls");
     let dir = certs.path().display().to_string();
-    let make = format!(
-        "cd {dir} && \
-         openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=leasehold-test-ca && \
-         openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost && \
-         printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext && \
-         openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile san.ext"
-    );
-    let made = std::process::Command::new("sh")
-        .args(["-c", &make])
-        .output()
-        .expect("openssl runs");
-    assert!(
-        made.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    leasehold_testkit::make_tls_certs(certs.path());
     let tls_port = free_port().to_string();
     let server = RedisServer::start_with(&[
         "--save",

@@ -126,6 +126,43 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// Writes a test CA (`ca.pem`, `ca.key`) and a server certificate it signed (`server.pem`,
+/// `server.key`, for `IP:127.0.0.1` and `DNS:localhost`, valid one day) into `dir`, with
+/// `openssl`. Clients trust the server via `SSL_CERT_FILE=DIR/ca.pem`; `server.pem` alone
+/// is not a CA, so pointing `SSL_CERT_FILE` at it makes the server untrusted.
+pub fn make_tls_certs(dir: &Path) {
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("write san.ext");
+    // No argument holds a space, so each step is split on whitespace.
+    let steps = [
+        "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=leasehold-test-ca",
+        "req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost",
+        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile san.ext",
+    ];
+    for step in steps {
+        let out = match std::process::Command::new("openssl")
+            .args(step.split_whitespace())
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                panic!("openssl is not installed: apt-get install openssl")
+            }
+            Err(e) => panic!("cannot run openssl: {e}"),
+        };
+        assert!(
+            out.status.success(),
+            "openssl {step}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// A real `redis-server` on a free loopback port with its own directory, stopped by pid
 /// when dropped (and killed with the test process, via `PR_SET_PDEATHSIG`).
 #[derive(Debug)]
@@ -415,13 +452,27 @@ pub struct EtcdServer {
     cluster: (String, String),
     /// The length of its log when it was last started: what follows is this run's.
     log_start: u64,
+    /// `(certificate, key)` of a member serving clients over TLS (peers stay plain).
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl EtcdServer {
     /// A single-member cluster, healthy; retried on new ports when another test took one
     /// between our probe and etcd's bind.
     pub fn start() -> Self {
+        Self::start_single(None)
+    }
+
+    /// The same serving clients over TLS with `cert` and `key` (PEM): its
+    /// [`url`](Self::url) is `etcds://`. The certificate must name 127.0.0.1 (see
+    /// [`make_tls_certs`]).
+    pub fn start_tls(cert: &Path, key: &Path) -> Self {
+        Self::start_single(Some((cert.to_path_buf(), key.to_path_buf())))
+    }
+
+    fn start_single(tls: Option<(PathBuf, PathBuf)>) -> Self {
         let mut server = EtcdServer::new("m0", ETCD_SINGLE_TIMING);
+        server.tls = tls;
         for _ in 0..5 {
             server.client_port = free_port();
             server.peer_port = free_port();
@@ -447,6 +498,7 @@ impl EtcdServer {
             timing,
             cluster: Default::default(),
             log_start: 0,
+            tls: None,
         }
     }
 
@@ -474,7 +526,8 @@ impl EtcdServer {
             .open(self.log())
             .expect("create the etcd log");
         self.log_start = log.metadata().map_or(0, |m| m.len());
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let mut cmd = std::process::Command::new("etcd");
         cmd.args(["--name", &self.name])
@@ -493,6 +546,9 @@ impl EtcdServer {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log);
+        if let Some((cert, key)) = &self.tls {
+            cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+        }
         // etcd reads its flags from ETCD_* variables too; keep the caller's out of it.
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
@@ -530,7 +586,8 @@ impl EtcdServer {
         })
     }
 
-    /// Whether its log, since the last spawn, says it serves clients (its ports are its).
+    /// Whether its log, since the last spawn, says it serves clients (its ports are its):
+    /// "serving client traffic", followed by "securely" over TLS.
     fn serving(&self) -> bool {
         use std::io::{Read, Seek};
         let mut log = String::new();
@@ -546,6 +603,9 @@ impl EtcdServer {
     /// and got a quorum read through. False within about a second when it is paused.
     pub fn healthy(&self) -> bool {
         use std::io::{Read, Write};
+        if self.tls.is_some() {
+            return self.healthy_tls();
+        }
         let timeout = std::time::Duration::from_secs(1);
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.client_port));
         let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
@@ -561,6 +621,38 @@ impl EtcdServer {
         s.write_all(request.as_bytes()).is_ok()
             && s.read_to_end(&mut response).is_ok()
             && String::from_utf8_lossy(&response).contains(r#""health":"true""#)
+    }
+
+    /// [`healthy`](Self::healthy) over TLS, where a bare HTTP request gets no answer:
+    /// `etcdctl endpoint health` (the same quorum read), killed if it outlives its own
+    /// timeouts.
+    fn healthy_tls(&self) -> bool {
+        let args = [
+            "--dial-timeout=1s",
+            "--command-timeout=1s",
+            "endpoint",
+            "health",
+        ];
+        let Ok(mut child) = (self.etcdctl_command(&args))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        else {
+            return false;
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return status.success(),
+                Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(POLL),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return false;
+                }
+            }
+        }
     }
 
     /// Runs `etcdctl --endpoints 127.0.0.1:PORT ARGS...` (API v3) against this member and
@@ -588,8 +680,13 @@ impl EtcdServer {
             }
         }
         cmd.env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoint()])
-            .args(args);
+            .args(["--endpoints", &self.endpoint()]);
+        if self.tls.is_some() {
+            // etcdctl 3.4 dials TLS only with `--insecure-transport=false` (an https://
+            // endpoint is not enough); the test CA is not at hand here, so no verification.
+            cmd.args(["--insecure-transport=false", "--insecure-skip-tls-verify"]);
+        }
+        cmd.args(args);
         cmd
     }
 
@@ -613,9 +710,10 @@ impl EtcdServer {
             .ok()
     }
 
-    /// `etcd://127.0.0.1:PORT`.
+    /// `etcd://127.0.0.1:PORT`, or `etcds://` when it serves clients over TLS.
     pub fn url(&self) -> String {
-        format!("etcd://{}", self.endpoint())
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", self.endpoint())
     }
 
     /// `127.0.0.1:PORT`, its client address (for `etcdctl --endpoints`).
