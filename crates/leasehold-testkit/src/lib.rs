@@ -163,11 +163,55 @@ pub fn make_tls_certs(dir: &Path) {
     }
 }
 
+/// A store server's process: started so that it dies with the test process
+/// (`PR_SET_PDEATHSIG`), then paused, resumed and killed by pid.
+#[derive(Debug, Default)]
+struct ServerProcess(Option<std::process::Child>);
+
+impl ServerProcess {
+    /// Starts `cmd`; `package` is the Debian package to name when the binary is missing.
+    fn spawn(&mut self, mut cmd: std::process::Command, package: &str) {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        self.0 = Some(match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "{program} is not installed: run ./scripts/test (it installs it) or apt-get install {package}"
+            ),
+            Err(e) => panic!("cannot start {program}: {e}"),
+        });
+    }
+
+    /// Not running: never started, killed, or exited (e.g. its port was taken).
+    fn exited(&mut self) -> bool {
+        !matches!(self.0.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    fn pid(&self) -> i32 {
+        self.0.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// SIGKILL, and reap it.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// A real `redis-server` on a free loopback port with its own directory, stopped by pid
 /// when dropped (and killed with the test process, via `PR_SET_PDEATHSIG`).
 #[derive(Debug)]
 pub struct RedisServer {
-    child: Option<std::process::Child>,
+    process: ServerProcess,
     port: u16,
     dir: TempDir,
     extra: Vec<String>,
@@ -201,7 +245,7 @@ impl RedisServer {
     /// between our probe and the server's bind.
     fn start_on(extra: &[&str], pick: fn() -> u16) -> Self {
         let mut server = RedisServer {
-            child: None,
+            process: ServerProcess::default(),
             port: 0,
             dir: TempDir::new("redis"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -221,7 +265,6 @@ impl RedisServer {
 
     /// Starts the process on `self.port`; false if it exited before answering.
     fn spawn(&mut self) -> bool {
-        use std::os::unix::process::CommandExt;
         let mut cmd = std::process::Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--protected-mode", "no", "--daemonize", "no"])
@@ -233,29 +276,12 @@ impl RedisServer {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server is not installed: run ./scripts/test (it installs it) or apt-get install redis-server"
-            ),
-            Err(e) => panic!("cannot start redis-server: {e}"),
-        };
-        self.child = Some(child);
+        self.process.spawn(cmd, "redis-server");
         wait_until("redis-server to answer PING", PATIENCE, || {
             if self.ping() {
                 return Some(true);
             }
-            match self.child.as_mut().map(|c| c.try_wait()) {
-                Some(Ok(Some(_))) => Some(false),
-                _ => None,
-            }
+            self.process.exited().then_some(false)
         })
     }
 
@@ -289,7 +315,7 @@ impl RedisServer {
 
     /// Its pid (0 when stopped).
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |c| c.id() as i32)
+        self.process.pid()
     }
 
     /// SIGSTOP: the server stops answering but keeps its connections (stopped on return).
@@ -304,10 +330,7 @@ impl RedisServer {
 
     /// SIGKILL, and reap it.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill();
     }
 
     /// Kills it (if running) and starts it again on the same port and directory.
@@ -440,7 +463,7 @@ const ETCD_CLUSTER_TIMING: (u32, u32) = (100, 1000);
 /// via `PR_SET_PDEATHSIG`). Alone ([`start`](Self::start)) or one of an [`EtcdCluster`].
 #[derive(Debug)]
 pub struct EtcdServer {
-    child: Option<std::process::Child>,
+    process: ServerProcess,
     name: String,
     client_port: u16,
     peer_port: u16,
@@ -490,7 +513,7 @@ impl EtcdServer {
     /// A member not started yet, without ports.
     fn new(name: &str, timing: (u32, u32)) -> Self {
         EtcdServer {
-            child: None,
+            process: ServerProcess::default(),
             name: name.to_string(),
             client_port: 0,
             peer_port: 0,
@@ -518,7 +541,6 @@ impl EtcdServer {
     /// Starts the process on its ports, without waiting: a cluster's members only become
     /// healthy once a majority of them runs.
     fn spawn(&mut self) {
-        use std::os::unix::process::CommandExt;
         // Appended to, so the log of a restart follows that of the run before.
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -556,29 +578,15 @@ impl EtcdServer {
                 cmd.env_remove(&*key);
             }
         }
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        self.child = Some(match cmd.spawn() {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "etcd is not installed: run ./scripts/test (it installs it) or apt-get install etcd-server"
-            ),
-            Err(e) => panic!("cannot start etcd: {e}"),
-        });
+        self.process.spawn(cmd, "etcd-server");
     }
 
     /// Waits until the process is healthy (true) or has exited (false, e.g. a port taken).
     fn wait_started(&mut self) -> bool {
         let what = format!("etcd to be healthy; see {}", self.log().display());
         wait_until(&what, PATIENCE, || {
-            match self.child.as_mut().map(|c| c.try_wait()) {
-                Some(Ok(Some(_))) | None => return Some(false),
-                _ => {}
+            if self.process.exited() {
+                return Some(false);
             }
             // Its own log first: until it serves, a healthy answer on its port may come
             // from another test's etcd that took the port (ours then exits).
@@ -728,7 +736,7 @@ impl EtcdServer {
 
     /// Its pid (0 when stopped).
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().map_or(0, |c| c.id() as i32)
+        self.process.pid()
     }
 
     /// SIGSTOP: the member stops answering (clients and peers) but keeps its connections
@@ -744,10 +752,7 @@ impl EtcdServer {
 
     /// SIGKILL, and reap it.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill();
     }
 
     /// Kills it (if running), starts it again on the same ports and data directory (same

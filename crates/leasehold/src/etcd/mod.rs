@@ -183,6 +183,22 @@ struct Entry {
     holds: Vec<String>,
 }
 
+impl Entry {
+    fn value(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain strings and numbers serialize")
+    }
+}
+
+/// Writes `entry` into the existing `key`, keeping the key's lease.
+fn rewrite(key: &[u8], entry: &Entry) -> Op {
+    Op::Put(PutRequest {
+        key: key.to_vec(),
+        value: entry.value(),
+        lease: 0,
+        ignore_lease: true,
+    })
+}
+
 /// A queue key read back.
 #[derive(Clone, Debug)]
 struct Member {
@@ -193,11 +209,18 @@ struct Member {
 /// Where one key stands in its queue.
 #[derive(Debug, PartialEq, Eq)]
 struct Standing {
-    granted: bool,
-    blocker: Option<Blocker>,
-    sole: bool,
+    /// `None`: it holds the lock.
+    waiting: Option<Waiting>,
     /// Waiters ahead + 1.
     position: usize,
+}
+
+/// What a waiting key waits for.
+#[derive(Debug, PartialEq, Eq)]
+struct Waiting {
+    blocker: Blocker,
+    /// The blocker is the only key ahead: its deletion hands us the lock.
+    sole: bool,
 }
 
 /// The standing of `queue[at]`, by the rules of its kind. `queue` is in create order.
@@ -212,9 +235,7 @@ fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
     let position = (0..at).filter(|&i| !granted(i)).count() + 1;
     if granted(at) {
         return Standing {
-            granted: true,
-            blocker: None,
-            sole: false,
+            waiting: None,
             position,
         };
     }
@@ -233,9 +254,7 @@ fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
         LockKind::Permit { .. } => (Blocker::Queue(prefix.to_vec()), false),
     };
     Standing {
-        granted: false,
-        blocker: Some(blocker),
-        sole,
+        waiting: Some(Waiting { blocker, sole }),
         position,
     }
 }
@@ -609,7 +628,7 @@ impl EtcdStore {
         };
         let put = Op::Put(PutRequest {
             key: key.clone(),
-            value: serde_json::to_vec(&entry).expect("an entry serializes"),
+            value: entry.value(),
             lease: lease.id,
             ignore_lease: false,
         });
@@ -681,28 +700,22 @@ impl EtcdStore {
         if !mine {
             // Our owner is already here: re-enter if it holds.
             self.spare(lease);
-            if here.granted {
+            if here.waiting.is_none() {
                 return self.reenter(req, &queue[at], started).await;
             }
             return Ok(self.outside(req, &queue, &prefix, revision));
         }
-        let create = queue[at].kv.create_revision;
-        if here.granted {
-            return Ok(self.granted(
-                req,
-                &key,
-                lease,
-                create,
-                queue[at].kv.mod_revision,
-                1,
-                started,
-            ));
-        }
+        let (create, modified) = (queue[at].kv.create_revision, queue[at].kv.mod_revision);
+        let Some(waiting) = here.waiting else {
+            return Ok(self.granted(req, &key, lease, create, modified, 1, started));
+        };
         if !req.enqueue {
             self.withdraw(&req.lease, &key, create, lease).await?;
             return Ok(self.busy(&queue, None, revision));
         }
-        Ok(self.queued(req, key, lease, create, &queue, here, revision, started))
+        let busy = self.busy(&queue, Some(here.position), revision);
+        self.queued(req, key, lease, create, waiting, started);
+        Ok(busy)
     }
 
     /// A waiting acquisition tries again: is its key still there, and where?
@@ -741,21 +754,13 @@ impl EtcdStore {
             return Err(self.wait_ended(req));
         };
         let here = standing(&queue, at, prefix);
-        if here.granted {
+        let Some(waiting) = here.waiting else {
             let modified = queue[at].kv.mod_revision;
             return Ok(self.granted(req, key, lease, create, modified, 1, started));
-        }
-        let revision = answer.revision();
-        Ok(self.queued(
-            req,
-            key.to_vec(),
-            lease,
-            create,
-            &queue,
-            here,
-            revision,
-            started,
-        ))
+        };
+        let busy = self.busy(&queue, Some(here.position), answer.revision());
+        self.queued(req, key.to_vec(), lease, create, waiting, started);
+        Ok(busy)
     }
 
     fn wait_ended(&self, req: &AcquireRequest) -> Error {
@@ -792,19 +797,16 @@ impl EtcdStore {
         Attempt::Granted(grant(req, lease, create, holds, started))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Records our key as waiting in the queue.
     fn queued(
         &self,
         req: &AcquireRequest,
         key: Vec<u8>,
         lease: EtcdLease,
         create: i64,
-        queue: &[Member],
-        here: Standing,
-        revision: i64,
+        waiting: Waiting,
         started: Instant,
-    ) -> Attempt {
-        let busy = self.busy(queue, Some(here.position), revision);
+    ) {
         self.record(
             &req.lease,
             Acquisition {
@@ -812,13 +814,12 @@ impl EtcdStore {
                 lease: Some(lease),
                 state: State::Queued {
                     create,
-                    blocker: here.blocker.expect("a waiter has a blocker"),
-                    sole: here.sole,
+                    blocker: waiting.blocker,
+                    sole: waiting.sole,
                     attempted: started,
                 },
             },
         );
-        busy
     }
 
     /// Busy for an acquisition that is not in the queue: wait for the holder to go (or,
@@ -883,12 +884,7 @@ impl EtcdStore {
     ) -> Result<Attempt> {
         let mut entry = member.entry.clone();
         entry.holds.push(req.lease.0.clone());
-        let put = Op::Put(PutRequest {
-            key: member.kv.key.clone(),
-            value: serde_json::to_vec(&entry).expect("an entry serializes"),
-            lease: 0,
-            ignore_lease: true,
-        });
+        let put = rewrite(&member.kv.key, &entry);
         let borrowed = borrowed(member.kv.lease);
         let (answer, alive) = tokio::join!(
             self.call_txn(txn(
@@ -1139,12 +1135,7 @@ impl Store for EtcdStore {
             let change = if entry.holds.is_empty() {
                 delete(&key)
             } else {
-                Op::Put(PutRequest {
-                    key: key.clone(),
-                    value: serde_json::to_vec(&entry).expect("an entry serializes"),
-                    lease: 0,
-                    ignore_lease: true,
-                })
+                rewrite(&key, &entry)
             };
             let answer = self
                 .call_txn(txn(
@@ -1254,7 +1245,7 @@ impl Store for EtcdStore {
         };
         for at in 0..queue.len() {
             let member = &queue[at];
-            if standing(&queue, at, &prefix).granted {
+            if standing(&queue, at, &prefix).waiting.is_none() {
                 let answer: LeaseTimeToLiveResponse = self
                     .inner
                     .client
@@ -1314,7 +1305,7 @@ impl Store for EtcdStore {
         let prefix = queue_prefix(name);
         let mut any = false;
         for at in 0..queue.len() {
-            if !standing(&queue, at, &prefix).granted {
+            if standing(&queue, at, &prefix).waiting.is_some() {
                 continue;
             }
             let key = &queue[at].kv.key;
@@ -1444,8 +1435,11 @@ mod tests {
             .collect()
     }
 
-    fn key(i: u8) -> Option<Blocker> {
-        Some(Blocker::Key(vec![b'k', i]))
+    fn waits_for(i: u8, sole: bool) -> Option<Waiting> {
+        Some(Waiting {
+            blocker: Blocker::Key(vec![b'k', i]),
+            sole,
+        })
     }
 
     use LockKind::{Exclusive as W, Shared as R};
@@ -1453,37 +1447,32 @@ mod tests {
     #[test]
     fn a_writer_waits_for_the_key_just_ahead() {
         let q = queue(&[W, R, W]);
-        assert!(standing(&q, 0, b"p").granted);
-        let second = standing(&q, 1, b"p");
-        assert_eq!(
-            (second.granted, second.blocker, second.sole),
-            (false, key(0), true)
-        );
+        assert_eq!(standing(&q, 0, b"p").waiting, None);
+        assert_eq!(standing(&q, 1, b"p").waiting, waits_for(0, true));
         let third = standing(&q, 2, b"p");
-        assert_eq!(
-            (third.granted, third.blocker, third.sole),
-            (false, key(1), false)
-        );
+        assert_eq!(third.waiting, waits_for(1, false));
         assert_eq!(third.position, 2);
     }
 
     #[test]
     fn a_reader_waits_only_for_the_last_writer_ahead() {
         let q = queue(&[R, R, W, R, W, R]);
-        assert!(standing(&q, 1, b"p").granted, "readers share");
-        let reader = standing(&q, 3, b"p");
-        assert_eq!((reader.blocker, reader.sole), (key(2), true));
-        let later = standing(&q, 5, b"p");
-        assert_eq!((later.blocker, later.sole), (key(4), false));
+        assert_eq!(standing(&q, 1, b"p").waiting, None, "readers share");
+        assert_eq!(standing(&q, 3, b"p").waiting, waits_for(2, true));
+        assert_eq!(standing(&q, 5, b"p").waiting, waits_for(4, false));
     }
 
     #[test]
     fn the_first_permits_hold_and_the_rest_watch_the_queue() {
         let sem = LockKind::Permit { permits: 2 };
         let q = queue(&[sem, sem, sem]);
-        assert!(standing(&q, 1, b"p").granted);
+        assert_eq!(standing(&q, 1, b"p").waiting, None);
         let third = standing(&q, 2, b"p");
-        assert_eq!(third.blocker, Some(Blocker::Queue(b"p".to_vec())));
+        let queue_watch = Waiting {
+            blocker: Blocker::Queue(b"p".to_vec()),
+            sole: false,
+        };
+        assert_eq!(third.waiting, Some(queue_watch));
         assert_eq!(third.position, 1);
         assert!(!compatible(sem, LockKind::Permit { permits: 3 }));
         assert!(!compatible(sem, W));
