@@ -7,6 +7,7 @@ pub mod exit;
 mod inspect;
 mod progress;
 mod run;
+pub mod torture;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -57,6 +58,11 @@ pub enum Command {
     Release(inspect::ReleaseArgs),
     /// Measure a store: latency, hand-off and throughput (lockbench.v1 with --json)
     Bench(bench::BenchArgs),
+    /// Check safety under faults: workers, a fenced counter, a nemesis, a history checker
+    Torture(torture::TortureArgs),
+    /// One torture worker (started by `torture`)
+    #[command(hide = true)]
+    TortureWorker(torture::worker::WorkerArgs),
 }
 
 const RUN_AFTER_HELP: &str = "\
@@ -212,5 +218,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
         Command::List(args) => inspect::list(store, args).await,
         Command::Release(args) => inspect::release(store, args).await,
         Command::Bench(args) => bench::bench(store, args).await,
+        Command::Torture(args) => torture::torture(store, args).await,
+        Command::TortureWorker(args) => torture::worker::worker(store, args).await,
     }
 }

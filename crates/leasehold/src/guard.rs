@@ -133,6 +133,13 @@ impl LockGuard {
         self.held().status.borrow().valid_until
     }
 
+    /// Follows the safe deadline as confirmed renewals move it, e.g. to log renewals.
+    pub fn deadlines(&self) -> Deadlines {
+        let mut status = self.held().status.clone();
+        status.mark_unchanged();
+        Deadlines(status)
+    }
+
     /// Whether the lock can no longer be proven held.
     pub fn is_lost(&self) -> bool {
         self.held().status.borrow().is_lost(Instant::now())
@@ -221,6 +228,23 @@ impl LockGuard {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
         held.line.lease.clone()
+    }
+}
+
+/// The safe deadlines of one guard, from [`LockGuard::deadlines`].
+#[derive(Debug)]
+pub struct Deadlines(watch::Receiver<Status>);
+
+impl Deadlines {
+    /// Waits for the next confirmed renewal and returns the new safe deadline; `None`
+    /// once the lock is lost or the guard is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only watches.
+    pub async fn next(&mut self) -> Option<Instant> {
+        self.0.changed().await.ok()?;
+        let status = self.0.borrow_and_update();
+        status.lost.is_none().then_some(status.valid_until)
     }
 }
 

@@ -9,10 +9,11 @@ use tracing::Instrument;
 
 use crate::gate::{Gates, Until};
 use crate::guard::LockGuard;
-use crate::keepalive::{jitter, Lifeline, Renewals};
+use crate::keepalive::{jitter, safe_deadline, Lifeline, Renewals};
 use crate::options::{check_owner, check_permits, check_ttl, waiter_lease, DEFAULT_TTL};
 use crate::store::{
-    AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Requester, Store,
+    AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Renewal, Requester,
+    Store,
 };
 use crate::{Error, LockName, Result};
 
@@ -317,6 +318,37 @@ impl Lock {
         )
     }
 
+    /// The guard of a grant, or `None` if its lease lapsed before it arrived. A grant that
+    /// arrives after its safe deadline (a slow link, a paused store or client) proves
+    /// nothing by itself; one ownership-checked renewal sent now does, since a lease id
+    /// that lapsed cannot be renewed once anyone else has taken the lock.
+    async fn accept(
+        &self,
+        req: &AcquireRequest,
+        grant: Grant,
+        sent: Instant,
+    ) -> Result<Option<LockGuard>> {
+        let granted = grant.lease.unwrap_or(req.ttl).min(req.ttl);
+        if safe_deadline(sent, granted) > Instant::now() {
+            return Ok(Some(self.guard(req, grant, sent)));
+        }
+        let resent = Instant::now();
+        match self.store.renew(&req.lease(), req.ttl).await? {
+            Renewal::Renewed => {
+                tracing::debug!("a grant that arrived late was confirmed by a renewal");
+                let grant = Grant {
+                    lease: None,
+                    ..grant
+                };
+                Ok(Some(self.guard(req, grant, resent)))
+            }
+            Renewal::Lost => {
+                tracing::debug!("a grant arrived after its lease had lapsed");
+                Ok(None)
+            }
+        }
+    }
+
     async fn acquire_from_store(
         &self,
         req: AcquireRequest,
@@ -329,19 +361,28 @@ impl Lock {
         // was granted unseen is simply granted again.
         let mut answered = false;
         let mut trouble = Duration::from_millis(50);
-        let granted = |grant: Grant, sent: Instant| {
-            tracing::debug!(waited = ?started.elapsed(), "waited");
-            self.guard(&req, grant, sent)
-        };
         loop {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
             let sent = Instant::now();
             let busy = match self.store.acquire(&req).await {
-                Ok(Attempt::Granted(grant)) => {
-                    pending.disarm();
-                    return Ok(Some(granted(grant, sent)));
-                }
+                Ok(Attempt::Granted(grant)) => match self.accept(&req, grant, sent).await {
+                    Ok(Some(guard)) => {
+                        pending.disarm();
+                        tracing::debug!(waited = ?started.elapsed(), "waited");
+                        return Ok(Some(guard));
+                    }
+                    // Lapsed on the way: ask again (the same request), if we may wait.
+                    Ok(None) if !matches!(wait, Wait::No) => continue,
+                    Ok(None) => {
+                        pending.undo().await;
+                        return Ok(None);
+                    }
+                    Err(error) => {
+                        pending.undo().await;
+                        return Err(error);
+                    }
+                },
                 Ok(Attempt::Busy(busy)) => {
                     answered = true;
                     trouble = Duration::from_millis(50);
@@ -397,10 +438,18 @@ impl Lock {
                 changed = self.store.changed(&req, busy.watermark) => match changed {
                     // Handed over by the store: the lease runs from after `sent`, our
                     // last request, so counting from it is safe.
-                    Ok(Some(grant)) => {
-                        pending.disarm();
-                        return Ok(Some(granted(grant, sent)));
-                    }
+                    Ok(Some(grant)) => match self.accept(&req, grant, sent).await {
+                        Ok(Some(guard)) => {
+                            pending.disarm();
+                            tracing::debug!(waited = ?started.elapsed(), "waited");
+                            return Ok(Some(guard));
+                        }
+                        Ok(None) => {}
+                        Err(error) => {
+                            pending.undo().await;
+                            return Err(error);
+                        }
+                    },
                     Ok(None) => {}
                     Err(error) => {
                         tracing::debug!(%error, "change notification failed; backing off");

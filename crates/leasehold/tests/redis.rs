@@ -92,3 +92,40 @@ async fn many_waiters_of_one_client_share_its_single_subscription() {
     holder.release().await.unwrap();
     leasehold::conformance::join_all("every waiter", waiters).await;
 }
+
+/// A grant that reaches the client after its safe deadline (the server was stopped with
+/// the request in its socket, longer than the TTL) is confirmed by a renewal before it is
+/// returned, instead of being handed out already lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_arrives_after_its_deadline_is_confirmed_before_it_is_returned() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let ttl = Duration::from_millis(300);
+    let lock = locks.mutex("late").unwrap().with_ttl(ttl);
+    // Scripts loaded and connections up, so the next attempt is one request.
+    lock.try_lock()
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.pause();
+    let attempt = tokio::spawn(async move { lock.try_lock().await });
+    eventually(
+        "the request to wait in the stopped server's socket",
+        || async { leasehold_testkit::unread_bytes(server.port()) > 0 },
+    )
+    .await;
+    // The fault itself: the server stays stopped for twice the TTL.
+    tokio::time::sleep(ttl * 2).await;
+    server.resume();
+    let guard = within("the late grant", attempt)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("nobody else wanted the lock");
+    assert!(guard.check().is_ok(), "returned already lost");
+    assert!(guard.valid_until() > Instant::now());
+    guard.release().await.unwrap();
+}

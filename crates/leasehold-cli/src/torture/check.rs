@@ -1,0 +1,722 @@
+//! The history checker: a pure function from the merged history to a report.
+//!
+//! A hold's *valid lease* runs from the moment its acquire returned to the earliest of the
+//! safe deadline the library promised (the last one it logged), the moment its release
+//! was invoked and the moment its process was killed. Both ends are conservative: the store's lease began earlier and ends
+//! later, so two valid leases that overlap prove two holders at once. A hold's *belief*
+//! runs from the acquire's return until the worker learned of the loss, released, or was
+//! killed: what the application thought.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use super::history::{Entry, Event, Op};
+
+/// How the resource fences (see `--fence`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Fence {
+    /// Reject any access whose token is below the highest accepted (reads advance it).
+    All,
+    /// Check writes only.
+    Writes,
+    /// No fencing: the unfenced control.
+    None,
+}
+
+/// Faults that explain a lost lease: a long pause or kill of that worker, or any fault
+/// of the store or the link (no target).
+const EXCUSING_HOLDER_FAULTS: &[&str] = &["pause", "kill"];
+
+/// Nearest-rank percentiles of durations, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Spread {
+    /// How many.
+    pub n: usize,
+    /// Median.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Largest.
+    pub max_ms: f64,
+}
+
+impl Spread {
+    fn of(mut ns: Vec<u64>) -> Self {
+        if ns.is_empty() {
+            return Spread::default();
+        }
+        ns.sort_unstable();
+        let rank = |p: f64| ns[((p * ns.len() as f64).ceil() as usize).clamp(1, ns.len()) - 1];
+        let ms = |v: u64| v as f64 / 1e6;
+        Spread {
+            n: ns.len(),
+            p50_ms: ms(rank(0.50)),
+            p99_ms: ms(rank(0.99)),
+            max_ms: ms(ns[ns.len() - 1]),
+        }
+    }
+}
+
+/// What the checker found. Counts of pairs for overlaps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// Acquisitions that returned a guard.
+    pub acquisitions: usize,
+    /// Acquires that returned without the lock: busy or out of time.
+    pub acquire_failed: usize,
+    /// Acquires that failed with an error (the store may have granted).
+    pub acquire_unknown: usize,
+    /// Pairs of different owners whose valid leases overlap. Must be 0.
+    pub service_overlap: usize,
+    /// Pairs of different owners that believed they held at once (reported only).
+    pub belief_overlap: usize,
+    /// Accesses the resource accepted with a token below one it had accepted before.
+    pub stale_accepted: usize,
+    /// Accesses the resource refused.
+    pub stale_rejected: usize,
+    /// Accepted writes that did not build on the value before them.
+    pub lost_updates: usize,
+    /// Holders (different owners) that got the same token.
+    pub duplicate_tokens: usize,
+    /// Valid holds, in the order they began, whose token was not above every earlier one.
+    pub tokens_backwards: usize,
+    /// Re-entries that returned a token other than the outer hold's.
+    pub reentry_token_changed: usize,
+    /// Re-entries checked.
+    pub reentries: usize,
+    /// Guards returned already past their safe deadline (a grant that arrived late).
+    pub granted_late: usize,
+    /// `check` said "held" after the guard's own deadline.
+    pub believed_past_deadline: usize,
+    /// Holds whose safe deadline passed while the worker still held them.
+    pub expired_while_held: usize,
+    /// Of those, how many fired `lost`.
+    pub losses_reported: usize,
+    /// From the deadline (or the end of the fault that covered it) to `lost`.
+    pub loss_report: Spread,
+    /// `lost` with no fault to explain it (a short pause does not).
+    pub false_losses: usize,
+    /// Faults started, by kind.
+    pub faults: BTreeMap<String, usize>,
+    /// From killing a holder to the next acquisition by someone else.
+    pub takeover: Spread,
+    /// From acquire invoked to a guard returned.
+    pub acquire: Spread,
+    /// The invariants this history broke (empty: it passed).
+    pub violations: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Hold {
+    owner: String,
+    token: u64,
+    invoked: u64,
+    got: u64,
+    deadline: u64,
+    lost: Option<u64>,
+    release: Option<u64>,
+    killed: Option<u64>,
+}
+
+impl Hold {
+    /// A killed process cannot act, and the store may free its lock on seeing it dead.
+    fn valid_end(&self) -> u64 {
+        [self.release, self.killed]
+            .into_iter()
+            .flatten()
+            .fold(self.deadline, u64::min)
+    }
+
+    fn belief_end(&self, history_end: u64) -> u64 {
+        [self.lost, self.release, self.killed]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(history_end)
+    }
+}
+
+#[derive(Debug)]
+struct Fault {
+    kind: String,
+    target: Option<String>,
+    start: u64,
+    end: u64,
+}
+
+/// Checks a history (entries in time order) of one lock.
+pub fn check(history: &[Entry], fence: Fence) -> Report {
+    let mut report = Report::default();
+    let history_end = history.last().map_or(0, |e| e.t);
+    let mut holds: Vec<Hold> = Vec::new();
+    let mut current: HashMap<&str, usize> = HashMap::new();
+    let mut invoked: HashMap<&str, u64> = HashMap::new();
+    let mut acquire_ns = Vec::new();
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut highest = 0u64;
+    let mut counter = 0u64;
+
+    for entry in history {
+        let t = entry.t;
+        match &entry.event {
+            Event::Spawned { .. } => {}
+            Event::Invoke { owner } => {
+                invoked.insert(owner, t);
+            }
+            Event::Acquired {
+                owner,
+                token,
+                deadline,
+            } => {
+                report.acquisitions += 1;
+                let invoked = invoked.get(owner.as_str()).copied().unwrap_or(t);
+                acquire_ns.push(t - invoked);
+                if *deadline < t {
+                    report.granted_late += 1;
+                }
+                current.insert(owner, holds.len());
+                holds.push(Hold {
+                    owner: owner.clone(),
+                    token: *token,
+                    invoked,
+                    got: t,
+                    deadline: *deadline,
+                    lost: None,
+                    release: None,
+                    killed: None,
+                });
+            }
+            Event::AcquireFailed { unknown, .. } => match unknown {
+                true => report.acquire_unknown += 1,
+                false => report.acquire_failed += 1,
+            },
+            Event::Reentered {
+                owner: _,
+                token,
+                outer,
+            } => {
+                report.reentries += 1;
+                if token != outer {
+                    report.reentry_token_changed += 1;
+                }
+            }
+            Event::Renewed {
+                owner, deadline, ..
+            } => {
+                if let Some(&i) = current.get(owner.as_str()) {
+                    holds[i].deadline = holds[i].deadline.max(*deadline);
+                }
+            }
+            Event::Lost { owner, .. } => {
+                if let Some(&i) = current.get(owner.as_str()) {
+                    holds[i].lost.get_or_insert(t);
+                }
+            }
+            Event::Check { ok, deadline, .. } => {
+                if *ok && t > *deadline {
+                    report.believed_past_deadline += 1;
+                }
+            }
+            Event::Release {
+                owner, deadline, ..
+            } => {
+                if let Some(&i) = current.get(owner.as_str()) {
+                    holds[i].release = Some(t);
+                    holds[i].deadline = holds[i].deadline.max(*deadline);
+                }
+            }
+            Event::Released { owner, .. } => {
+                current.remove(owner.as_str());
+            }
+            Event::Access {
+                token,
+                op,
+                value,
+                base,
+                accepted,
+                ..
+            } => {
+                if !accepted {
+                    report.stale_rejected += 1;
+                    continue;
+                }
+                if *token < highest {
+                    report.stale_accepted += 1;
+                }
+                highest = highest.max(*token);
+                if *op == Op::Write {
+                    if *base != Some(counter) {
+                        report.lost_updates += 1;
+                    }
+                    counter = *value;
+                }
+            }
+            Event::Killed { owner } => {
+                if let Some(&i) = current.get(owner.as_str()) {
+                    holds[i].killed = Some(t);
+                }
+            }
+            Event::FaultStart { kind, target } => {
+                *report.faults.entry(kind.clone()).or_default() += 1;
+                faults.push(Fault {
+                    kind: kind.clone(),
+                    target: target.clone(),
+                    start: t,
+                    end: history_end,
+                });
+            }
+            Event::FaultEnd { kind, target } => {
+                if let Some(f) = (faults.iter_mut().rev())
+                    .find(|f| &f.kind == kind && &f.target == target && f.end == history_end)
+                {
+                    f.end = t;
+                }
+            }
+        }
+    }
+
+    report.acquire = Spread::of(acquire_ns);
+    overlaps(&holds, history_end, &mut report);
+    tokens(&holds, &mut report);
+    losses(&holds, &faults, history_end, &mut report);
+    report.takeover = takeovers(&holds, &faults);
+    report.violations = violations(&report, fence);
+    report
+}
+
+/// Pairs of different owners whose valid leases, and whose beliefs, overlap.
+fn overlaps(holds: &[Hold], history_end: u64, report: &mut Report) {
+    let count = |end: &dyn Fn(&Hold) -> u64| {
+        let mut spans: Vec<&Hold> = holds.iter().filter(|h| h.got < end(h)).collect();
+        spans.sort_by_key(|h| h.got);
+        let mut pairs = 0;
+        for (i, a) in spans.iter().enumerate() {
+            for b in &spans[i + 1..] {
+                if b.got >= end(a) {
+                    break;
+                }
+                if b.owner != a.owner {
+                    pairs += 1;
+                }
+            }
+        }
+        pairs
+    };
+    report.service_overlap = count(&Hold::valid_end);
+    report.belief_overlap = count(&|h| h.belief_end(history_end));
+}
+
+/// Tokens: unique across owners, and rising in the order valid holds began.
+fn tokens(holds: &[Hold], report: &mut Report) {
+    let mut owners: HashMap<u64, &str> = HashMap::new();
+    for h in holds {
+        if *owners.entry(h.token).or_insert(&h.owner) != h.owner {
+            report.duplicate_tokens += 1;
+        }
+    }
+    let mut valid: Vec<&Hold> = holds.iter().filter(|h| h.got < h.valid_end()).collect();
+    valid.sort_by_key(|h| h.got);
+    let mut top = 0;
+    for h in valid {
+        if h.token <= top {
+            report.tokens_backwards += 1;
+        }
+        top = top.max(h.token);
+    }
+}
+
+/// Every lease that expired while held must fire `lost`; `lost` without a fault is false.
+fn losses(holds: &[Hold], faults: &[Fault], history_end: u64, report: &mut Report) {
+    let mut delays = Vec::new();
+    for h in holds {
+        let killed_before_deadline = h.killed.is_some_and(|k| k <= h.deadline);
+        let held_until = h.release.unwrap_or(history_end);
+        if h.deadline < held_until && !killed_before_deadline {
+            report.expired_while_held += 1;
+            if let Some(lost) = h.lost {
+                report.losses_reported += 1;
+                // A stopped process can only notice once it runs again.
+                let noticeable = (faults.iter())
+                    .filter(|f| f.start <= h.deadline && f.end > h.deadline)
+                    .filter(|f| f.target.is_none() || f.target.as_ref() == Some(&h.owner))
+                    .map(|f| f.end)
+                    .fold(h.deadline, u64::max);
+                delays.push(lost.saturating_sub(noticeable));
+            }
+        }
+        if let Some(lost) = h.lost {
+            // From the request that got it: a fault during the acquire counts.
+            let window = h.invoked..=lost;
+            let excused = faults.iter().any(|f| {
+                let relevant = match &f.target {
+                    None => true,
+                    Some(t) => t == &h.owner && EXCUSING_HOLDER_FAULTS.contains(&f.kind.as_str()),
+                };
+                relevant && f.start <= *window.end() && f.end >= *window.start()
+            });
+            if !excused {
+                report.false_losses += 1;
+            }
+        }
+    }
+    report.loss_report = Spread::of(delays);
+}
+
+/// From each kill of a holder to the next guard returned to another owner.
+fn takeovers(holds: &[Hold], faults: &[Fault]) -> Spread {
+    let mut ns = Vec::new();
+    for f in faults.iter().filter(|f| f.kind == "kill") {
+        let victim_held =
+            (holds.iter()).any(|h| Some(&h.owner) == f.target.as_ref() && h.killed.is_some());
+        if !victim_held {
+            continue;
+        }
+        if let Some(next) = (holds.iter())
+            .filter(|h| h.got > f.start && Some(&h.owner) != f.target.as_ref())
+            .map(|h| h.got)
+            .min()
+        {
+            ns.push(next - f.start);
+        }
+    }
+    Spread::of(ns)
+}
+
+fn violations(r: &Report, fence: Fence) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut must_be_zero = |count: usize, what: &str| {
+        if count > 0 {
+            v.push(format!("{what}: {count}"));
+        }
+    };
+    must_be_zero(
+        r.service_overlap,
+        "service overlap (two valid leases at once)",
+    );
+    must_be_zero(r.duplicate_tokens, "a token given to two owners");
+    must_be_zero(r.tokens_backwards, "a token that did not increase");
+    must_be_zero(r.reentry_token_changed, "re-entry changed the token");
+    must_be_zero(
+        r.believed_past_deadline,
+        "check said held past its deadline",
+    );
+    must_be_zero(
+        r.expired_while_held - r.losses_reported,
+        "an expired lease with no lost signal",
+    );
+    must_be_zero(r.false_losses, "lost with no fault to explain it");
+    if fence == Fence::All {
+        must_be_zero(r.stale_accepted, "stale access accepted");
+        must_be_zero(r.lost_updates, "lost update");
+    }
+    if fence == Fence::None && r.faults.get("pause").is_some_and(|&n| n > 0) && r.lost_updates == 0
+    {
+        v.push("the unfenced control lost no update: the pauses did not land".to_string());
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// A tiny history language: each call appends an event at `t` ms.
+    #[derive(Default)]
+    struct H(Vec<Entry>);
+
+    impl H {
+        fn at(mut self, t: u64, event: Event) -> Self {
+            self.0.push(Entry { t: t * MS, event });
+            self
+        }
+        fn acquired(self, t: u64, owner: &str, token: u64, deadline: u64) -> Self {
+            let o = owner.to_string();
+            self.at(t, Event::Invoke { owner: o.clone() }).at(
+                t,
+                Event::Acquired {
+                    owner: o,
+                    token,
+                    deadline: deadline * MS,
+                },
+            )
+        }
+        fn released(self, t: u64, owner: &str, token: u64, deadline: u64) -> Self {
+            let o = owner.to_string();
+            self.at(
+                t,
+                Event::Release {
+                    owner: o.clone(),
+                    token,
+                    deadline: deadline * MS,
+                },
+            )
+            .at(
+                t,
+                Event::Released {
+                    owner: o,
+                    token,
+                    outcome: "released".into(),
+                },
+            )
+        }
+        fn access(self, t: u64, owner: &str, token: u64, op: Op, value: u64, ok: bool) -> Self {
+            let base = (op == Op::Write).then(|| value - 1);
+            self.at(
+                t,
+                Event::Access {
+                    owner: owner.into(),
+                    token,
+                    op,
+                    value,
+                    base,
+                    accepted: ok,
+                },
+            )
+        }
+        fn lost(self, t: u64, owner: &str, token: u64) -> Self {
+            let owner = owner.into();
+            self.at(t, Event::Lost { owner, token })
+        }
+        fn fault(self, start: u64, end: u64, kind: &str, target: Option<&str>) -> Self {
+            let (kind, target) = (kind.to_string(), target.map(String::from));
+            self.at(
+                start,
+                Event::FaultStart {
+                    kind: kind.clone(),
+                    target: target.clone(),
+                },
+            )
+            .at(end, Event::FaultEnd { kind, target })
+        }
+        fn check(mut self, fence: Fence) -> Report {
+            self.0.sort_by_key(|e| e.t);
+            check(&self.0, fence)
+        }
+    }
+
+    /// Two clean cycles: a then b, each reading and incrementing.
+    fn clean() -> H {
+        H::default()
+            .acquired(0, "a", 1, 100)
+            .access(1, "a", 1, Op::Read, 0, true)
+            .access(2, "a", 1, Op::Write, 1, true)
+            .released(3, "a", 1, 100)
+            .acquired(4, "b", 2, 104)
+            .access(5, "b", 2, Op::Read, 1, true)
+            .access(6, "b", 2, Op::Write, 2, true)
+            .released(7, "b", 2, 104)
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let r = clean().check(Fence::All);
+        assert_eq!(r.violations, Vec::<String>::new());
+        assert_eq!(
+            (r.acquisitions, r.service_overlap, r.lost_updates),
+            (2, 0, 0)
+        );
+    }
+
+    #[test]
+    fn overlapping_valid_leases_fail() {
+        // b got the lock at 50 while a's lease was valid until 100 and not released.
+        let r = H::default()
+            .acquired(0, "a", 1, 100)
+            .acquired(50, "b", 2, 150)
+            .released(60, "b", 2, 150)
+            .released(70, "a", 1, 100)
+            .check(Fence::All);
+        assert_eq!(r.service_overlap, 1);
+        assert!(r.violations[0].starts_with("service overlap"), "{r:?}");
+    }
+
+    #[test]
+    fn a_lease_that_ended_before_the_next_grant_is_no_overlap_but_a_belief_overlap() {
+        // a paused from 10 to 200: its deadline (100) passed, b got it at 120; a learns at
+        // 201 and its stale write is rejected.
+        let r = H::default()
+            .acquired(0, "a", 1, 100)
+            .access(5, "a", 1, Op::Read, 0, true)
+            .fault(10, 200, "pause", Some("a"))
+            .acquired(120, "b", 2, 220)
+            .access(121, "b", 2, Op::Read, 0, true)
+            .access(122, "b", 2, Op::Write, 1, true)
+            .released(123, "b", 2, 220)
+            .lost(201, "a", 1)
+            .access(202, "a", 1, Op::Write, 1, false)
+            .released(203, "a", 1, 100)
+            .check(Fence::All);
+        assert_eq!(r.violations, Vec::<String>::new());
+        assert_eq!((r.service_overlap, r.belief_overlap), (0, 1));
+        assert_eq!((r.expired_while_held, r.losses_reported), (1, 1));
+        assert_eq!(
+            r.loss_report.p50_ms, 1.0,
+            "from the resume at 200 to lost at 201"
+        );
+        assert_eq!((r.stale_rejected, r.lost_updates), (1, 0));
+    }
+
+    #[test]
+    fn a_stale_access_accepted_fails_when_fenced() {
+        let r = clean()
+            .access(8, "a", 1, Op::Write, 3, true)
+            .check(Fence::All);
+        assert_eq!(r.stale_accepted, 1);
+        assert!(r
+            .violations
+            .iter()
+            .any(|v| v.starts_with("stale access accepted")));
+    }
+
+    #[test]
+    fn a_lost_update_fails_when_fenced_and_is_the_control_s_expected_damage() {
+        // Both read 0, both write 1: one increment is lost.
+        let h = || {
+            H::default()
+                .acquired(0, "a", 1, 100)
+                .access(1, "a", 1, Op::Read, 0, true)
+                .fault(2, 150, "pause", Some("a"))
+                .acquired(110, "b", 2, 210)
+                .access(111, "b", 2, Op::Read, 0, true)
+                .access(112, "b", 2, Op::Write, 1, true)
+                .released(113, "b", 2, 210)
+                .lost(151, "a", 1)
+                .access(152, "a", 1, Op::Write, 1, true)
+                .released(153, "a", 1, 100)
+        };
+        let fenced = h().check(Fence::All);
+        assert_eq!((fenced.lost_updates, fenced.stale_accepted), (1, 1));
+        assert!(fenced
+            .violations
+            .iter()
+            .any(|v| v.starts_with("lost update")));
+        let control = h().check(Fence::None);
+        assert_eq!(control.lost_updates, 1);
+        assert_eq!(control.violations, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_control_without_damage_fails() {
+        let r = clean().fault(10, 20, "pause", Some("a")).check(Fence::None);
+        assert_eq!(
+            r.violations,
+            vec!["the unfenced control lost no update: the pauses did not land"]
+        );
+    }
+
+    #[test]
+    fn a_token_that_goes_backwards_fails() {
+        let r = H::default()
+            .acquired(0, "a", 5, 100)
+            .released(10, "a", 5, 100)
+            .acquired(20, "b", 4, 120)
+            .released(30, "b", 4, 120)
+            .check(Fence::All);
+        assert_eq!(r.tokens_backwards, 1);
+        assert!(r.violations.iter().any(|v| v.contains("did not increase")));
+    }
+
+    #[test]
+    fn a_token_given_twice_fails() {
+        let r = H::default()
+            .acquired(0, "a", 3, 100)
+            .released(10, "a", 3, 100)
+            .acquired(20, "b", 3, 120)
+            .released(30, "b", 3, 120)
+            .check(Fence::All);
+        assert_eq!(r.duplicate_tokens, 1);
+    }
+
+    #[test]
+    fn a_late_grant_does_not_count_in_the_token_order() {
+        // b's grant (token 1) arrived at 150, after its deadline 90: not a valid hold.
+        let r = H::default()
+            .acquired(100, "a", 2, 200)
+            .fault(0, 160, "delay", None)
+            .acquired(150, "b", 1, 90)
+            .lost(150, "b", 1)
+            .released(151, "b", 1, 90)
+            .released(160, "a", 2, 200)
+            .check(Fence::All);
+        assert_eq!(r.violations, Vec::<String>::new());
+        assert_eq!((r.granted_late, r.tokens_backwards), (1, 0));
+    }
+
+    #[test]
+    fn an_expired_lease_without_a_lost_signal_fails() {
+        let r = H::default()
+            .acquired(0, "a", 1, 100)
+            .fault(10, 200, "pause", Some("a"))
+            .released(201, "a", 1, 100)
+            .check(Fence::All);
+        assert_eq!((r.expired_while_held, r.losses_reported), (1, 0));
+        assert!(r.violations.iter().any(|v| v.contains("no lost signal")));
+    }
+
+    #[test]
+    fn a_killed_holder_is_not_asked_to_report_and_its_takeover_is_timed() {
+        let r = H::default()
+            .acquired(0, "a", 1, 100)
+            .fault(10, 10, "kill", Some("a"))
+            .at(10, Event::Killed { owner: "a".into() })
+            .acquired(104, "b", 2, 204)
+            .released(110, "b", 2, 204)
+            .check(Fence::All);
+        assert_eq!(r.violations, Vec::<String>::new());
+        assert_eq!(r.expired_while_held, 0);
+        assert_eq!((r.takeover.n, r.takeover.p50_ms), (1, 94.0));
+    }
+
+    #[test]
+    fn a_loss_under_a_short_pause_or_no_fault_is_false() {
+        let short = H::default()
+            .acquired(0, "a", 1, 100)
+            .fault(10, 40, "short-pause", Some("a"))
+            .lost(41, "a", 1)
+            .released(42, "a", 1, 100)
+            .check(Fence::All);
+        assert_eq!(short.false_losses, 1);
+        assert!(short
+            .violations
+            .iter()
+            .any(|v| v.starts_with("lost with no fault")));
+        let store = H::default()
+            .acquired(0, "a", 1, 100)
+            .fault(10, 40, "restart-store", None)
+            .lost(41, "a", 1)
+            .released(42, "a", 1, 100)
+            .check(Fence::All);
+        assert_eq!(store.false_losses, 0);
+    }
+
+    #[test]
+    fn check_saying_held_after_the_deadline_fails_and_reentry_keeps_the_token() {
+        let r = H::default()
+            .acquired(0, "a", 1, 100)
+            .at(
+                5,
+                Event::Reentered {
+                    owner: "a".into(),
+                    token: 2,
+                    outer: 1,
+                },
+            )
+            .at(
+                101,
+                Event::Check {
+                    owner: "a".into(),
+                    token: 1,
+                    ok: true,
+                    deadline: 100 * MS,
+                },
+            )
+            .released(102, "a", 1, 100)
+            .lost(102, "a", 1)
+            .check(Fence::All);
+        assert_eq!((r.believed_past_deadline, r.reentry_token_changed), (1, 1));
+    }
+}

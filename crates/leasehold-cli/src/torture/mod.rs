@@ -1,0 +1,752 @@
+//! `leasehold torture`: worker processes contend for one lock and increment a fenced
+//! counter while a nemesis pauses and kills the holder, restarts the store and breaks the
+//! link; every process logs its history and a checker judges the merged history.
+//!
+//! The coordinator (this process) is never paused: it serves the counter (see
+//! `resource.rs`), runs the nemesis and the link proxies, and spawns the workers
+//! (copies of this binary running the hidden `torture-worker` command).
+
+pub mod check;
+pub mod history;
+mod proxy;
+mod resource;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::process::{ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use leasehold_testkit::{EtcdCluster, EtcdServer, RedisServer};
+use rand::Rng;
+use tokio::process::{Child, Command};
+use tokio::time::{sleep, Instant};
+
+use self::check::{Fence, Report};
+use self::history::{Event, Log};
+use self::proxy::Link;
+use self::resource::{Phase, Resource};
+use crate::exit::{self, Failure};
+
+/// Exit status when the history broke an invariant (or the control stayed clean).
+pub const VIOLATED: u8 = 1;
+
+/// `leasehold torture` flags.
+#[derive(Debug, Args)]
+#[command(after_help = TORTURE_AFTER_HELP)]
+pub struct TortureArgs {
+    /// Start the store for this run, so the nemesis can pause, kill and restart it:
+    /// a persistent redis-server, one etcd member, or a 3-member etcd cluster (instead of
+    /// --store)
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub spawn: Option<Spawn>,
+
+    /// Worker processes contending for the lock (1 to 64)
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: u32,
+
+    /// How long the nemesis runs (then the workers finish their cycle)
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// The lock's lease; pauses and delays are multiples of it
+    #[arg(long, value_name = "DUR", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+
+    /// How the counter checks tokens: all (reads and writes; stale ones are refused),
+    /// writes (writes only), none (the unfenced control: it must show lost updates)
+    #[arg(long, value_enum, default_value = "all")]
+    pub fence: Fence,
+
+    /// Faults, comma-separated, applied in turn with a quiet time of 1-2 TTL between
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "pause,short-pause,kill"
+    )]
+    pub faults: Vec<FaultKind>,
+
+    /// First come, first served [default: the store's default]
+    #[arg(long, overrides_with = "no_fair")]
+    pub fair: bool,
+
+    /// Not first come, first served
+    #[arg(long, overrides_with = "fair")]
+    pub no_fair: bool,
+
+    /// Directory for the histories (one JSONL file per process) [default: a new
+    /// directory under the temp dir]
+    #[arg(long, value_name = "DIR")]
+    pub history: Option<PathBuf>,
+
+    /// Print the report as one JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+const TORTURE_AFTER_HELP: &str = "\
+Each worker loops: acquire the lock, read the counter with its fencing token, think
+(usually briefly, one cycle in five longer than the TTL), write counter+1 with its token,
+release. It does not ask the lock again before writing, like an application that was
+paused after its check: fencing is what must refuse the stale write.
+
+Faults (the nemesis targets the worker that holds the lock and has read the counter):
+  pause          SIGSTOP the holder for 1.5-2x TTL, then SIGCONT: it must report the loss
+  short-pause    SIGSTOP the holder for 0.3x TTL: it must NOT report a loss
+  kill           SIGKILL the holder and start a new worker
+  pause-store    SIGSTOP the store for 1.5x TTL (--spawn only)
+  restart-store  kill the store and start it again (--spawn redis or etcd)
+  kill-member    kill an etcd member that does not lead, restart it after 2x TTL
+  kill-leader    kill the etcd leader, restart it after 2x TTL (--spawn etcd-cluster)
+  delay          a proxy holds store replies back 1.5x TTL for 1x TTL (grants arrive late)
+  drop           a proxy drops all traffic for 1.5x TTL, then resets the connections
+  reset          a proxy resets every store connection (requests with unknown outcome)
+The link faults (delay, drop, reset) need a redis:// or etcd:// store.
+
+The report: service overlap (two valid leases at once; must be 0), belief overlap
+(workers that believed they held at once; reported), stale accesses accepted and lost
+updates (must be 0 with --fence all), tokens (unique, rising, unchanged on re-entry),
+expired leases reported lost, false losses (must be 0), takeover after a kill, acquire
+latency.
+
+Exit status: 0 all invariants held; 1 an invariant was broken, or the unfenced control
+(--fence none with pauses) lost no update, which means the faults did not land;
+64 bad usage; 69 the store is unreachable.
+
+Examples:
+  leasehold torture --duration 60s
+  leasehold torture --spawn redis --faults pause,short-pause,kill,restart-store
+  leasehold torture --spawn etcd-cluster --ttl 2s --faults pause,kill,kill-member,kill-leader
+  leasehold torture --spawn redis --fence none --faults pause    # the control";
+
+/// A store the run starts itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Spawn {
+    /// redis-server with every write fsynced before it answers (a restart loses nothing)
+    Redis,
+    /// One etcd member
+    Etcd,
+    /// Three etcd members
+    EtcdCluster,
+}
+
+/// What the nemesis does (see the help).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FaultKind {
+    /// Pause the holder past its lease
+    Pause,
+    /// Pause the holder for a third of its lease
+    ShortPause,
+    /// Kill the holder
+    Kill,
+    /// Pause the store
+    PauseStore,
+    /// Restart the store
+    RestartStore,
+    /// Kill an etcd member that does not lead
+    KillMember,
+    /// Kill the etcd leader
+    KillLeader,
+    /// Delay store replies
+    Delay,
+    /// Drop store traffic
+    Drop,
+    /// Reset store connections
+    Reset,
+}
+
+impl FaultKind {
+    fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    fn on_link(self) -> bool {
+        matches!(self, FaultKind::Delay | FaultKind::Drop | FaultKind::Reset)
+    }
+}
+
+/// The store processes of a `--spawn` run.
+#[derive(Debug)]
+enum Spawned {
+    Redis(RedisServer),
+    Etcd(EtcdServer),
+    Cluster(EtcdCluster),
+}
+
+impl Spawned {
+    fn start(kind: Spawn) -> Result<Self, Failure> {
+        let (program, package) = match kind {
+            Spawn::Redis => ("redis-server", "redis-server"),
+            Spawn::Etcd | Spawn::EtcdCluster => ("etcd", "etcd-server"),
+        };
+        if !on_path(program) {
+            return Err(Failure::new(
+                exit::UNAVAILABLE,
+                format!("--spawn needs {program}: apt-get install {package}"),
+            ));
+        }
+        // The testkit reports a server that does not come up by panicking.
+        std::panic::catch_unwind(|| match kind {
+            Spawn::Redis => Spawned::Redis(RedisServer::start_persistent()),
+            Spawn::Etcd => Spawned::Etcd(EtcdServer::start()),
+            Spawn::EtcdCluster => Spawned::Cluster(EtcdCluster::start()),
+        })
+        .map_err(|_| Failure::new(exit::UNAVAILABLE, format!("{program} did not start")))
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Spawned::Redis(s) => s.url(),
+            Spawned::Etcd(s) => s.url(),
+            Spawned::Cluster(c) => c.url(),
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Spawned::Redis(_) => "redis",
+            Spawned::Etcd(_) => "etcd",
+            Spawned::Cluster(_) => "etcd-cluster",
+        }
+    }
+
+    fn pause(&self, stop: bool) {
+        let signal = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+        let pids = match self {
+            Spawned::Redis(s) => vec![s.pid()],
+            Spawned::Etcd(s) => vec![s.pid()],
+            Spawned::Cluster(c) => c.members.iter().map(EtcdServer::pid).collect(),
+        };
+        for pid in pids {
+            leasehold_testkit::send_signal(pid, signal);
+        }
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
+}
+
+/// One worker slot: its current process.
+#[derive(Debug)]
+struct Worker {
+    owner: String,
+    incarnation: u32,
+    child: Child,
+}
+
+/// Everything the nemesis touches.
+struct Run {
+    args: TortureArgs,
+    url: String,
+    lock: String,
+    fair: bool,
+    dir: PathBuf,
+    resource_addr: String,
+    resource: Arc<Resource>,
+    log: Arc<Log>,
+    workers: tokio::sync::Mutex<Vec<Worker>>,
+    spawned: Option<Arc<Mutex<Spawned>>>,
+    links: Vec<Arc<Link>>,
+}
+
+/// Runs a torture scenario and prints its report.
+pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode, Failure> {
+    let ttl = args.ttl;
+    if !(leasehold::MIN_TTL..=leasehold::MAX_TTL).contains(&ttl) {
+        return Err(Failure::new(exit::USAGE, "--ttl must be from 100ms to 24h"));
+    }
+    if args.duration < Duration::from_secs(1) {
+        return Err(Failure::new(exit::USAGE, "--duration must be at least 1s"));
+    }
+    let dir = match &args.history {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!(
+            "leasehold-torture-{}-{:06x}",
+            std::process::id(),
+            rand::random::<u32>() & 0xff_ffff
+        )),
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Failure::new(exit::USAGE, format!("{}: {e}", dir.display())))?;
+    let spawned = match (args.spawn, store) {
+        (Some(_), Some(_)) => {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--spawn starts its own store: leave out --store",
+            ))
+        }
+        (Some(kind), None) => Some(Spawned::start(kind)?),
+        (None, _) => None,
+    };
+    check_faults(&args.faults, spawned.as_ref(), store)?;
+    let (mut url, label) = match (&spawned, store) {
+        (Some(s), _) => (s.url(), s.label().to_string()),
+        (None, Some(url)) => (url.to_string(), scheme(url).to_string()),
+        (None, None) => (
+            format!("local:{}", dir.join("store").display()),
+            "local".into(),
+        ),
+    };
+    // Reachable, and which mode is its default, before any worker starts.
+    let probe = crate::open_store(Some(&url)).await?;
+    let fair = match (args.fair, args.no_fair) {
+        (true, _) => true,
+        (_, true) => false,
+        _ => probe.capabilities().fair_by_default,
+    };
+    drop(probe);
+    let mut links = Vec::new();
+    if args.faults.iter().any(|f| f.on_link()) {
+        let mut proxies = Vec::new();
+        let rewritten = rewrite_endpoints(&url, |endpoint| {
+            proxies.push(endpoint.to_string());
+            format!("{{{}}}", proxies.len() - 1)
+        })
+        .ok_or_else(|| Failure::new(exit::USAGE, "link faults need a redis:// or etcd:// store"))?;
+        url = rewritten;
+        for (i, upstream) in proxies.into_iter().enumerate() {
+            let (port, link) = proxy::start(upstream)
+                .await
+                .map_err(|e| Failure::new(exit::INTERNAL, format!("proxy: {e}")))?;
+            url = url.replace(&format!("{{{i}}}"), &format!("127.0.0.1:{port}"));
+            links.push(link);
+        }
+    }
+
+    let log = Arc::new(
+        Log::create(&dir.join("coordinator.jsonl"))
+            .map_err(|e| Failure::new(exit::USAGE, format!("{}: {e}", dir.display())))?,
+    );
+    let resource = Resource::new(args.fence, log.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("resource: {e}")))?;
+    let resource_addr = listener
+        .local_addr()
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("resource: {e}")))?
+        .to_string();
+    tokio::spawn(resource.clone().serve(listener));
+
+    let run = Run {
+        lock: format!(
+            "torture-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ),
+        url,
+        fair,
+        dir: dir.clone(),
+        resource_addr,
+        resource,
+        log,
+        workers: tokio::sync::Mutex::new(Vec::new()),
+        spawned: spawned.map(|s| Arc::new(Mutex::new(s))),
+        links,
+        args,
+    };
+    for id in 0..run.args.workers {
+        let worker = run.spawn_worker(id, 0)?;
+        run.workers.lock().await.push(worker);
+    }
+    let until = Instant::now() + run.args.duration;
+    run.nemesis(until).await;
+    run.finish().await;
+
+    let entries = history::read_dir(&dir)
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("{}: {e}", dir.display())))?;
+    let report = check::check(&entries, run.args.fence);
+    let headline = summary(&label, &run.args, ttl, &report);
+    if run.args.json {
+        let json = serde_json::json!({
+            "store": label,
+            "fence": run.args.fence,
+            "workers": run.args.workers,
+            "ttl_ms": ttl.as_millis() as u64,
+            "duration_s": run.args.duration.as_secs_f64(),
+            "fair": fair,
+            "history": dir,
+            "summary": headline,
+            "report": report,
+        });
+        println!("{json}");
+    } else {
+        println!("{headline}");
+        for violation in &report.violations {
+            println!("  VIOLATED: {violation}");
+        }
+        println!("  history: {}", dir.display());
+    }
+    Ok(match report.violations.is_empty() {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::from(VIOLATED),
+    })
+}
+
+/// Faults this run can apply.
+fn check_faults(
+    faults: &[FaultKind],
+    spawned: Option<&Spawned>,
+    store: Option<&str>,
+) -> Result<(), Failure> {
+    for &f in faults {
+        let problem = match (f, spawned) {
+            (FaultKind::PauseStore | FaultKind::RestartStore, None) => Some("needs --spawn"),
+            (FaultKind::RestartStore, Some(Spawned::Cluster(_))) => {
+                Some("is for one server; use kill-member or kill-leader on a cluster")
+            }
+            (FaultKind::KillMember | FaultKind::KillLeader, Some(Spawned::Cluster(_))) => None,
+            (FaultKind::KillMember | FaultKind::KillLeader, _) => {
+                Some("needs --spawn etcd-cluster")
+            }
+            (f, None)
+                if f.on_link()
+                    && store.is_none_or(|s| rewrite_endpoints(s, |e| e.into()).is_none()) =>
+            {
+                Some("needs a redis:// or etcd:// store")
+            }
+            _ => None,
+        };
+        if let Some(problem) = problem {
+            return Err(Failure::new(
+                exit::USAGE,
+                format!("fault {} {problem}", f.name()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn scheme(url: &str) -> &str {
+    url.split_once(':').map_or(url, |(s, _)| s)
+}
+
+/// `url` with each `host:port` of a redis:// or etcd:// URL replaced by `f`'s result.
+fn rewrite_endpoints(url: &str, mut f: impl FnMut(&str) -> String) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !matches!(scheme, "redis" | "etcd") {
+        return None;
+    }
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((user, hosts)) => (format!("{user}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let hosts: Vec<String> = hosts.split(',').map(&mut f).collect();
+    Some(format!("{scheme}://{user}{}{tail}", hosts.join(",")))
+}
+
+/// The one-line summary.
+fn summary(label: &str, args: &TortureArgs, ttl: Duration, r: &Report) -> String {
+    let faults: Vec<String> = r.faults.iter().map(|(k, n)| format!("{k}×{n}")).collect();
+    let fence = format!("{:?}", args.fence).to_lowercase();
+    format!(
+        "{label} fence={fence} W={} TTL={} {}: {} acq; service overlap {}; belief overlap {}; \
+stale accepted {} / rejected {}; lost updates {}; losses reported {}/{} (p50 {:.0} ms); \
+false losses {}; tokens: {} duplicate, {} backwards, {} re-entries changed; \
+takeover {}; acquire p50 {:.1} ms p99 {:.1} ms",
+        args.workers,
+        leasehold::humanize(ttl),
+        if faults.is_empty() {
+            "no faults".to_string()
+        } else {
+            faults.join(" ")
+        },
+        r.acquisitions,
+        r.service_overlap,
+        r.belief_overlap,
+        r.stale_accepted,
+        r.stale_rejected,
+        r.lost_updates,
+        r.losses_reported,
+        r.expired_while_held,
+        r.loss_report.p50_ms,
+        r.false_losses,
+        r.duplicate_tokens,
+        r.tokens_backwards,
+        r.reentry_token_changed,
+        match r.takeover.n {
+            0 => "n/a".to_string(),
+            _ => format!("p50 {:.0} ms", r.takeover.p50_ms),
+        },
+        r.acquire.p50_ms,
+        r.acquire.p99_ms,
+    )
+}
+
+impl Run {
+    fn ttl(&self, factor: f64) -> Duration {
+        self.args.ttl.mul_f64(factor)
+    }
+
+    /// Starts worker `id`'s process number `incarnation`.
+    fn spawn_worker(&self, id: u32, incarnation: u32) -> Result<Worker, Failure> {
+        let owner = format!("w{id}.{incarnation}");
+        let exe = std::env::current_exe()
+            .map_err(|e| Failure::new(exit::INTERNAL, format!("own executable: {e}")))?;
+        let stderr = std::fs::File::create(self.dir.join(format!("{owner}.stderr")))
+            .map_err(|e| Failure::new(exit::INTERNAL, format!("{}: {e}", self.dir.display())))?;
+        let wait = self
+            .ttl(4.0 * f64::from(self.args.workers))
+            .max(Duration::from_secs(5));
+        let mut cmd = Command::new(exe);
+        cmd.arg("--store")
+            .arg(&self.url)
+            .arg("torture-worker")
+            .args(["--lock", &self.lock, "--owner", &owner])
+            .args(["--resource", &self.resource_addr])
+            .arg("--ttl")
+            .arg(humantime::format_duration(self.args.ttl).to_string())
+            .arg("--wait")
+            .arg(humantime::format_duration(wait).to_string())
+            .arg("--history")
+            .arg(self.dir.join(format!("{owner}.jsonl")))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true);
+        if self.fair {
+            cmd.arg("--fair");
+        }
+        // SAFETY: prctl is async-signal-safe. Workers die with the coordinator.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot start a worker: {e}")))?;
+        let pid = child.id().unwrap_or(0) as i32;
+        self.log.record(Event::Spawned {
+            owner: owner.clone(),
+            pid,
+        });
+        Ok(Worker {
+            owner,
+            incarnation,
+            child,
+        })
+    }
+
+    /// Applies the faults in turn until `until`, with a quiet time between them.
+    async fn nemesis(&self, until: Instant) {
+        let mut next = 0;
+        loop {
+            sleep(self.ttl(rand::thread_rng().gen_range(1.0..2.0))).await;
+            if Instant::now() >= until || self.args.faults.is_empty() {
+                if self.args.faults.is_empty() {
+                    tokio::time::sleep_until(until).await;
+                }
+                return;
+            }
+            let fault = self.args.faults[next % self.args.faults.len()];
+            next += 1;
+            self.apply(fault).await;
+        }
+    }
+
+    async fn apply(&self, fault: FaultKind) {
+        let kind = fault.name();
+        match fault {
+            FaultKind::Pause | FaultKind::ShortPause => {
+                let factor = match fault {
+                    FaultKind::Pause => rand::thread_rng().gen_range(1.5..2.0),
+                    _ => 0.3,
+                };
+                let Some((owner, pid)) = self.holder().await else {
+                    return;
+                };
+                leasehold_testkit::send_signal(pid, libc::SIGSTOP);
+                self.fault_start(&kind, Some(&owner));
+                sleep(self.ttl(factor)).await;
+                leasehold_testkit::send_signal(pid, libc::SIGCONT);
+                self.fault_end(&kind, Some(&owner));
+            }
+            FaultKind::Kill => {
+                let Some((owner, _)) = self.holder().await else {
+                    return;
+                };
+                self.fault_start(&kind, Some(&owner));
+                let mut workers = self.workers.lock().await;
+                if let Some((id, w)) = workers
+                    .iter_mut()
+                    .enumerate()
+                    .find(|(_, w)| w.owner == owner)
+                {
+                    // Logged first: it cannot act after the signal.
+                    self.log.record(Event::Killed {
+                        owner: owner.clone(),
+                    });
+                    let _ = w.child.kill().await;
+                    self.resource.forget(&owner);
+                    if let Ok(new) = self.spawn_worker(id as u32, w.incarnation + 1) {
+                        *w = new;
+                    }
+                }
+                self.fault_end(&kind, Some(&owner));
+            }
+            FaultKind::PauseStore => {
+                self.with_store(|s| s.pause(true)).await;
+                self.fault_start(&kind, None);
+                sleep(self.ttl(1.5)).await;
+                self.with_store(|s| s.pause(false)).await;
+                self.fault_end(&kind, None);
+            }
+            FaultKind::RestartStore => {
+                self.fault_start(&kind, None);
+                self.with_store(|s| match s {
+                    Spawned::Redis(r) => r.restart(),
+                    Spawned::Etcd(e) => e.restart(),
+                    Spawned::Cluster(_) => {}
+                })
+                .await;
+                self.fault_end(&kind, None);
+            }
+            FaultKind::KillMember | FaultKind::KillLeader => {
+                let leader = fault == FaultKind::KillLeader;
+                let killed = self
+                    .with_store(move |s| {
+                        let Spawned::Cluster(c) = s else { return None };
+                        let lead = c.wait_for_leader();
+                        let i = match leader {
+                            true => lead,
+                            false => (lead + 1 + rand::thread_rng().gen_range(0..2)) % 3,
+                        };
+                        c.members[i].kill();
+                        Some(i)
+                    })
+                    .await;
+                let Some(i) = killed.flatten() else { return };
+                self.fault_start(&kind, None);
+                sleep(self.ttl(2.0)).await;
+                self.with_store(move |s| {
+                    if let Spawned::Cluster(c) = s {
+                        c.members[i].restart();
+                        c.wait_for_leader();
+                    }
+                })
+                .await;
+                self.fault_end(&kind, None);
+            }
+            FaultKind::Delay => {
+                let delay = self.ttl(1.5);
+                self.links.iter().for_each(|l| l.set_delay(delay));
+                self.fault_start(&kind, None);
+                sleep(self.ttl(1.0)).await;
+                self.links.iter().for_each(|l| l.set_delay(Duration::ZERO));
+                // The last delayed reply is delivered a delay later.
+                sleep(delay).await;
+                self.fault_end(&kind, None);
+            }
+            FaultKind::Drop => {
+                self.links.iter().for_each(|l| l.set_dropping(true));
+                self.fault_start(&kind, None);
+                sleep(self.ttl(1.5)).await;
+                self.links.iter().for_each(|l| {
+                    l.set_dropping(false);
+                    l.reset();
+                });
+                self.fault_end(&kind, None);
+            }
+            FaultKind::Reset => {
+                self.fault_start(&kind, None);
+                self.links.iter().for_each(|l| l.reset());
+                self.fault_end(&kind, None);
+            }
+        }
+    }
+
+    fn fault_start(&self, kind: &str, target: Option<&str>) {
+        self.log.record(Event::FaultStart {
+            kind: kind.to_string(),
+            target: target.map(String::from),
+        });
+    }
+
+    fn fault_end(&self, kind: &str, target: Option<&str>) {
+        self.log.record(Event::FaultEnd {
+            kind: kind.to_string(),
+            target: target.map(String::from),
+        });
+    }
+
+    /// Runs `f` on the spawned store, off the runtime (the testkit blocks).
+    async fn with_store<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Spawned) -> T + Send + 'static,
+    ) -> Option<T> {
+        let spawned = self.spawned.clone()?;
+        tokio::task::spawn_blocking(move || {
+            let mut s = spawned.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut s)
+        })
+        .await
+        .ok()
+    }
+
+    /// The worker that holds the lock and has read the counter (so a fault lands between
+    /// its read and its write), waiting up to 4 TTL for one; else any holder.
+    async fn holder(&self) -> Option<(String, i32)> {
+        let deadline = Instant::now() + self.ttl(4.0);
+        let owner = loop {
+            let changed = self.resource.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(owner) = self.resource.in_phase(Phase::Thinking).pop() {
+                break owner;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                break self.resource.in_phase(Phase::Held).pop()?;
+            }
+        };
+        let workers = self.workers.lock().await;
+        let worker = workers.iter().find(|w| w.owner == owner)?;
+        Some((owner, worker.child.id()? as i32))
+    }
+
+    /// Asks the workers to end after their cycle; kills those still running after a grace.
+    async fn finish(&self) {
+        self.resource.stop();
+        let grace = Instant::now() + self.ttl(3.0) + Duration::from_secs(2);
+        let mut workers = self.workers.lock().await;
+        for w in workers.iter_mut() {
+            if tokio::time::timeout_at(grace, w.child.wait())
+                .await
+                .is_err()
+            {
+                self.log.record(Event::Killed {
+                    owner: w.owner.clone(),
+                });
+                let _ = w.child.kill().await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_rewritten_and_other_stores_refused() {
+        let swap = |url: &str| rewrite_endpoints(url, |e| format!("<{e}>"));
+        assert_eq!(
+            swap("redis://user:pw@h:1/2").as_deref(),
+            Some("redis://user:pw@<h:1>/2")
+        );
+        assert_eq!(
+            swap("etcd://a:1,b:2?user=u&password=p").as_deref(),
+            Some("etcd://<a:1>,<b:2>?user=u&password=p")
+        );
+        assert_eq!(swap("local:/tmp/x"), None);
+        assert_eq!(swap("rediss://h:1"), None);
+    }
+}
