@@ -14,7 +14,7 @@ pub mod worker;
 
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -169,6 +169,40 @@ impl FaultKind {
     }
 }
 
+type Job = Box<dyn FnOnce(&mut Spawned) + Send>;
+
+/// The thread that starts, pauses, restarts and finally stops a `--spawn` store. One
+/// thread for the whole run: the testkit's processes die with the *thread* that started
+/// them (`PR_SET_PDEATHSIG`), and a blocking-pool thread ends when it idles.
+#[derive(Debug)]
+struct Keeper {
+    jobs: std::sync::mpsc::Sender<Job>,
+    url: String,
+    label: &'static str,
+}
+
+impl Keeper {
+    fn start(kind: Spawn) -> Result<Self, Failure> {
+        let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut spawned = match Spawned::start(kind) {
+                Ok(spawned) => spawned,
+                Err(failure) => return drop(started_tx.send(Err(failure))),
+            };
+            let _ = started_tx.send(Ok((spawned.url(), spawned.label())));
+            // Until the run drops its sender; then the store is stopped with `spawned`.
+            for job in inbox {
+                job(&mut spawned);
+            }
+        });
+        let (url, label) = started
+            .recv()
+            .map_err(|_| Failure::new(exit::INTERNAL, "the store thread ended"))??;
+        Ok(Keeper { jobs, url, label })
+    }
+}
+
 /// The store processes of a `--spawn` run.
 #[derive(Debug)]
 enum Spawned {
@@ -251,7 +285,7 @@ struct Run {
     resource: Arc<Resource>,
     log: Arc<Log>,
     workers: tokio::sync::Mutex<Vec<Worker>>,
-    spawned: Option<Arc<Mutex<Spawned>>>,
+    keeper: Option<Keeper>,
     links: Vec<Arc<Link>>,
 }
 
@@ -274,19 +308,16 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
     };
     std::fs::create_dir_all(&dir)
         .map_err(|e| Failure::new(exit::USAGE, format!("{}: {e}", dir.display())))?;
-    let spawned = match (args.spawn, store) {
-        (Some(_), Some(_)) => {
-            return Err(Failure::new(
-                exit::USAGE,
-                "--spawn starts its own store: leave out --store",
-            ))
-        }
-        (Some(kind), None) => Some(Spawned::start(kind)?),
-        (None, _) => None,
-    };
-    check_faults(&args.faults, spawned.as_ref(), store)?;
-    let (mut url, label) = match (&spawned, store) {
-        (Some(s), _) => (s.url(), s.label().to_string()),
+    if args.spawn.is_some() && store.is_some() {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--spawn starts its own store: leave out --store",
+        ));
+    }
+    check_faults(&args.faults, args.spawn, store)?;
+    let keeper = args.spawn.map(Keeper::start).transpose()?;
+    let (mut url, label) = match (&keeper, store) {
+        (Some(k), _) => (k.url.clone(), k.label.to_string()),
         (None, Some(url)) => (url.to_string(), scheme(url).to_string()),
         (None, None) => (
             format!("local:{}", dir.join("store").display()),
@@ -346,7 +377,7 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
         resource,
         log,
         workers: tokio::sync::Mutex::new(Vec::new()),
-        spawned: spawned.map(|s| Arc::new(Mutex::new(s))),
+        keeper,
         links,
         args,
     };
@@ -362,8 +393,7 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
         .map_err(|e| Failure::new(exit::INTERNAL, format!("{}: {e}", dir.display())))?;
     let report = check::check(&entries, run.args.fence);
     let headline = summary(&label, &run.args, ttl, &report);
-    if run.args.json {
-        let json = serde_json::json!({
+    let json = serde_json::json!({
             "store": label,
             "fence": run.args.fence,
             "workers": run.args.workers,
@@ -373,7 +403,10 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
             "history": dir,
             "summary": headline,
             "report": report,
-        });
+    });
+    // Kept beside the histories; a failure to write it must not hide the verdict.
+    let _ = std::fs::write(dir.join("report.json"), format!("{json}\n"));
+    if run.args.json {
         println!("{json}");
     } else {
         println!("{headline}");
@@ -391,16 +424,16 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
 /// Faults this run can apply.
 fn check_faults(
     faults: &[FaultKind],
-    spawned: Option<&Spawned>,
+    spawn: Option<Spawn>,
     store: Option<&str>,
 ) -> Result<(), Failure> {
     for &f in faults {
-        let problem = match (f, spawned) {
+        let problem = match (f, spawn) {
             (FaultKind::PauseStore | FaultKind::RestartStore, None) => Some("needs --spawn"),
-            (FaultKind::RestartStore, Some(Spawned::Cluster(_))) => {
+            (FaultKind::RestartStore, Some(Spawn::EtcdCluster)) => {
                 Some("is for one server; use kill-member or kill-leader on a cluster")
             }
-            (FaultKind::KillMember | FaultKind::KillLeader, Some(Spawned::Cluster(_))) => None,
+            (FaultKind::KillMember | FaultKind::KillLeader, Some(Spawn::EtcdCluster)) => None,
             (FaultKind::KillMember | FaultKind::KillLeader, _) => {
                 Some("needs --spawn etcd-cluster")
             }
@@ -615,7 +648,8 @@ impl Run {
                 let killed = self
                     .with_store(move |s| {
                         let Spawned::Cluster(c) = s else { return None };
-                        let lead = c.wait_for_leader();
+                        // No leader found (each look waits a second at most): skip it.
+                        let lead = (0..10).find_map(|_| c.leader())?;
                         let i = match leader {
                             true => lead,
                             false => (lead + 1 + rand::thread_rng().gen_range(0..2)) % 3,
@@ -630,7 +664,6 @@ impl Run {
                 self.with_store(move |s| {
                     if let Spawned::Cluster(c) = s {
                         c.members[i].restart();
-                        c.wait_for_leader();
                     }
                 })
                 .await;
@@ -678,18 +711,18 @@ impl Run {
         });
     }
 
-    /// Runs `f` on the spawned store, off the runtime (the testkit blocks).
+    /// Runs `f` on the spawned store (see [`Keeper`]); `None` without one, or if it failed.
     async fn with_store<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Spawned) -> T + Send + 'static,
     ) -> Option<T> {
-        let spawned = self.spawned.clone()?;
-        tokio::task::spawn_blocking(move || {
-            let mut s = spawned.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut s)
-        })
-        .await
-        .ok()
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |s: &mut Spawned| {
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s)));
+            let _ = tx.send(done.ok());
+        });
+        self.keeper.as_ref()?.jobs.send(job).ok()?;
+        rx.await.ok().flatten()
     }
 
     /// The worker that holds the lock and has read the counter (so a fault lands between
