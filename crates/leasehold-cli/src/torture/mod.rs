@@ -103,7 +103,8 @@ Faults (the nemesis targets the worker that holds the lock and has read the coun
   delay          a proxy holds store replies back 1.5x TTL for 1x TTL (grants arrive late)
   drop           a proxy drops all traffic for 1.5x TTL, then resets the connections
   reset          a proxy resets every store connection (requests with unknown outcome)
-The link faults (delay, drop, reset) need a redis:// or etcd:// store.
+The link faults (delay, drop, reset) need a redis:// or etcd:// store. Without --store
+or --spawn the run uses a local store of its own, in the history directory.
 
 The report: service overlap (two valid leases at once; must be 0), belief overlap
 (workers that believed they held at once; reported), stale accesses accepted and lost
@@ -126,9 +127,9 @@ Examples:
 pub enum Spawn {
     /// redis-server with every write fsynced before it answers (a restart loses nothing)
     Redis,
-    /// One etcd member
+    /// one etcd member
     Etcd,
-    /// Three etcd members
+    /// three etcd members (kill-member, kill-leader)
     EtcdCluster,
 }
 
