@@ -1,4 +1,4 @@
-//! `leasehold torture` smoke runs (10 to 20 s each) on the local store, a redis-server and
+//! `leasehold torture` smoke runs (10 to 25 s each) on the local store, a redis-server and
 //! etcd, each started by the command itself; and its usage errors.
 //!
 //! The runs take turns (one lock): each spawns its workers and its store, and several at
@@ -107,7 +107,7 @@ fn redis_holds_under_holder_store_and_link_faults() {
             "--spawn",
             "redis",
             "--duration",
-            "15s",
+            "18s",
             "--ttl",
             "500ms",
             "--faults",
@@ -128,7 +128,7 @@ fn etcd_holds_under_holder_and_store_faults() {
             "--spawn",
             "etcd",
             "--duration",
-            "15s",
+            "18s",
             "--ttl",
             "1s",
             "--faults",
@@ -146,7 +146,7 @@ fn etcd_cluster_holds_when_a_member_and_the_leader_die() {
             "--spawn",
             "etcd-cluster",
             "--duration",
-            "20s",
+            "25s",
             "--ttl",
             "1s",
             "--faults",

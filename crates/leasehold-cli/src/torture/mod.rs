@@ -582,12 +582,15 @@ impl Run {
                 return;
             }
             let fault = self.args.faults[next % self.args.faults.len()];
-            next += 1;
-            self.apply(fault).await;
+            // A fault that found nothing to hit (no holder, no leader) is tried again next.
+            if self.apply(fault).await {
+                next += 1;
+            }
         }
     }
 
-    async fn apply(&self, fault: FaultKind) {
+    /// Applies `fault`; false if it found nothing to hit.
+    async fn apply(&self, fault: FaultKind) -> bool {
         let kind = fault.name();
         match fault {
             FaultKind::Pause | FaultKind::ShortPause => {
@@ -596,7 +599,7 @@ impl Run {
                     _ => 0.3,
                 };
                 let Some((owner, pid)) = self.holder().await else {
-                    return;
+                    return false;
                 };
                 leasehold_testkit::send_signal(pid, libc::SIGSTOP);
                 self.fault_start(&kind, Some(&owner));
@@ -606,7 +609,7 @@ impl Run {
             }
             FaultKind::Kill => {
                 let Some((owner, _)) = self.holder().await else {
-                    return;
+                    return false;
                 };
                 self.fault_start(&kind, Some(&owner));
                 let mut workers = self.workers.lock().await;
@@ -659,7 +662,9 @@ impl Run {
                         Some(i)
                     })
                     .await;
-                let Some(i) = killed.flatten() else { return };
+                let Some(i) = killed.flatten() else {
+                    return false;
+                };
                 self.fault_start(&kind, None);
                 sleep(self.ttl(2.0)).await;
                 self.with_store(move |s| {
@@ -696,6 +701,7 @@ impl Run {
                 self.fault_end(&kind, None);
             }
         }
+        true
     }
 
     fn fault_start(&self, kind: &str, target: Option<&str>) {
@@ -727,9 +733,9 @@ impl Run {
     }
 
     /// The worker that holds the lock and has read the counter (so a fault lands between
-    /// its read and its write), waiting up to 4 TTL for one; else any holder.
+    /// its read and its write), waiting up to 2 TTL for one; else any holder.
     async fn holder(&self) -> Option<(String, i32)> {
-        let deadline = Instant::now() + self.ttl(4.0);
+        let deadline = Instant::now() + self.ttl(2.0);
         let owner = loop {
             let changed = self.resource.changed();
             tokio::pin!(changed);
