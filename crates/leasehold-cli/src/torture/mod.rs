@@ -335,20 +335,7 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
     drop(probe);
     let mut links = Vec::new();
     if args.faults.iter().any(|f| f.on_link()) {
-        let mut proxies = Vec::new();
-        let rewritten = rewrite_endpoints(&url, |endpoint| {
-            proxies.push(endpoint.to_string());
-            format!("{{{}}}", proxies.len() - 1)
-        })
-        .ok_or_else(|| Failure::new(exit::USAGE, "link faults need a redis:// or etcd:// store"))?;
-        url = rewritten;
-        for (i, upstream) in proxies.into_iter().enumerate() {
-            let (port, link) = proxy::start(upstream)
-                .await
-                .map_err(|e| Failure::new(exit::INTERNAL, format!("proxy: {e}")))?;
-            url = url.replace(&format!("{{{i}}}"), &format!("127.0.0.1:{port}"));
-            links.push(link);
-        }
+        (url, links) = through_proxies(&url).await?;
     }
 
     let log = Arc::new(
@@ -474,6 +461,27 @@ fn rewrite_endpoints(url: &str, mut f: impl FnMut(&str) -> String) -> Option<Str
     };
     let hosts: Vec<String> = hosts.split(',').map(&mut f).collect();
     Some(format!("{scheme}://{user}{}{tail}", hosts.join(",")))
+}
+
+/// Starts a link proxy in front of each endpoint of `url`; returns the URL through them.
+async fn through_proxies(url: &str) -> Result<(String, Vec<Arc<Link>>), Failure> {
+    let mut endpoints = Vec::new();
+    rewrite_endpoints(url, |endpoint| {
+        endpoints.push(endpoint.to_string());
+        String::new()
+    })
+    .ok_or_else(|| Failure::new(exit::USAGE, "link faults need a redis:// or etcd:// store"))?;
+    let mut proxies = Vec::new();
+    for endpoint in endpoints {
+        let proxy = proxy::start(endpoint)
+            .await
+            .map_err(|e| Failure::new(exit::INTERNAL, format!("proxy: {e}")))?;
+        proxies.push(proxy);
+    }
+    let mut ports = proxies.iter().map(|(port, _)| *port);
+    let url = rewrite_endpoints(url, |_| format!("127.0.0.1:{}", ports.next().unwrap_or(0)))
+        .unwrap_or_default();
+    Ok((url, proxies.into_iter().map(|(_, link)| link).collect()))
 }
 
 /// The one-line summary.
