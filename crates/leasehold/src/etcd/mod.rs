@@ -75,8 +75,7 @@ use crate::{Error, FencingToken, LockName, Result};
 use rpc::{
     prefix_end, Client, Compare, DeleteRangeRequest, KeyValue, LeaseGrantRequest,
     LeaseGrantResponse, LeaseKeepAliveResponse, LeaseTimeToLiveResponse, Op, PutRequest,
-    RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest, WatchOp,
-    WatchRequest, WatchResponse,
+    RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest, WatchResponse,
 };
 
 const ROOT: &[u8] = b"leasehold\0";
@@ -147,9 +146,7 @@ enum State {
     /// Our key waits in the queue.
     Queued {
         create: i64,
-        blocker: Blocker,
-        /// The blocker is the only key ahead: its deletion hands us the lock.
-        sole: bool,
+        waiting: Waiting,
         /// When the last attempt started: a hand-over lease counts from there.
         attempted: Instant,
     },
@@ -161,6 +158,23 @@ enum State {
         alone: bool,
     },
 }
+
+/// A waiting acquisition's own key.
+struct Ours {
+    key: Vec<u8>,
+    lease: EtcdLease,
+    create: i64,
+    /// When the last attempt started: a hand-over lease counts from there.
+    attempted: Instant,
+}
+
+/// Why a watch stopped.
+enum WatchEnd {
+    /// Its start revision was compacted away: look again.
+    Compacted,
+    Broken(Error),
+}
+use WatchEnd::{Broken, Compacted};
 
 /// What a waiter watches for deletion.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -216,11 +230,24 @@ struct Standing {
 }
 
 /// What a waiting key waits for.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Waiting {
     blocker: Blocker,
     /// The blocker is the only key ahead: its deletion hands us the lock.
     sole: bool,
+    /// A writer's second key ahead, watched too: once it goes, the blocker holds, and the
+    /// blocker's deletion is then our grant (see [`EtcdStore::wait_in_line`]).
+    then: Option<Vec<u8>>,
+}
+
+/// A writer waits for the key just ahead of it, and watches the one ahead of that.
+/// `key(i)`: the `i`th key of the queue, in create order.
+fn writer_waiting(at: usize, key: impl Fn(usize) -> Vec<u8>) -> Option<Waiting> {
+    (at > 0).then(|| Waiting {
+        blocker: Blocker::Key(key(at - 1)),
+        sole: at == 1,
+        then: (at >= 2).then(|| key(at - 2)),
+    })
 }
 
 /// The standing of `queue[at]`, by the rules of its kind. `queue` is in create order.
@@ -240,7 +267,12 @@ fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
         };
     }
     let (blocker, sole) = match queue[at].entry.kind {
-        LockKind::Exclusive => (Blocker::Key(queue[at - 1].kv.key.clone()), at == 1),
+        LockKind::Exclusive => {
+            return Standing {
+                waiting: writer_waiting(at, |i| queue[i].kv.key.clone()),
+                position,
+            }
+        }
         LockKind::Shared => {
             let writers: Vec<_> = queue[..at]
                 .iter()
@@ -254,7 +286,11 @@ fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
         LockKind::Permit { .. } => (Blocker::Queue(prefix.to_vec()), false),
     };
     Standing {
-        waiting: Some(Waiting { blocker, sole }),
+        waiting: Some(Waiting {
+            blocker,
+            sole,
+            then: None,
+        }),
         position,
     }
 }
@@ -278,13 +314,31 @@ fn queue_key(name: &LockName, owner: &str) -> Vec<u8> {
 }
 
 fn range_queue(prefix: &[u8]) -> Op {
-    Op::Range(RangeRequest {
+    Op::Range(queue_keys(prefix, false))
+}
+
+/// The keys of the queue in create order, with their values unless `keys_only`.
+fn queue_keys(prefix: &[u8], keys_only: bool) -> RangeRequest {
+    RangeRequest {
         key: prefix.to_vec(),
         range_end: prefix_end(prefix),
         sort_order: rpc::ASCEND,
         sort_target: rpc::BY_CREATE,
-        keys_only: false,
-    })
+        keys_only,
+        ..Default::default()
+    }
+}
+
+/// What a writer reads of its queue: the keys in order (its place), and the first key
+/// with its value (who holds, and whether the kinds mix: they all match the first).
+fn writer_view(prefix: &[u8]) -> [Op; 2] {
+    [
+        Op::Range(queue_keys(prefix, true)),
+        Op::Range(RangeRequest {
+            limit: 1,
+            ..queue_keys(prefix, false)
+        }),
+    ]
 }
 
 fn range_key(key: &[u8]) -> Op {
@@ -430,23 +484,23 @@ impl EtcdStore {
     }
 
     fn members(&self, name: &LockName, kvs: &[KeyValue]) -> Result<Vec<Member>> {
-        kvs.iter()
-            .map(|kv| {
-                let entry = serde_json::from_slice(&kv.value).map_err(|e| {
-                    self.corrupt(
-                        name,
-                        format!(
-                            "key {:?} is not a leasehold queue entry ({e}); delete it with etcdctl",
-                            String::from_utf8_lossy(&kv.key)
-                        ),
-                    )
-                })?;
-                Ok(Member {
-                    kv: kv.clone(),
-                    entry,
-                })
-            })
-            .collect()
+        kvs.iter().map(|kv| self.member(name, kv)).collect()
+    }
+
+    fn member(&self, name: &LockName, kv: &KeyValue) -> Result<Member> {
+        let entry = serde_json::from_slice(&kv.value).map_err(|e| {
+            self.corrupt(
+                name,
+                format!(
+                    "key {:?} is not a leasehold queue entry ({e}); delete it with etcdctl",
+                    String::from_utf8_lossy(&kv.key)
+                ),
+            )
+        })?;
+        Ok(Member {
+            kv: kv.clone(),
+            entry,
+        })
     }
 
     async fn queue(&self, name: &LockName) -> Result<(Vec<Member>, i64)> {
@@ -632,21 +686,27 @@ impl EtcdStore {
             lease: lease.id,
             ignore_lease: false,
         });
+        let writer = req.kind == LockKind::Exclusive;
         // A mutex that does not queue (non-fair, or a try) takes the lock only if nobody
         // holds or waits; everything else joins the queue.
-        let only_if_free = req.kind == LockKind::Exclusive && (!req.fair || !req.enqueue);
+        let only_if_free = writer && (!req.fair || !req.enqueue);
+        let everyone = Compare::empty(&prefix, &prefix_end(&prefix));
         let request = if only_if_free {
-            txn(
-                vec![Compare::empty(&prefix, &prefix_end(&prefix))],
-                vec![put],
-                vec![range_queue(&prefix)],
-            )
+            txn(vec![everyone], vec![put], vec![range_queue(&prefix)])
         } else {
-            txn(
+            let mut join = vec![put.clone()];
+            if writer {
+                join.extend(writer_view(&prefix));
+            } else {
+                join.push(range_queue(&prefix));
+            }
+            let join = txn(
                 vec![Compare::created_at(&key, 0)],
-                vec![put, range_queue(&prefix)],
+                join,
                 vec![range_queue(&prefix)],
-            )
+            );
+            // Into an empty queue the put alone (nothing to read back); else join it.
+            txn(vec![everyone], vec![put], vec![Op::Txn(Box::new(join))])
         };
         let answer = match self.call_txn(request).await {
             Err(Error::Unavailable { source, .. })
@@ -659,7 +719,15 @@ impl EtcdStore {
             other => other?,
         };
         let revision = answer.revision();
-        let queue = match answer.range() {
+        // The join's answer when the queue was not empty.
+        let joined = answer.nested().unwrap_or(&answer);
+        let put_done = joined.succeeded;
+        if writer && put_done && answer.nested().is_some() {
+            return self
+                .writer_standing(req, &key, lease, joined, revision, started)
+                .await;
+        }
+        let queue = match joined.range() {
             Some(kvs) => self.members(&req.name, kvs)?,
             // Put into an empty queue: ours alone.
             None => vec![Member {
@@ -674,21 +742,13 @@ impl EtcdStore {
             }],
         };
         if let Some(other) = queue.iter().find(|m| !compatible(req.kind, m.entry.kind)) {
-            if answer.succeeded && !only_if_free {
+            if put_done && !only_if_free {
                 self.withdraw(&req.lease, &key, revision, lease).await?;
             } else {
                 self.forget(&req.lease);
                 self.spare(lease);
             }
-            return Err(Error::Conflict {
-                name: req.name.to_string(),
-                reason: format!(
-                    "it is used as a {} ({}), not as a {}: everyone must use the same kind and permits",
-                    other.entry.kind.word(),
-                    describe_kind(other.entry.kind),
-                    describe_kind(req.kind),
-                ),
-            });
+            return Err(conflict(req, other));
         }
         let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
             // Not queued (the lock was busy for a mutex that does not queue).
@@ -711,10 +771,49 @@ impl EtcdStore {
         };
         if !req.enqueue {
             self.withdraw(&req.lease, &key, create, lease).await?;
-            return Ok(self.busy(&queue, None, revision));
+            return Ok(self.busy(queue.first(), None, revision));
         }
-        let busy = self.busy(&queue, Some(here.position), revision);
+        let busy = self.busy(queue.first(), Some(here.position), revision);
         self.queued(req, key, lease, create, waiting, started);
+        Ok(busy)
+    }
+
+    /// A writer's place from [`writer_view`]'s answer (after its put, or a recheck).
+    async fn writer_standing(
+        &self,
+        req: &AcquireRequest,
+        key: &[u8],
+        lease: EtcdLease,
+        answer: &TxnResponse,
+        revision: i64,
+        started: Instant,
+    ) -> Result<Attempt> {
+        let mut ranges = answer.ranges();
+        let keys = ranges.next().map_or(&[][..], |r| &r.kvs[..]);
+        let first = match ranges.next().and_then(|r| r.kvs.first()) {
+            Some(kv) => Some(self.member(&req.name, kv)?),
+            None => None,
+        };
+        let Some(at) = keys.iter().position(|kv| kv.key == key) else {
+            return Err(self.wait_ended(req));
+        };
+        let (create, modified) = (keys[at].create_revision, keys[at].mod_revision);
+        if let Some(first) = first
+            .as_ref()
+            .filter(|f| !compatible(req.kind, f.entry.kind))
+        {
+            self.withdraw(&req.lease, key, create, lease).await?;
+            return Err(conflict(req, first));
+        }
+        let Some(waiting) = writer_waiting(at, |i| keys[i].key.clone()) else {
+            return Ok(self.granted(req, key, lease, create, modified, 1, started));
+        };
+        if !req.enqueue {
+            self.withdraw(&req.lease, key, create, lease).await?;
+            return Ok(self.busy(first.as_ref(), None, revision));
+        }
+        let busy = self.busy(first.as_ref(), Some(at), revision);
+        self.queued(req, key.to_vec(), lease, create, waiting, started);
         Ok(busy)
     }
 
@@ -729,11 +828,13 @@ impl EtcdStore {
         started: Instant,
     ) -> Result<Attempt> {
         let due = lease.left(started) * 3 < lease.ttl() * 2;
-        let check = self.call_txn(txn(
-            vec![Compare::created_at(key, create)],
-            vec![range_queue(prefix)],
-            vec![],
-        ));
+        let writer = req.kind == LockKind::Exclusive;
+        let view = if writer {
+            writer_view(prefix).into()
+        } else {
+            vec![range_queue(prefix)]
+        };
+        let check = self.call_txn(txn(vec![Compare::created_at(key, create)], view, vec![]));
         let (answer, renewed) = if due {
             let (answer, renewed) = tokio::join!(check, self.keep_alive(lease));
             (answer?, renewed.ok())
@@ -749,6 +850,12 @@ impl EtcdStore {
         if !answer.succeeded {
             return Err(self.wait_ended(req));
         }
+        if writer {
+            let revision = answer.revision();
+            return self
+                .writer_standing(req, key, lease, &answer, revision, started)
+                .await;
+        }
         let queue = self.members(&req.name, answer.range().unwrap_or_default())?;
         let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
             return Err(self.wait_ended(req));
@@ -758,7 +865,7 @@ impl EtcdStore {
             let modified = queue[at].kv.mod_revision;
             return Ok(self.granted(req, key, lease, create, modified, 1, started));
         };
-        let busy = self.busy(&queue, Some(here.position), answer.revision());
+        let busy = self.busy(queue.first(), Some(here.position), answer.revision());
         self.queued(req, key.to_vec(), lease, create, waiting, started);
         Ok(busy)
     }
@@ -814,8 +921,7 @@ impl EtcdStore {
                 lease: Some(lease),
                 state: State::Queued {
                     create,
-                    blocker: waiting.blocker,
-                    sole: waiting.sole,
+                    waiting,
                     attempted: started,
                 },
             },
@@ -843,12 +949,13 @@ impl EtcdStore {
                 state: State::Outside { blocker },
             },
         );
-        self.busy(queue, None, revision)
+        self.busy(queue.first(), None, revision)
     }
 
-    fn busy(&self, queue: &[Member], position: Option<usize>, revision: i64) -> Attempt {
+    /// `first`: the queue's first key.
+    fn busy(&self, first: Option<&Member>, position: Option<usize>, revision: i64) -> Attempt {
         Attempt::Busy(Busy {
-            holder: queue.first().map(|m| holder_info(m, Duration::ZERO)),
+            holder: first.map(|m| holder_info(m, Duration::ZERO)),
             position,
             // Deletions are watched, lease expiries included: no timer needed.
             retry_in: None,
@@ -932,51 +1039,197 @@ impl EtcdStore {
             Blocker::Key(key) => (key.clone(), Vec::new(), 0),
             Blocker::Queue(prefix) => (prefix.clone(), prefix_end(prefix), seen + 1),
         };
-        let create = WatchRequest {
-            request: Some(WatchOp::Create(WatchCreateRequest {
-                key: key.clone(),
+        let (events, now) = match self.watch_deletes(&key, range_end, start).await? {
+            Some(created) => created,
+            None => return Ok(false),
+        };
+        if start == 0 && now > seen {
+            let current = self.range(range_key(&key)).await?;
+            let same = current
+                .kvs
+                .first()
+                .is_some_and(|kv| kv.create_revision <= seen);
+            if !same {
+                return Ok(true);
+            }
+        }
+        match self
+            .next_deletion(std::slice::from_mut(&mut (key, events)))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(Compacted) => Ok(false),
+            Err(Broken(error)) => Err(error),
+        }
+    }
+
+    /// A watch for deletions in `[key, range_end)` from `start` (0: from now), and the
+    /// revision it starts after; `None` if `start` was compacted away.
+    async fn watch_deletes(
+        &self,
+        key: &[u8],
+        range_end: Vec<u8>,
+        start: i64,
+    ) -> Result<Option<(rpc::Watch, i64)>> {
+        let mut watch = self
+            .inner
+            .client
+            .watch(WatchCreateRequest {
+                key: key.to_vec(),
                 range_end,
                 start_revision: start,
                 filters: vec![rpc::NO_PUT],
-            })),
-        };
-        let mut events = self
-            .inner
-            .client
-            .stream::<_, WatchResponse>("/etcdserverpb.Watch/Watch", create)
+            })
             .await
             .map_err(|s| self.unavailable(s))?;
+        let Some(created) = watch.message().await else {
+            return Err(self.watch_ended());
+        };
+        match self.deletions(created) {
+            Ok(answer) => Ok(Some((watch, answer.header.map_or(0, |h| h.revision)))),
+            Err(Compacted) => Ok(None),
+            Err(Broken(error)) => Err(error),
+        }
+    }
+
+    /// The first deletion one of `watches` (keys and their watches) reports: the key and
+    /// the revision of the answer that told.
+    async fn next_deletion(
+        &self,
+        watches: &mut [(Vec<u8>, rpc::Watch)],
+    ) -> std::result::Result<(Vec<u8>, i64), WatchEnd> {
         loop {
-            match events.message().await.map_err(|s| self.unavailable(s))? {
-                Some(answer) if answer.canceled => {
-                    if answer.compact_revision > 0 {
-                        return Ok(false);
-                    }
-                    return Err(self.unavailable(tonic::Status::unavailable(format!(
-                        "watch cancelled: {}",
-                        answer.cancel_reason
-                    ))));
-                }
-                Some(answer) if !answer.events.is_empty() => return Ok(true),
-                Some(answer) if answer.created && start == 0 => {
-                    let now = answer.header.as_ref().map_or(i64::MAX, |h| h.revision);
-                    if now > seen {
-                        let current = self.range(range_key(&key)).await?;
-                        let same = current
-                            .kvs
-                            .first()
-                            .is_some_and(|kv| kv.create_revision <= seen);
-                        if !same {
-                            return Ok(true);
-                        }
-                    }
-                }
-                Some(_) => {}
-                None => {
-                    return Err(self.unavailable(tonic::Status::unavailable("watch stream ended")))
-                }
+            let waits = watches
+                .iter_mut()
+                .map(|(key, watch)| Box::pin(async move { (key.clone(), watch.message().await) }));
+            let ((key, answer), _, _) = futures_util::future::select_all(waits).await;
+            let Some(answer) = answer else {
+                return Err(Broken(self.watch_ended()));
+            };
+            let answer = self.deletions(answer)?;
+            if !answer.events.is_empty() {
+                return Ok((key, answer.header.map_or(0, |h| h.revision)));
             }
         }
+    }
+
+    /// A watch answer, unless it says the watch is over.
+    fn deletions(&self, answer: WatchResponse) -> std::result::Result<WatchResponse, WatchEnd> {
+        if !answer.canceled {
+            return Ok(answer);
+        }
+        if answer.compact_revision > 0 {
+            return Err(Compacted);
+        }
+        Err(Broken(self.unavailable(tonic::Status::unavailable(
+            format!("watch cancelled: {}", answer.cancel_reason),
+        ))))
+    }
+
+    fn watch_ended(&self) -> Error {
+        self.unavailable(tonic::Status::unavailable("watch stream ended"))
+    }
+
+    /// A writer waits in line here rather than in the lock loop. It watches the key just
+    /// ahead of its own and the one ahead of that: when the key just ahead was the only
+    /// one, its deletion is our grant; when the key two ahead goes, a read tells whether
+    /// the key just ahead now holds, so in a busy queue that read is made while the key
+    /// just ahead holds, and its release hands the lock over with no read in between.
+    async fn wait_in_line(
+        &self,
+        req: &AcquireRequest,
+        ours: &Ours,
+        mut waiting: Waiting,
+        mut seen: i64,
+    ) -> Result<Option<Grant>> {
+        let prefix = queue_prefix(&req.name);
+        let mut watches: Vec<(Vec<u8>, rpc::Watch)> = Vec::new();
+        loop {
+            let Blocker::Key(blocker) = &waiting.blocker else {
+                return Ok(None);
+            };
+            let wanted: Vec<&Vec<u8>> = std::iter::once(blocker)
+                .chain(waiting.then.as_ref())
+                .collect();
+            watches.retain(|(key, _)| wanted.contains(&key));
+            // Deletions between our last read and the start of a new watch go unseen:
+            // read again if the revision moved meanwhile.
+            let mut start = 0;
+            for key in wanted {
+                if !watches.iter().any(|(k, _)| k == key) {
+                    let Some((watch, now)) = self.watch_deletes(key, Vec::new(), 0).await? else {
+                        return Ok(None);
+                    };
+                    start = start.max(now);
+                    watches.push((key.clone(), watch));
+                }
+            }
+            let mut at_least = start;
+            if start <= seen {
+                let (gone, revision) = match self.next_deletion(&mut watches).await {
+                    Ok(deletion) => deletion,
+                    Err(Compacted) => return Ok(None),
+                    Err(Broken(error)) => return Err(error),
+                };
+                if &gone == blocker && waiting.then.is_none() {
+                    return Ok(self.handed_over(req, ours));
+                }
+                at_least = revision;
+            }
+            let (keys, revision) = self.look(&prefix, at_least.max(seen)).await?;
+            seen = revision;
+            let Some(at) = keys.iter().position(|kv| kv.key == ours.key) else {
+                // Our key is gone: the next attempt says why.
+                return Ok(None);
+            };
+            match writer_waiting(at, |i| keys[i].key.clone()) {
+                None => return Ok(self.handed_over(req, ours)),
+                Some(next) => waiting = next,
+            }
+        }
+    }
+
+    /// The queue's keys in create order, as of revision `at_least` or later. The member's
+    /// own state (no quorum read) serves when it is that recent: keys ahead of ours never
+    /// come back once gone, so a recent enough state tells whether any is left.
+    async fn look(&self, prefix: &[u8], at_least: i64) -> Result<(Vec<KeyValue>, i64)> {
+        let local = RangeRequest {
+            serializable: true,
+            ..queue_keys(prefix, true)
+        };
+        let mut answer = self.range(Op::Range(local)).await?;
+        let mut revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        if revision < at_least {
+            answer = self.range(Op::Range(queue_keys(prefix, true))).await?;
+            revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        }
+        Ok((answer.kvs, revision))
+    }
+
+    /// Nothing is ahead of our key any more and nothing can queue ahead of it: the lock is
+    /// ours, if our own lease is surely still alive.
+    fn handed_over(&self, req: &AcquireRequest, ours: &Ours) -> Option<Grant> {
+        let lease = ours.lease;
+        if lease.left(Instant::now()) * 2 < lease.ttl().min(req.ttl) {
+            return None;
+        }
+        let (key, create) = (&ours.key, ours.create);
+        match self.granted(req, key, lease, create, create, 1, ours.attempted) {
+            Attempt::Granted(grant) => Some(grant),
+            Attempt::Busy(_) => None,
+        }
+    }
+}
+
+fn conflict(req: &AcquireRequest, other: &Member) -> Error {
+    Error::Conflict {
+        name: req.name.to_string(),
+        reason: format!(
+            "it is used as a {} ({}), not as a {}: everyone must use the same kind and permits",
+            other.entry.kind.word(),
+            describe_kind(other.entry.kind),
+            describe_kind(req.kind),
+        ),
     }
 }
 
@@ -1157,6 +1410,7 @@ impl Store for EtcdStore {
     }
 
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
+        let seen = since.0 as i64;
         let (blocker, handover) = match self.acquisition(&req.lease) {
             Some(Acquisition {
                 state: State::Outside { blocker, .. },
@@ -1168,29 +1422,33 @@ impl Store for EtcdStore {
                 state:
                     State::Queued {
                         create,
-                        blocker,
-                        sole,
+                        waiting,
                         attempted,
-                        ..
                     },
-            }) => (blocker, sole.then_some((key, lease, create, attempted))),
+            }) => {
+                if req.kind == LockKind::Exclusive {
+                    let ours = Ours {
+                        key,
+                        lease,
+                        create,
+                        attempted,
+                    };
+                    return self.wait_in_line(req, &ours, waiting, seen).await;
+                }
+                let handover = waiting.sole.then_some(Ours {
+                    key,
+                    lease,
+                    create,
+                    attempted,
+                });
+                (waiting.blocker, handover)
+            }
             _ => return std::future::pending().await,
         };
-        if !self.deleted(&blocker, since.0 as i64).await? {
+        if !self.deleted(&blocker, seen).await? {
             return Ok(None);
         }
-        let Some((key, lease, create, attempted)) = handover else {
-            return Ok(None);
-        };
-        // The only key ahead of ours is gone and nothing can queue ahead of us: the lock
-        // is ours, if our own lease is surely still alive.
-        if lease.left(Instant::now()) * 2 < lease.ttl().min(req.ttl) {
-            return Ok(None);
-        }
-        match self.granted(req, &key, lease, create, create, 1, attempted) {
-            Attempt::Granted(grant) => Ok(Some(grant)),
-            Attempt::Busy(_) => Ok(None),
-        }
+        Ok(handover.and_then(|ours| self.handed_over(req, &ours)))
     }
 
     async fn ended(&self, lease: &Lease) -> Result<()> {
@@ -1439,6 +1697,7 @@ mod tests {
         Some(Waiting {
             blocker: Blocker::Key(vec![b'k', i]),
             sole,
+            then: None,
         })
     }
 
@@ -1450,7 +1709,14 @@ mod tests {
         assert_eq!(standing(&q, 0, b"p").waiting, None);
         assert_eq!(standing(&q, 1, b"p").waiting, waits_for(0, true));
         let third = standing(&q, 2, b"p");
-        assert_eq!(third.waiting, waits_for(1, false));
+        let then = Some(vec![b'k', 0]);
+        assert_eq!(
+            third.waiting,
+            Some(Waiting {
+                then,
+                ..waits_for(1, false).unwrap()
+            })
+        );
         assert_eq!(third.position, 2);
     }
 
@@ -1471,6 +1737,7 @@ mod tests {
         let queue_watch = Waiting {
             blocker: Blocker::Queue(b"p".to_vec()),
             sole: false,
+            then: None,
         };
         assert_eq!(third.waiting, Some(queue_watch));
         assert_eq!(third.position, 1);
