@@ -22,10 +22,11 @@ async fn start() -> (EtcdServer, Leasehold) {
 
 /// The etcd lease ids of the lock's queue keys, in queue order (etcdctl's JSON).
 fn queue_leases(server: &EtcdServer) -> Vec<i64> {
+    // Queue keys are under `leasehold\0`; owner markers under `leasehold\x01`.
     let out = server.etcdctl(&[
         "get",
-        "--prefix",
         "leasehold",
+        "leasehold\u{1}",
         "--sort-by=CREATE",
         "--order=ASCEND",
         "-w",

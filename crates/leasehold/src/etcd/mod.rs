@@ -16,11 +16,19 @@
 //! has no leader.
 //!
 //! # How it works
-//! - Every acquisition of lock `NAME` by owner `O` is the key `leasehold\0NAME\0O`, holding
-//!   the holder's description and acquisition ids (JSON). Keys of one lock sort by create
-//!   revision into one queue; who holds follows from the order: a writer or mutex holds
-//!   when it is first, a reader when no writer is ahead of it, a permit holder when it is
-//!   among the first N.
+//! - Every acquisition of lock `NAME` is the key `leasehold\0NAME\0L`, `L` its etcd lease
+//!   (hex), holding the holder's owner, description and acquisition ids (JSON). Keys of one
+//!   lock sort by create revision into one queue; who holds follows from the order: a
+//!   writer or mutex holds when it is first, a reader when no writer is ahead of it, a
+//!   permit holder when it is among the first N.
+//! - Key names come from leases, which the process reuses, so a lock's queue keeps to a
+//!   few names: etcd keeps every deleted key in its index until the next compaction, and
+//!   each read of a queue (or compare over it) walks them all. A key per owner id, new for
+//!   each acquisition, made a busy lock slower by the minute.
+//! - Beside its queue key, an acquisition puts the marker `leasehold\x01NAME\0OWNER` on
+//!   the same lease. The join Txn puts only if the owner has no marker, so an owner that is
+//!   already queued or holding is found in the same round trip, and re-enters. Markers live
+//!   outside the queue's range: reads of the queue never walk them.
 //! - The fencing token is the key's create revision: strictly increasing cluster-wide,
 //!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
 //! - **Fair mode** (the default on etcd): a waiter puts its key, and watches only the key
@@ -79,6 +87,8 @@ use rpc::{
 };
 
 const ROOT: &[u8] = b"leasehold\0";
+/// Owner markers: outside every range under [`ROOT`].
+const MARKERS: &[u8] = b"leasehold\x01";
 
 /// The etcd store. Cheap to clone; clones share the connections.
 #[derive(Clone)]
@@ -133,6 +143,8 @@ impl EtcdLease {
 #[derive(Clone, Debug)]
 struct Acquisition {
     key: Vec<u8>,
+    /// The owner's marker.
+    marker: Vec<u8>,
     lease: Option<EtcdLease>,
     state: State,
 }
@@ -309,8 +321,18 @@ fn queue_prefix(name: &LockName) -> Vec<u8> {
     [ROOT, name.as_str().as_bytes(), b"\0"].concat()
 }
 
-fn queue_key(name: &LockName, owner: &str) -> Vec<u8> {
-    [queue_prefix(name), owner.as_bytes().to_vec()].concat()
+fn queue_key(name: &LockName, lease: i64) -> Vec<u8> {
+    [queue_prefix(name), format!("{lease:x}").into_bytes()].concat()
+}
+
+/// The marker of `owner`'s key in `name`'s queue (see the module docs).
+fn marker_key(name: &LockName, owner: &str) -> Vec<u8> {
+    [MARKERS, name.as_str().as_bytes(), b"\0", owner.as_bytes()].concat()
+}
+
+/// Takes `key` out of the queue with its owner's marker.
+fn remove(key: &[u8], marker: &[u8]) -> Vec<Op> {
+    vec![delete(key), delete(marker)]
 }
 
 fn range_queue(prefix: &[u8]) -> Op {
@@ -648,9 +670,9 @@ impl EtcdStore {
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         let started = Instant::now();
         let prefix = queue_prefix(&req.name);
-        let key = queue_key(&req.name, &req.owner);
         let known = self.acquisition(&req.lease);
         if let Some(Acquisition {
+            key,
             lease: Some(lease),
             state: State::Queued { create, .. },
             ..
@@ -664,10 +686,13 @@ impl EtcdStore {
             Some(lease) => lease,
             None => self.lease_for(req.ttl).await?,
         };
+        let key = queue_key(&req.name, lease.id);
+        let marker = marker_key(&req.name, &req.owner);
         self.record(
             &req.lease,
             Acquisition {
                 key: key.clone(),
+                marker: marker.clone(),
                 lease: Some(lease),
                 state: State::Unknown,
             },
@@ -680,33 +705,37 @@ impl EtcdStore {
             since: now_ms(),
             holds: vec![req.lease.0.clone()],
         };
-        let put = Op::Put(PutRequest {
-            key: key.clone(),
-            value: entry.value(),
-            lease: lease.id,
-            ignore_lease: false,
-        });
+        let put = |key: &[u8], value: Vec<u8>| {
+            Op::Put(PutRequest {
+                key: key.to_vec(),
+                value,
+                lease: lease.id,
+                ignore_lease: false,
+            })
+        };
+        let puts = vec![put(&key, entry.value()), put(&marker, key.clone())];
         let writer = req.kind == LockKind::Exclusive;
         // A mutex that does not queue (non-fair, or a try) takes the lock only if nobody
         // holds or waits; everything else joins the queue.
         let only_if_free = writer && (!req.fair || !req.enqueue);
         let everyone = Compare::empty(&prefix, &prefix_end(&prefix));
         let request = if only_if_free {
-            txn(vec![everyone], vec![put], vec![range_queue(&prefix)])
+            txn(vec![everyone], puts, vec![range_queue(&prefix)])
         } else {
-            let mut join = vec![put.clone()];
+            let mut join = puts.clone();
             if writer {
                 join.extend(writer_view(&prefix));
             } else {
                 join.push(range_queue(&prefix));
             }
+            // Our owner's marker there: read the queue to find the owner's key.
             let join = txn(
-                vec![Compare::created_at(&key, 0)],
+                vec![Compare::created_at(&marker, 0)],
                 join,
-                vec![range_queue(&prefix)],
+                vec![range_queue(&prefix), range_key(&marker)],
             );
-            // Into an empty queue the put alone (nothing to read back); else join it.
-            txn(vec![everyone], vec![put], vec![Op::Txn(Box::new(join))])
+            // Into an empty queue the puts alone (nothing to read back); else join it.
+            txn(vec![everyone], puts, vec![Op::Txn(Box::new(join))])
         };
         let answer = match self.call_txn(request).await {
             Err(Error::Unavailable { source, .. })
@@ -743,14 +772,30 @@ impl EtcdStore {
         };
         if let Some(other) = queue.iter().find(|m| !compatible(req.kind, m.entry.kind)) {
             if put_done && !only_if_free {
-                self.withdraw(&req.lease, &key, revision, lease).await?;
+                self.withdraw(&req.lease, &key, &marker, revision, lease)
+                    .await?;
             } else {
                 self.forget(&req.lease);
                 self.spare(lease);
             }
             return Err(conflict(req, other));
         }
-        let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
+        // An owner has one key per queue (its marker sees to that): ours, or the one we
+        // re-enter.
+        let Some(at) = queue.iter().position(|m| m.entry.owner == req.owner) else {
+            if !put_done && !only_if_free {
+                // A marker without its key (the key was deleted alone, by hand or by an
+                // older version): clear it and join again.
+                if let Some(stale) = joined.ranges().nth(1).and_then(|r| r.kvs.first()) {
+                    self.call_txn(txn(
+                        vec![Compare::modified_at(&marker, stale.mod_revision)],
+                        vec![delete(&marker)],
+                        vec![],
+                    ))
+                    .await?;
+                }
+                return Box::pin(self.attempt(req)).await;
+            }
             // Not queued (the lock was busy for a mutex that does not queue).
             self.spare(lease);
             return Ok(self.outside(req, &queue, &prefix, revision));
@@ -770,7 +815,8 @@ impl EtcdStore {
             return Ok(self.granted(req, &key, lease, create, modified, 1, started));
         };
         if !req.enqueue {
-            self.withdraw(&req.lease, &key, create, lease).await?;
+            self.withdraw(&req.lease, &key, &marker, create, lease)
+                .await?;
             return Ok(self.busy(queue.first(), None, revision));
         }
         let busy = self.busy(queue.first(), Some(here.position), revision);
@@ -798,18 +844,21 @@ impl EtcdStore {
             return Err(self.wait_ended(req));
         };
         let (create, modified) = (keys[at].create_revision, keys[at].mod_revision);
+        let marker = marker_key(&req.name, &req.owner);
         if let Some(first) = first
             .as_ref()
             .filter(|f| !compatible(req.kind, f.entry.kind))
         {
-            self.withdraw(&req.lease, key, create, lease).await?;
+            self.withdraw(&req.lease, key, &marker, create, lease)
+                .await?;
             return Err(conflict(req, first));
         }
         let Some(waiting) = writer_waiting(at, |i| keys[i].key.clone()) else {
             return Ok(self.granted(req, key, lease, create, modified, 1, started));
         };
         if !req.enqueue {
-            self.withdraw(&req.lease, key, create, lease).await?;
+            self.withdraw(&req.lease, key, &marker, create, lease)
+                .await?;
             return Ok(self.busy(first.as_ref(), None, revision));
         }
         let busy = self.busy(first.as_ref(), Some(at), revision);
@@ -893,6 +942,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key: key.to_vec(),
+                marker: marker_key(&req.name, &req.owner),
                 lease: Some(lease),
                 state: State::Held {
                     create,
@@ -918,6 +968,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key,
+                marker: marker_key(&req.name, &req.owner),
                 lease: Some(lease),
                 state: State::Queued {
                     create,
@@ -945,6 +996,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key: Vec::new(),
+                marker: Vec::new(),
                 lease: None,
                 state: State::Outside { blocker },
             },
@@ -968,17 +1020,21 @@ impl EtcdStore {
         &self,
         id: &LeaseId,
         key: &[u8],
+        marker: &[u8],
         create: i64,
         lease: EtcdLease,
     ) -> Result<()> {
         self.forget(id);
-        self.call_txn(txn(
-            vec![Compare::created_at(key, create)],
-            vec![delete(key)],
-            vec![],
-        ))
-        .await?;
-        self.spare(lease);
+        let answer = self
+            .call_txn(txn(
+                vec![Compare::created_at(key, create)],
+                remove(key, marker),
+                vec![],
+            ))
+            .await?;
+        if answer.succeeded {
+            self.spare(lease);
+        }
         Ok(())
     }
 
@@ -1291,6 +1347,7 @@ impl Store for EtcdStore {
                 key,
                 lease: Some(etcd_lease),
                 state: State::Held { create, .. },
+                ..
             }) => (key, etcd_lease, create),
             Some(_) => return Ok(Renewal::Lost),
             None => match self.find(&lease.name, &lease.id).await? {
@@ -1341,6 +1398,7 @@ impl Store for EtcdStore {
             }
             Some(Acquisition {
                 key,
+                marker,
                 lease: Some(etcd_lease),
                 state:
                     State::Held {
@@ -1349,7 +1407,7 @@ impl Store for EtcdStore {
                         ..
                     }
                     | State::Queued { create: at, .. },
-            }) => (key, Some((etcd_lease, at))),
+            }) => (key, Some((marker, etcd_lease, at))),
             // Re-entered: other holds share the key; take ours out of it.
             Some(Acquisition {
                 key,
@@ -1363,8 +1421,11 @@ impl Store for EtcdStore {
             },
         };
         let mut current = match alone {
-            Some((etcd_lease, modified)) => {
-                match self.delete_alone(&key, etcd_lease, modified).await? {
+            Some((marker, etcd_lease, modified)) => {
+                match self
+                    .delete_alone(&key, &marker, etcd_lease, modified)
+                    .await?
+                {
                     None => return Ok(Released::Released),
                     Some(current) => current,
                 }
@@ -1386,14 +1447,14 @@ impl Store for EtcdStore {
                 return Ok(Released::NotHeld);
             }
             let change = if entry.holds.is_empty() {
-                delete(&key)
+                remove(&key, &marker_key(&lease.name, &entry.owner))
             } else {
-                rewrite(&key, &entry)
+                vec![rewrite(&key, &entry)]
             };
             let answer = self
                 .call_txn(txn(
                     vec![Compare::modified_at(&key, kv.mod_revision)],
-                    vec![change],
+                    change,
                     vec![range_key(&key)],
                 ))
                 .await?;
@@ -1425,6 +1486,7 @@ impl Store for EtcdStore {
                         waiting,
                         attempted,
                     },
+                ..
             }) => {
                 if req.kind == LockKind::Exclusive {
                     let ours = Ours {
@@ -1567,10 +1629,11 @@ impl Store for EtcdStore {
                 continue;
             }
             let key = &queue[at].kv.key;
+            let marker = marker_key(name, &queue[at].entry.owner);
             let answer = self
                 .call_txn(txn(
                     vec![Compare::created_at(key, queue[at].kv.create_revision)],
-                    vec![delete(key)],
+                    remove(key, &marker),
                     vec![],
                 ))
                 .await?;
@@ -1599,12 +1662,13 @@ impl EtcdStore {
     async fn delete_alone(
         &self,
         key: &[u8],
+        marker: &[u8],
         lease: EtcdLease,
         modified: i64,
     ) -> Result<Option<Option<KeyValue>>> {
         let delete_if_unchanged = self.call_txn(txn(
             vec![Compare::modified_at(key, modified)],
-            vec![delete(key)],
+            remove(key, marker),
             vec![range_key(key)],
         ));
         let aged = lease.ours && lease.left(Instant::now()) * 3 < lease.ttl() * 2;
@@ -1642,15 +1706,22 @@ impl EtcdStore {
         ttl: Duration,
     ) -> Result<Renewal> {
         let new = self.grant(ttl).await?;
+        let put = |key: &[u8], value: &[u8]| {
+            Op::Put(PutRequest {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                lease: new.id,
+                ignore_lease: false,
+            })
+        };
+        let mut moves = vec![put(&kv.key, &kv.value)];
+        if let Ok(entry) = serde_json::from_slice::<Entry>(&kv.value) {
+            moves.push(put(&marker_key(&lease.name, &entry.owner), &kv.key));
+        }
         let answer = self
             .call_txn(txn(
                 vec![Compare::modified_at(&kv.key, kv.mod_revision)],
-                vec![Op::Put(PutRequest {
-                    key: kv.key.clone(),
-                    value: kv.value.clone(),
-                    lease: new.id,
-                    ignore_lease: false,
-                })],
+                moves,
                 vec![],
             ))
             .await?;
@@ -1661,7 +1732,9 @@ impl EtcdStore {
         }
         self.set_lease(&lease.id, new, Some(answer.revision()));
         if old.ours {
-            self.spare(old);
+            // Not for reuse: the key keeps the old lease's name, and a key named after a
+            // spare lease must not exist.
+            self.revoke_later(old.id);
         }
         Ok(Renewal::Renewed)
     }
