@@ -31,11 +31,14 @@
 //!   outside the queue's range: reads of the queue never walk them.
 //! - The fencing token is the key's create revision: strictly increasing cluster-wide,
 //!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
-//! - **Fair mode** (the default on etcd): a waiter puts its key, and watches only the key
-//!   whose deletion can let it in — the key just ahead for a writer, the last writer ahead
-//!   for a reader — so a release wakes one waiter, not the herd. When that key was the only
-//!   one ahead, the deletion itself is the hand-over: the waiter holds the lock without
-//!   another round trip. Semaphore waiters watch the whole queue for deletions.
+//! - **Fair mode** (the default on etcd): a waiter puts its key at the end of the queue.
+//!   The waiting writers (mutexes, write locks) of a process share one watch of their
+//!   queue's deletions, and each is let in when the last key that was ahead of it goes: a
+//!   release reaches each waiting process as one event, wakes only the task it lets in, and
+//!   is the hand-over itself (no further round trip). A reader watches the last writer
+//!   ahead of it, and when that was the only key ahead its deletion is the hand-over.
+//!   Semaphore waiters watch the whole queue for deletions. All watches of a client share
+//!   one gRPC stream.
 //! - **Non-fair mode** (mutexes only; `with_fair(false)`): one Txn puts the key only if
 //!   the queue is empty (a compare over the whole key range), and a waiter watches the
 //!   holder's key for deletion, so every non-fair waiter wakes at a release. It never
@@ -65,6 +68,7 @@
 //! - `describe().last_token` is the newest token among current holders and waiters (etcd
 //!   keeps no per-name counter; tokens come from the cluster revision).
 
+mod line;
 mod rpc;
 
 use std::collections::HashMap;
@@ -80,6 +84,7 @@ use crate::store::{
     LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
 use crate::{Error, FencingToken, LockName, Result};
+use line::{Joined, Lines, Turn};
 use rpc::{
     prefix_end, Client, Compare, DeleteRangeRequest, KeyValue, LeaseGrantRequest,
     LeaseGrantResponse, LeaseKeepAliveResponse, LeaseTimeToLiveResponse, Op, PutRequest,
@@ -112,6 +117,7 @@ struct Inner {
     /// Released leases, alive and without keys, by TTL in seconds: the next acquisition
     /// takes one instead of granting a new lease.
     spare: Mutex<HashMap<i64, Vec<EtcdLease>>>,
+    lines: Lines,
 }
 
 /// An etcd lease and how long it is surely alive.
@@ -247,18 +253,18 @@ struct Waiting {
     blocker: Blocker,
     /// The blocker is the only key ahead: its deletion hands us the lock.
     sole: bool,
-    /// A writer's second key ahead, watched too: once it goes, the blocker holds, and the
-    /// blocker's deletion is then our grant (see [`EtcdStore::wait_in_line`]).
-    then: Option<Vec<u8>>,
+    /// A writer's keys ahead: it holds once they are all gone (see
+    /// [`EtcdStore::wait_in_line`]).
+    ahead: Vec<Vec<u8>>,
 }
 
-/// A writer waits for the key just ahead of it, and watches the one ahead of that.
-/// `key(i)`: the `i`th key of the queue, in create order.
+/// A writer waits for every key ahead of it. `key(i)`: the `i`th key of the queue, in
+/// create order.
 fn writer_waiting(at: usize, key: impl Fn(usize) -> Vec<u8>) -> Option<Waiting> {
     (at > 0).then(|| Waiting {
         blocker: Blocker::Key(key(at - 1)),
         sole: at == 1,
-        then: (at >= 2).then(|| key(at - 2)),
+        ahead: (0..at).map(key).collect(),
     })
 }
 
@@ -301,7 +307,7 @@ fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
         waiting: Some(Waiting {
             blocker,
             sole,
-            then: None,
+            ahead: Vec::new(),
         }),
         position,
     }
@@ -456,6 +462,7 @@ impl EtcdStore {
                 client,
                 acquisitions: Mutex::default(),
                 spare: Mutex::default(),
+                lines: Lines::default(),
             }),
         };
         // Fail now, with a clear error, rather than at the first lock.
@@ -1095,7 +1102,7 @@ impl EtcdStore {
             Blocker::Key(key) => (key.clone(), Vec::new(), 0),
             Blocker::Queue(prefix) => (prefix.clone(), prefix_end(prefix), seen + 1),
         };
-        let (events, now) = match self.watch_deletes(&key, range_end, start).await? {
+        let (mut events, now) = match self.watch_deletes(&key, range_end, start).await? {
             Some(created) => created,
             None => return Ok(false),
         };
@@ -1109,10 +1116,7 @@ impl EtcdStore {
                 return Ok(true);
             }
         }
-        match self
-            .next_deletion(std::slice::from_mut(&mut (key, events)))
-            .await
-        {
+        match self.next_deletion(&mut events).await {
             Ok(_) => Ok(true),
             Err(Compacted) => Ok(false),
             Err(Broken(error)) => Err(error),
@@ -1148,23 +1152,15 @@ impl EtcdStore {
         }
     }
 
-    /// The first deletion one of `watches` (keys and their watches) reports: the key and
-    /// the revision of the answer that told.
-    async fn next_deletion(
-        &self,
-        watches: &mut [(Vec<u8>, rpc::Watch)],
-    ) -> std::result::Result<(Vec<u8>, i64), WatchEnd> {
+    /// The revision of the first deletion `watch` reports.
+    async fn next_deletion(&self, watch: &mut rpc::Watch) -> std::result::Result<i64, WatchEnd> {
         loop {
-            let waits = watches
-                .iter_mut()
-                .map(|(key, watch)| Box::pin(async move { (key.clone(), watch.message().await) }));
-            let ((key, answer), _, _) = futures_util::future::select_all(waits).await;
-            let Some(answer) = answer else {
+            let Some(answer) = watch.message().await else {
                 return Err(Broken(self.watch_ended()));
             };
             let answer = self.deletions(answer)?;
             if !answer.events.is_empty() {
-                return Ok((key, answer.header.map_or(0, |h| h.revision)));
+                return Ok(answer.header.map_or(0, |h| h.revision));
             }
         }
     }
@@ -1186,62 +1182,53 @@ impl EtcdStore {
         self.unavailable(tonic::Status::unavailable("watch stream ended"))
     }
 
-    /// A writer waits in line here rather than in the lock loop. It watches the key just
-    /// ahead of its own and the one ahead of that: when the key just ahead was the only
-    /// one, its deletion is our grant; when the key two ahead goes, a read tells whether
-    /// the key just ahead now holds, so in a busy queue that read is made while the key
-    /// just ahead holds, and its release hands the lock over with no read in between.
+    /// A writer waits in line here rather than in the lock loop. The process watches the
+    /// queue for deletions once for all its waiting writers (see line.rs), and a writer
+    /// holds when every key that was ahead of it has gone: the release that lets it in
+    /// reaches it as one event, with no read or watch of its own on the hand-over's path.
     async fn wait_in_line(
         &self,
         req: &AcquireRequest,
         ours: &Ours,
-        mut waiting: Waiting,
+        mut ahead: Vec<Vec<u8>>,
         mut seen: i64,
     ) -> Result<Option<Grant>> {
         let prefix = queue_prefix(&req.name);
-        let mut watches: Vec<(Vec<u8>, rpc::Watch)> = Vec::new();
         loop {
-            let Blocker::Key(blocker) = &waiting.blocker else {
-                return Ok(None);
-            };
-            let wanted: Vec<&Vec<u8>> = std::iter::once(blocker)
-                .chain(waiting.then.as_ref())
-                .collect();
-            watches.retain(|(key, _)| wanted.contains(&key));
-            // Deletions between our last read and the start of a new watch go unseen:
-            // read again if the revision moved meanwhile.
-            let mut start = 0;
-            for key in wanted {
-                if !watches.iter().any(|(k, _)| k == key) {
-                    let Some((watch, now)) = self.watch_deletes(key, Vec::new(), 0).await? else {
+            let (line, fresh) = match self.inner.lines.get(&prefix) {
+                Some(line) => (line, false),
+                None => {
+                    let end = prefix_end(&prefix);
+                    let Some((watch, since)) = self.watch_deletes(&prefix, end, 0).await? else {
                         return Ok(None);
                     };
-                    start = start.max(now);
-                    watches.push((key.clone(), watch));
+                    (self.inner.lines.start(&prefix, watch, since), true)
                 }
-            }
-            let mut at_least = start;
-            if start <= seen {
-                let (gone, revision) = match self.next_deletion(&mut watches).await {
-                    Ok(deletion) => deletion,
-                    Err(Compacted) => return Ok(None),
-                    Err(Broken(error)) => return Err(error),
-                };
-                if &gone == blocker && waiting.then.is_none() {
-                    return Ok(self.handed_over(req, ours));
-                }
-                at_least = revision;
-            }
-            let (keys, revision) = self.look(&prefix, at_least.max(seen)).await?;
-            seen = revision;
-            let Some(at) = keys.iter().position(|kv| kv.key == ours.key) else {
-                // Our key is gone: the next attempt says why.
-                return Ok(None);
             };
-            match writer_waiting(at, |i| keys[i].key.clone()) {
-                None => return Ok(self.handed_over(req, ours)),
-                Some(next) => waiting = next,
-            }
+            let turn = match line.join(&ours.key, &ahead, seen) {
+                Joined::Over(turn) => turn,
+                Joined::Waiting(mut place) => match place.turn().await {
+                    Some(turn) => turn,
+                    None => return Err(self.watch_ended()),
+                },
+                Joined::Ended if fresh => return Err(self.watch_ended()),
+                Joined::Ended => continue,
+                Joined::Gap(since) => {
+                    // The line started after our read: read again, as of its start.
+                    let (keys, revision) = self.look(&prefix, since).await?;
+                    let Some(at) = keys.iter().position(|kv| kv.key == ours.key) else {
+                        return Ok(None);
+                    };
+                    ahead = keys[..at].iter().map(|kv| kv.key.clone()).collect();
+                    seen = revision;
+                    continue;
+                }
+            };
+            return Ok(match turn {
+                Turn::Free => self.handed_over(req, ours),
+                // Our key is gone: the next attempt says why.
+                Turn::Gone => None,
+            });
         }
     }
 
@@ -1495,7 +1482,7 @@ impl Store for EtcdStore {
                         create,
                         attempted,
                     };
-                    return self.wait_in_line(req, &ours, waiting, seen).await;
+                    return self.wait_in_line(req, &ours, waiting.ahead, seen).await;
                 }
                 let handover = waiting.sole.then_some(Ours {
                     key,
@@ -1770,26 +1757,31 @@ mod tests {
         Some(Waiting {
             blocker: Blocker::Key(vec![b'k', i]),
             sole,
-            then: None,
+            ahead: Vec::new(),
         })
     }
 
     use LockKind::{Exclusive as W, Shared as R};
 
+    /// A writer waits for the key just ahead and watches every key ahead.
+    fn writer_waits_for(i: u8, sole: bool) -> Option<Waiting> {
+        Some(Waiting {
+            ahead: (0..=i).map(|k| vec![b'k', k]).collect(),
+            ..waits_for(i, sole)?
+        })
+    }
+
     #[test]
-    fn a_writer_waits_for_the_key_just_ahead() {
+    fn a_writer_waits_for_every_key_ahead() {
         let q = queue(&[W, R, W]);
         assert_eq!(standing(&q, 0, b"p").waiting, None);
-        assert_eq!(standing(&q, 1, b"p").waiting, waits_for(0, true));
-        let third = standing(&q, 2, b"p");
-        let then = Some(vec![b'k', 0]);
         assert_eq!(
-            third.waiting,
-            Some(Waiting {
-                then,
-                ..waits_for(1, false).unwrap()
-            })
+            standing(&q, 1, b"p").waiting,
+            waits_for(0, true),
+            "a reader"
         );
+        let third = standing(&q, 2, b"p");
+        assert_eq!(third.waiting, writer_waits_for(1, false));
         assert_eq!(third.position, 2);
     }
 
@@ -1810,7 +1802,7 @@ mod tests {
         let queue_watch = Waiting {
             blocker: Blocker::Queue(b"p".to_vec()),
             sole: false,
-            then: None,
+            ahead: Vec::new(),
         };
         assert_eq!(third.waiting, Some(queue_watch));
         assert_eq!(third.position, 1);
