@@ -1,6 +1,7 @@
 //! What only the etcd store promises, against a real etcd: a waiter whose own lease ends
 //! stops with a clear error, renewal across a member restart, `lost` when etcd stays
-//! away, non-fair waiting, extending past the lease etcd granted.
+//! away, non-fair waiting, extending past the lease etcd granted, re-entry by an owner
+//! that queued first.
 #![cfg(feature = "etcd")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -159,4 +160,34 @@ async fn extend_beyond_the_granted_lease_keeps_the_token() {
     assert_eq!(state.holders[0].token, token);
     assert!(state.holders[0].lease_left > Duration::from_secs(20));
     guard.release().await.unwrap();
+}
+
+/// An owner that joined behind another holder (its key carries an owner marker) re-enters
+/// once it holds, and its last release leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_queued_behind_another_re_enters() {
+    let (server, locks) = start().await;
+    let other = locks.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
+    let mine = locks.mutex("k").unwrap().with_owner("me");
+    let queued = tokio::spawn({
+        let mine = mine.clone();
+        async move { mine.lock().await }
+    });
+    eventually("the owner to queue", || async {
+        locks.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    other.release().await.unwrap();
+    let outer = within("the owner to hold", queued).await.unwrap().unwrap();
+    let inner = within("the re-entry", mine.lock()).await.unwrap();
+    assert_eq!(inner.token(), outer.token());
+    assert_eq!(inner.holds(), 2);
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
+    let state = locks.describe("k").await.unwrap();
+    assert!(state.holders.is_empty() && state.waiters.is_empty());
+    let left = tokio::task::block_in_place(|| {
+        server.etcdctl(&["get", "--prefix", "leasehold", "--keys-only"])
+    });
+    assert!(left.trim().is_empty(), "keys left: {left:?}");
 }

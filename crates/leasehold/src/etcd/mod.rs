@@ -25,10 +25,12 @@
 //!   few names: etcd keeps every deleted key in its index until the next compaction, and
 //!   each read of a queue (or compare over it) walks them all. A key per owner id, new for
 //!   each acquisition, made a busy lock slower by the minute.
-//! - Beside its queue key, an acquisition puts the marker `leasehold\x01NAME\0OWNER` on
-//!   the same lease. The join Txn puts only if the owner has no marker, so an owner that is
-//!   already queued or holding is found in the same round trip, and re-enters. Markers live
-//!   outside the queue's range: reads of the queue never walk them.
+//! - An acquisition that joins a non-empty queue also puts the marker
+//!   `leasehold\x01NAME\0OWNER` on its lease, and only if that marker is absent: an owner
+//!   already queued or holding is found in the same round trip, and re-enters. A key put
+//!   into an empty queue needs no marker: it is first and stays first, and every join reads
+//!   the first key. Markers live outside the queue's range: reads of the queue never walk
+//!   them, and the uncontended acquire and release touch one key each.
 //! - The fencing token is the key's create revision: strictly increasing cluster-wide,
 //!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
 //! - **Fair mode** (the default on etcd): a waiter puts its key at the end of the queue.
@@ -727,7 +729,11 @@ impl EtcdStore {
         let only_if_free = writer && (!req.fair || !req.enqueue);
         let everyone = Compare::empty(&prefix, &prefix_end(&prefix));
         let request = if only_if_free {
-            txn(vec![everyone], puts, vec![range_queue(&prefix)])
+            txn(
+                vec![everyone],
+                puts[..1].to_vec(),
+                vec![range_queue(&prefix)],
+            )
         } else {
             let mut join = puts.clone();
             if writer {
@@ -741,8 +747,13 @@ impl EtcdStore {
                 join,
                 vec![range_queue(&prefix), range_key(&marker)],
             );
-            // Into an empty queue the puts alone (nothing to read back); else join it.
-            txn(vec![everyone], puts, vec![Op::Txn(Box::new(join))])
+            // Into an empty queue the key alone (nothing to read back, no marker needed);
+            // else join it.
+            txn(
+                vec![everyone],
+                puts[..1].to_vec(),
+                vec![Op::Txn(Box::new(join))],
+            )
         };
         let answer = match self.call_txn(request).await {
             Err(Error::Unavailable { source, .. })
@@ -807,11 +818,23 @@ impl EtcdStore {
             self.spare(lease);
             return Ok(self.outside(req, &queue, &prefix, revision));
         };
+        let elsewhere = put_done && queue[at].kv.key != key;
+        if elsewhere {
+            // Our owner holds through a key put into an empty queue: take ours back.
+            let create = queue
+                .iter()
+                .find(|m| m.kv.key == key)
+                .map_or(revision, |m| m.kv.create_revision);
+            self.withdraw(&req.lease, &key, &marker, create, lease)
+                .await?;
+        }
         let mine = queue[at].entry.holds.contains(&req.lease.0);
         let here = standing(&queue, at, &prefix);
         if !mine {
             // Our owner is already here: re-enter if it holds.
-            self.spare(lease);
+            if !elsewhere {
+                self.spare(lease);
+            }
             if here.waiting.is_none() {
                 return self.reenter(req, &queue[at], started).await;
             }
@@ -852,6 +875,15 @@ impl EtcdStore {
         };
         let (create, modified) = (keys[at].create_revision, keys[at].mod_revision);
         let marker = marker_key(&req.name, &req.owner);
+        if let Some(first) = first
+            .as_ref()
+            .filter(|f| f.entry.owner == req.owner && f.kv.key != key)
+        {
+            // Our owner holds through a key put into an empty queue: re-enter it.
+            self.withdraw(&req.lease, key, &marker, create, lease)
+                .await?;
+            return self.reenter(req, first, started).await;
+        }
         if let Some(first) = first
             .as_ref()
             .filter(|f| !compatible(req.kind, f.entry.kind))
