@@ -1,7 +1,7 @@
 //! What only the etcd store promises, against a real etcd: a waiter whose own lease ends
 //! stops with a clear error, renewal across a member restart, `lost` when etcd stays
 //! away, non-fair waiting, extending past the lease etcd granted, re-entry by an owner
-//! that queued first.
+//! that queued first, a waiter moving off a paused member.
 #![cfg(feature = "etcd")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use leasehold::conformance::{eventually, join_all, within};
 use leasehold::{Error, EtcdStore, Leasehold};
-use leasehold_testkit::EtcdServer;
+use leasehold_testkit::{EtcdCluster, EtcdServer};
 use tokio::time::Instant;
 
 async fn start() -> (EtcdServer, Leasehold) {
@@ -190,4 +190,40 @@ async fn an_owner_that_queued_behind_another_re_enters() {
         server.etcdctl(&["get", "--prefix", "leasehold", "--keys-only"])
     });
     assert!(left.trim().is_empty(), "keys left: {left:?}");
+}
+
+/// A waiter whose calls and watches go to a member that stops answering (paused) moves
+/// to another member and is let in when the holder leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_moves_off_a_paused_member() {
+    let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .unwrap();
+    let url = cluster.url();
+    let (first, rest) = url.split_once(',').unwrap();
+    // The waiter's client calls member 0 first; the holder's never does.
+    let waiters = Leasehold::new(EtcdStore::connect(&url).await.unwrap());
+    let holders = Leasehold::new(EtcdStore::connect(&format!("etcd://{rest}")).await.unwrap());
+    assert!(first.ends_with(&cluster.members[0].port().to_string()));
+    let holder = holders
+        .mutex("k")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn({
+        let lock = waiters.mutex("k").unwrap();
+        async move { lock.lock().await }
+    });
+    eventually("the waiter to queue", || async {
+        holders.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    cluster.members[0].pause();
+    holder.release().await.unwrap();
+    let guard = within("the waiter to hold", waiter).await.unwrap().unwrap();
+    assert!(guard.check().is_ok());
+    guard.release().await.unwrap();
+    cluster.members[0].resume();
 }

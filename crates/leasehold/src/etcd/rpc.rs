@@ -537,6 +537,7 @@ impl Client {
                     let (requests, answers) =
                         self.open("/etcdserverpb.Watch/Watch", request).await?;
                     let stream = Arc::new(WatchStream {
+                        member: self.current.load(Ordering::Relaxed),
                         requests,
                         routes: Mutex::new(Routes {
                             pending: VecDeque::from([sender]),
@@ -593,6 +594,9 @@ impl Client {
             match result {
                 Ok(value) => {
                     self.current.store(index, Ordering::Relaxed);
+                    if index != start {
+                        self.watches.left(start);
+                    }
                     return Ok(value);
                 }
                 Err(status) if try_next_member(&status) => {
@@ -674,6 +678,18 @@ fn transport_status(error: tonic::transport::Error) -> Status {
 #[derive(Debug, Default)]
 struct Watches(tokio::sync::Mutex<Option<Arc<WatchStream>>>);
 
+impl Watches {
+    /// Calls moved away from `member`: a watch stream there may be silent (a paused
+    /// member), so end it and let its watches start again where calls now go.
+    fn left(&self, member: usize) {
+        if let Ok(open) = self.0.try_lock() {
+            if let Some(stream) = open.as_ref().filter(|s| s.member == member) {
+                stream.end();
+            }
+        }
+    }
+}
+
 impl Drop for Watches {
     fn drop(&mut self) {
         if let Some(stream) = self.0.get_mut().take() {
@@ -684,6 +700,8 @@ impl Drop for Watches {
 
 #[derive(Debug)]
 struct WatchStream {
+    /// The member it is open to.
+    member: usize,
     requests: mpsc::UnboundedSender<WatchRequest>,
     routes: Mutex<Routes>,
     /// The task reading etcd's answers.
