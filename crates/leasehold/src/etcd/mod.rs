@@ -1149,7 +1149,7 @@ impl EtcdStore {
             }
         }
         match self.next_deletion(&mut events).await {
-            Ok(_) => Ok(true),
+            Ok(()) => Ok(true),
             Err(Compacted) => Ok(false),
             Err(Broken(error)) => Err(error),
         }
@@ -1184,15 +1184,14 @@ impl EtcdStore {
         }
     }
 
-    /// The revision of the first deletion `watch` reports.
-    async fn next_deletion(&self, watch: &mut rpc::Watch) -> std::result::Result<i64, WatchEnd> {
+    /// Resolves at the first deletion `watch` reports.
+    async fn next_deletion(&self, watch: &mut rpc::Watch) -> std::result::Result<(), WatchEnd> {
         loop {
             let Some(answer) = watch.message().await else {
                 return Err(Broken(self.watch_ended()));
             };
-            let answer = self.deletions(answer)?;
-            if !answer.events.is_empty() {
-                return Ok(answer.header.map_or(0, |h| h.revision));
+            if !self.deletions(answer)?.events.is_empty() {
+                return Ok(());
             }
         }
     }
