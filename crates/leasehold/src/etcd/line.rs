@@ -1,7 +1,9 @@
-//! Waiting writers of one process watch their lock's queue together: one watch for
-//! deletions per lock and process, and each writer is let in when the last key that was
-//! ahead of it goes. A hand-over then needs no read and no watch of its own: the release's
-//! deletion reaches the process once, and only the writer it lets in wakes.
+//! The waiters of one process watch their lock's queue together: one watch for deletions
+//! per lock and process, and each waiter is let in when enough of the keys that could keep
+//! it out have gone (every key ahead for a writer, the writers ahead for a reader, all but
+//! `permits - 1` keys ahead for a semaphore). A hand-over then needs no read and no watch
+//! of its own: the release's deletion reaches the process once, and only the waiter it lets
+//! in wakes.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -70,6 +72,8 @@ struct State {
 struct Waiter {
     own: Vec<u8>,
     ahead: HashSet<Vec<u8>>,
+    /// How many keys may remain ahead when it holds.
+    room: usize,
     /// Deletions at or before this revision are already reflected in `ahead`.
     seen: i64,
     turn: oneshot::Sender<Turn>,
@@ -78,7 +82,7 @@ struct Waiter {
 /// Why a writer's wait is over.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Turn {
-    /// No key is ahead of it any more.
+    /// Few enough keys are ahead of it now.
     Free,
     /// Its own key went (its lease ended).
     Gone,
@@ -127,9 +131,17 @@ impl Line {
         }
     }
 
-    /// Joins the writer whose key is `own`, with the keys `ahead` of it as read at
-    /// revision `seen`.
-    pub fn join(self: &Arc<Self>, own: &[u8], ahead: &[Vec<u8>], seen: i64) -> Joined {
+    /// Joins the waiter whose key is `own`, with the keys `ahead` of it that could keep it
+    /// out as read at revision `seen`, `room` of which may remain when it holds.
+    pub fn join(self: &Arc<Self>, own: &[u8], ahead: &[Vec<u8>], room: usize, seen: i64) -> Joined {
+        let over = |state: std::sync::MutexGuard<'_, State>, turn| {
+            // A line nobody waits in ends.
+            if state.waiting.is_empty() {
+                drop(state);
+                self.end();
+            }
+            Joined::Over(turn)
+        };
         let mut state = self.state.lock().unwrap();
         if state.ended {
             return Joined::Ended;
@@ -138,16 +150,18 @@ impl Line {
             return Joined::Gap(state.complete_after);
         }
         let mut ahead: HashSet<Vec<u8>> = ahead.iter().cloned().collect();
+        let mut gone = false;
         for (revision, key) in &state.log {
             if *revision > seen {
-                if key == own {
-                    return Joined::Over(Turn::Gone);
-                }
+                gone |= key == own;
                 ahead.remove(key);
             }
         }
-        if ahead.is_empty() {
-            return Joined::Over(Turn::Free);
+        if gone {
+            return over(state, Turn::Gone);
+        }
+        if ahead.len() <= room {
+            return over(state, Turn::Free);
         }
         let (tx, rx) = oneshot::channel();
         let id = state.next_id;
@@ -157,6 +171,7 @@ impl Line {
             Waiter {
                 own: own.to_vec(),
                 ahead,
+                room,
                 seen,
                 turn: tx,
             },
@@ -184,7 +199,7 @@ impl Line {
                 if w.own == key {
                     return Some((id, Turn::Gone));
                 }
-                (w.ahead.remove(key) && w.ahead.is_empty()).then_some((id, Turn::Free))
+                (w.ahead.remove(key) && w.ahead.len() <= w.room).then_some((id, Turn::Free))
             })
             .collect();
         for (id, turn) in over {
@@ -265,7 +280,7 @@ mod tests {
     #[tokio::test]
     async fn a_writer_is_let_in_when_the_last_key_ahead_goes() {
         let line = line(10);
-        let mut place = waiting(line.join(b"me", &[key("a"), key("b")], 12));
+        let mut place = waiting(line.join(b"me", &[key("a"), key("b")], 0, 12));
         line.deleted(13, b"zz"); // behind us
         line.deleted(14, b"b");
         assert!(place.turn.try_recv().is_err(), "a is still ahead");
@@ -279,7 +294,7 @@ mod tests {
         // at 12: the new "a" is still ahead of us.
         let line = line(10);
         line.deleted(11, b"a");
-        let mut place = waiting(line.join(b"me", &[key("a")], 12));
+        let mut place = waiting(line.join(b"me", &[key("a")], 0, 12));
         line.deleted(12, b"a");
         assert!(place.turn.try_recv().is_err());
         line.deleted(13, b"a");
@@ -291,12 +306,14 @@ mod tests {
         let line = line(10);
         line.deleted(13, b"a");
         assert!(matches!(
-            line.join(b"me", &[key("a")], 12),
+            line.join(b"me", &[key("a")], 0, 12),
             Joined::Over(Turn::Free)
         ));
+        assert!(line.ended(), "nobody waits in it");
+        let line = super::tests::line(10);
         line.deleted(14, b"me");
         assert!(matches!(
-            line.join(b"me", &[key("b")], 12),
+            line.join(b"me", &[key("b")], 0, 12),
             Joined::Over(Turn::Gone)
         ));
     }
@@ -304,22 +321,42 @@ mod tests {
     #[tokio::test]
     async fn the_writers_own_key_going_ends_its_wait() {
         let line = line(10);
-        let mut place = waiting(line.join(b"me", &[key("a")], 12));
+        let mut place = waiting(line.join(b"me", &[key("a")], 0, 12));
         line.deleted(13, b"me");
         assert_eq!(place.turn().await, Some(Turn::Gone));
+    }
+
+    #[tokio::test]
+    async fn a_permit_waiter_is_let_in_when_few_enough_keys_are_ahead() {
+        let line = line(10);
+        let ahead = [key("a"), key("b"), key("c")];
+        let mut place = waiting(line.join(b"me", &ahead, 1, 12));
+        line.deleted(13, b"b");
+        assert!(
+            place.turn.try_recv().is_err(),
+            "a and c are ahead, room for one"
+        );
+        line.deleted(14, b"c");
+        assert_eq!(place.turn().await, Some(Turn::Free));
     }
 
     #[test]
     fn a_read_older_than_the_line_is_a_gap() {
         let line = line(10);
-        assert!(matches!(line.join(b"me", &[key("a")], 9), Joined::Gap(10)));
+        assert!(matches!(
+            line.join(b"me", &[key("a")], 0, 9),
+            Joined::Gap(10)
+        ));
         // The log drops its oldest deletions (at 11 and 12): it no longer covers 12.
         for revision in 11..13 + LOG as i64 {
             line.deleted(revision, b"x");
         }
-        assert!(matches!(line.join(b"me", &[key("a")], 11), Joined::Gap(12)));
         assert!(matches!(
-            line.join(b"me", &[key("a")], 12),
+            line.join(b"me", &[key("a")], 0, 11),
+            Joined::Gap(12)
+        ));
+        assert!(matches!(
+            line.join(b"me", &[key("a")], 0, 12),
             Joined::Waiting(_)
         ));
     }
@@ -327,12 +364,12 @@ mod tests {
     #[tokio::test]
     async fn the_last_writer_to_leave_ends_the_line() {
         let line = line(10);
-        let first = waiting(line.join(b"me", &[key("a")], 12));
-        let mut second = waiting(line.join(b"you", &[key("a"), key("me")], 12));
+        let first = waiting(line.join(b"me", &[key("a")], 0, 12));
+        let mut second = waiting(line.join(b"you", &[key("a"), key("me")], 0, 12));
         drop(first);
         assert!(!line.ended());
         line.end();
         assert_eq!(second.turn().await, None);
-        assert!(matches!(line.join(b"x", &[key("a")], 12), Joined::Ended));
+        assert!(matches!(line.join(b"x", &[key("a")], 0, 12), Joined::Ended));
     }
 }

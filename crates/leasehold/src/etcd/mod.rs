@@ -34,13 +34,12 @@
 //! - The fencing token is the key's create revision: strictly increasing cluster-wide,
 //!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
 //! - **Fair mode** (the default on etcd): a waiter puts its key at the end of the queue.
-//!   The waiting writers (mutexes, write locks) of a process share one watch of their
-//!   queue's deletions, and each is let in when the last key that was ahead of it goes: a
-//!   release reaches each waiting process as one event, wakes only the task it lets in, and
-//!   is the hand-over itself (no further round trip). A reader watches the last writer
-//!   ahead of it, and when that was the only key ahead its deletion is the hand-over.
-//!   Semaphore waiters watch the whole queue for deletions. All watches of a client share
-//!   one gRPC stream.
+//!   The waiters of a process share one watch of their queue's deletions, and each is let
+//!   in when enough of the keys that could keep it out have gone (every key ahead for a
+//!   writer, the writers ahead for a reader, all but `permits - 1` keys ahead for a
+//!   semaphore): a release reaches each waiting process as one event, wakes only the task
+//!   it lets in, and is the hand-over itself (no further round trip). All watches of a
+//!   client share one gRPC stream.
 //! - **Non-fair mode** (mutexes only; `with_fair(false)`): one Txn puts the key only if
 //!   the queue is empty (a compare over the whole key range), and a waiter watches the
 //!   holder's key for deletion, so every non-fair waiter wakes at a release. It never
@@ -249,29 +248,26 @@ struct Standing {
     position: usize,
 }
 
-/// What a waiting key waits for.
+/// What a waiting key waits for: the deletion of keys ahead of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Waiting {
-    blocker: Blocker,
-    /// The blocker is the only key ahead: its deletion hands us the lock.
-    sole: bool,
-    /// A writer's keys ahead: it holds once they are all gone (see
-    /// [`EtcdStore::wait_in_line`]).
+    /// The keys ahead whose deletion can let it in (see [`EtcdStore::wait_in_line`]).
     ahead: Vec<Vec<u8>>,
+    /// How many of them may remain when it holds.
+    room: usize,
 }
 
 /// A writer waits for every key ahead of it. `key(i)`: the `i`th key of the queue, in
 /// create order.
 fn writer_waiting(at: usize, key: impl Fn(usize) -> Vec<u8>) -> Option<Waiting> {
     (at > 0).then(|| Waiting {
-        blocker: Blocker::Key(key(at - 1)),
-        sole: at == 1,
         ahead: (0..at).map(key).collect(),
+        room: 0,
     })
 }
 
 /// The standing of `queue[at]`, by the rules of its kind. `queue` is in create order.
-fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
+fn standing(queue: &[Member], at: usize) -> Standing {
     let granted = |i: usize| match queue[i].entry.kind {
         LockKind::Exclusive => i == 0,
         LockKind::Shared => !queue[..i]
@@ -286,33 +282,27 @@ fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
             position,
         };
     }
-    let (blocker, sole) = match queue[at].entry.kind {
-        LockKind::Exclusive => {
-            return Standing {
-                waiting: writer_waiting(at, |i| queue[i].kv.key.clone()),
-                position,
-            }
-        }
-        LockKind::Shared => {
-            let writers: Vec<_> = queue[..at]
-                .iter()
-                .filter(|m| m.entry.kind == LockKind::Exclusive)
-                .collect();
-            match writers.last() {
-                Some(last) => (Blocker::Key(last.kv.key.clone()), writers.len() == 1),
-                None => (Blocker::Queue(prefix.to_vec()), false),
-            }
-        }
-        LockKind::Permit { .. } => (Blocker::Queue(prefix.to_vec()), false),
+    let keys = |members: &mut dyn Iterator<Item = &Member>| {
+        members.map(|m| m.kv.key.clone()).collect::<Vec<_>>()
     };
-    Standing {
-        waiting: Some(Waiting {
-            blocker,
-            sole,
-            ahead: Vec::new(),
+    let waiting = match queue[at].entry.kind {
+        LockKind::Exclusive => writer_waiting(at, |i| queue[i].kv.key.clone()),
+        // A reader waits for the writers ahead of it.
+        LockKind::Shared => Some(Waiting {
+            ahead: keys(
+                &mut queue[..at]
+                    .iter()
+                    .filter(|m| m.entry.kind == LockKind::Exclusive),
+            ),
+            room: 0,
         }),
-        position,
-    }
+        // A permit holder is among the first `permits`.
+        LockKind::Permit { permits } => Some(Waiting {
+            ahead: keys(&mut queue[..at].iter()),
+            room: permits as usize - 1,
+        }),
+    };
+    Standing { waiting, position }
 }
 
 /// Whether `kind` can share a queue with `other`: read and write locks mix; a semaphore
@@ -829,7 +819,7 @@ impl EtcdStore {
                 .await?;
         }
         let mine = queue[at].entry.holds.contains(&req.lease.0);
-        let here = standing(&queue, at, &prefix);
+        let here = standing(&queue, at);
         if !mine {
             // Our owner is already here: re-enter if it holds.
             if !elsewhere {
@@ -948,7 +938,7 @@ impl EtcdStore {
         let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
             return Err(self.wait_ended(req));
         };
-        let here = standing(&queue, at, prefix);
+        let here = standing(&queue, at);
         let Some(waiting) = here.waiting else {
             let modified = queue[at].kv.mod_revision;
             return Ok(self.granted(req, key, lease, create, modified, 1, started));
@@ -1213,15 +1203,16 @@ impl EtcdStore {
         self.unavailable(tonic::Status::unavailable("watch stream ended"))
     }
 
-    /// A writer waits in line here rather than in the lock loop. The process watches the
-    /// queue for deletions once for all its waiting writers (see line.rs), and a writer
-    /// holds when every key that was ahead of it has gone: the release that lets it in
-    /// reaches it as one event, with no read or watch of its own on the hand-over's path.
+    /// A queued acquisition waits in line here rather than in the lock loop. The process
+    /// watches the queue for deletions once for all its waiters (see line.rs), and a
+    /// waiter holds when enough of the keys that could keep it out have gone: the release
+    /// that lets it in reaches it as one event, with no read or watch of its own on the
+    /// hand-over's path.
     async fn wait_in_line(
         &self,
         req: &AcquireRequest,
         ours: &Ours,
-        mut ahead: Vec<Vec<u8>>,
+        mut waiting: Waiting,
         mut seen: i64,
     ) -> Result<Option<Grant>> {
         let prefix = queue_prefix(&req.name);
@@ -1236,7 +1227,7 @@ impl EtcdStore {
                     (self.inner.lines.start(&prefix, watch, since), true)
                 }
             };
-            let turn = match line.join(&ours.key, &ahead, seen) {
+            let turn = match line.join(&ours.key, &waiting.ahead, waiting.room, seen) {
                 Joined::Over(turn) => turn,
                 Joined::Waiting(mut place) => match place.turn().await {
                     Some(turn) => turn,
@@ -1246,11 +1237,14 @@ impl EtcdStore {
                 Joined::Ended => continue,
                 Joined::Gap(since) => {
                     // The line started after our read: read again, as of its start.
-                    let (keys, revision) = self.look(&prefix, since).await?;
-                    let Some(at) = keys.iter().position(|kv| kv.key == ours.key) else {
+                    let (queue, revision) = self.look(&req.name, &prefix, since).await?;
+                    let Some(at) = queue.iter().position(|m| m.kv.key == ours.key) else {
                         return Ok(None);
                     };
-                    ahead = keys[..at].iter().map(|kv| kv.key.clone()).collect();
+                    match standing(&queue, at).waiting {
+                        Some(now) => waiting = now,
+                        None => return Ok(self.handed_over(req, ours)),
+                    }
                     seen = revision;
                     continue;
                 }
@@ -1263,24 +1257,29 @@ impl EtcdStore {
         }
     }
 
-    /// The queue's keys in create order, as of revision `at_least` or later. The member's
-    /// own state (no quorum read) serves when it is that recent: keys ahead of ours never
-    /// come back once gone, so a recent enough state tells whether any is left.
-    async fn look(&self, prefix: &[u8], at_least: i64) -> Result<(Vec<KeyValue>, i64)> {
+    /// The queue as of revision `at_least` or later. The member's own state (no quorum
+    /// read) serves when it is that recent: keys ahead of ours never come back once gone,
+    /// so a recent enough state tells which are left.
+    async fn look(
+        &self,
+        name: &LockName,
+        prefix: &[u8],
+        at_least: i64,
+    ) -> Result<(Vec<Member>, i64)> {
         let local = RangeRequest {
             serializable: true,
-            ..queue_keys(prefix, true)
+            ..queue_keys(prefix, false)
         };
         let mut answer = self.range(Op::Range(local)).await?;
         let mut revision = answer.header.as_ref().map_or(0, |h| h.revision);
         if revision < at_least {
-            answer = self.range(Op::Range(queue_keys(prefix, true))).await?;
+            answer = self.range(Op::Range(queue_keys(prefix, false))).await?;
             revision = answer.header.as_ref().map_or(0, |h| h.revision);
         }
-        Ok((answer.kvs, revision))
+        Ok((self.members(name, &answer.kvs)?, revision))
     }
 
-    /// Nothing is ahead of our key any more and nothing can queue ahead of it: the lock is
+    /// Nothing keeps our key out any more, and nothing can queue ahead of it: the lock is
     /// ours, if our own lease is surely still alive.
     fn handed_over(&self, req: &AcquireRequest, ours: &Ours) -> Option<Grant> {
         let lease = ours.lease;
@@ -1490,11 +1489,14 @@ impl Store for EtcdStore {
 
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
         let seen = since.0 as i64;
-        let (blocker, handover) = match self.acquisition(&req.lease) {
+        match self.acquisition(&req.lease) {
             Some(Acquisition {
                 state: State::Outside { blocker, .. },
                 ..
-            }) => (blocker, None),
+            }) => {
+                self.deleted(&blocker, seen).await?;
+                Ok(None)
+            }
             Some(Acquisition {
                 key,
                 lease: Some(lease),
@@ -1506,29 +1508,16 @@ impl Store for EtcdStore {
                     },
                 ..
             }) => {
-                if req.kind == LockKind::Exclusive {
-                    let ours = Ours {
-                        key,
-                        lease,
-                        create,
-                        attempted,
-                    };
-                    return self.wait_in_line(req, &ours, waiting.ahead, seen).await;
-                }
-                let handover = waiting.sole.then_some(Ours {
+                let ours = Ours {
                     key,
                     lease,
                     create,
                     attempted,
-                });
-                (waiting.blocker, handover)
+                };
+                self.wait_in_line(req, &ours, waiting, seen).await
             }
-            _ => return std::future::pending().await,
-        };
-        if !self.deleted(&blocker, seen).await? {
-            return Ok(None);
+            _ => std::future::pending().await,
         }
-        Ok(handover.and_then(|ours| self.handed_over(req, &ours)))
     }
 
     async fn ended(&self, lease: &Lease) -> Result<()> {
@@ -1568,7 +1557,6 @@ impl Store for EtcdStore {
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         let (queue, _) = self.queue(name).await?;
-        let prefix = queue_prefix(name);
         let mut state = LockState {
             name: name.to_string(),
             last_token: FencingToken(
@@ -1583,7 +1571,7 @@ impl Store for EtcdStore {
         };
         for at in 0..queue.len() {
             let member = &queue[at];
-            if standing(&queue, at, &prefix).waiting.is_none() {
+            if standing(&queue, at).waiting.is_none() {
                 let answer: LeaseTimeToLiveResponse = self
                     .inner
                     .client
@@ -1640,10 +1628,9 @@ impl Store for EtcdStore {
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         let (queue, _) = self.queue(name).await?;
-        let prefix = queue_prefix(name);
         let mut any = false;
         for at in 0..queue.len() {
-            if standing(&queue, at, &prefix).waiting.is_some() {
+            if standing(&queue, at).waiting.is_some() {
                 continue;
             }
             let key = &queue[at].kv.key;
@@ -1784,58 +1771,40 @@ mod tests {
             .collect()
     }
 
-    fn waits_for(i: u8, sole: bool) -> Option<Waiting> {
+    /// Waiting for the keys `ahead` (by index), `room` of which may remain.
+    fn waits_for(ahead: &[u8], room: usize) -> Option<Waiting> {
         Some(Waiting {
-            blocker: Blocker::Key(vec![b'k', i]),
-            sole,
-            ahead: Vec::new(),
+            ahead: ahead.iter().map(|&i| vec![b'k', i]).collect(),
+            room,
         })
     }
 
     use LockKind::{Exclusive as W, Shared as R};
 
-    /// A writer waits for the key just ahead and watches every key ahead.
-    fn writer_waits_for(i: u8, sole: bool) -> Option<Waiting> {
-        Some(Waiting {
-            ahead: (0..=i).map(|k| vec![b'k', k]).collect(),
-            ..waits_for(i, sole)?
-        })
-    }
-
     #[test]
     fn a_writer_waits_for_every_key_ahead() {
         let q = queue(&[W, R, W]);
-        assert_eq!(standing(&q, 0, b"p").waiting, None);
-        assert_eq!(
-            standing(&q, 1, b"p").waiting,
-            waits_for(0, true),
-            "a reader"
-        );
-        let third = standing(&q, 2, b"p");
-        assert_eq!(third.waiting, writer_waits_for(1, false));
+        assert_eq!(standing(&q, 0).waiting, None);
+        let third = standing(&q, 2);
+        assert_eq!(third.waiting, waits_for(&[0, 1], 0));
         assert_eq!(third.position, 2);
     }
 
     #[test]
-    fn a_reader_waits_only_for_the_last_writer_ahead() {
+    fn a_reader_waits_only_for_the_writers_ahead() {
         let q = queue(&[R, R, W, R, W, R]);
-        assert_eq!(standing(&q, 1, b"p").waiting, None, "readers share");
-        assert_eq!(standing(&q, 3, b"p").waiting, waits_for(2, true));
-        assert_eq!(standing(&q, 5, b"p").waiting, waits_for(4, false));
+        assert_eq!(standing(&q, 1).waiting, None, "readers share");
+        assert_eq!(standing(&q, 3).waiting, waits_for(&[2], 0));
+        assert_eq!(standing(&q, 5).waiting, waits_for(&[2, 4], 0));
     }
 
     #[test]
-    fn the_first_permits_hold_and_the_rest_watch_the_queue() {
+    fn the_first_permits_hold_and_the_rest_wait_for_a_key_ahead_to_go() {
         let sem = LockKind::Permit { permits: 2 };
         let q = queue(&[sem, sem, sem]);
-        assert_eq!(standing(&q, 1, b"p").waiting, None);
-        let third = standing(&q, 2, b"p");
-        let queue_watch = Waiting {
-            blocker: Blocker::Queue(b"p".to_vec()),
-            sole: false,
-            ahead: Vec::new(),
-        };
-        assert_eq!(third.waiting, Some(queue_watch));
+        assert_eq!(standing(&q, 1).waiting, None);
+        let third = standing(&q, 2);
+        assert_eq!(third.waiting, waits_for(&[0, 1], 1));
         assert_eq!(third.position, 1);
         assert!(!compatible(sem, LockKind::Permit { permits: 3 }));
         assert!(!compatible(sem, W));
