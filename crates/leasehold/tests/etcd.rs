@@ -1,6 +1,7 @@
 //! What only the etcd store promises, against a real etcd: a waiter whose own lease ends
 //! stops with a clear error, renewal across a member restart, `lost` when etcd stays
-//! away, non-fair waiting, extending past the lease etcd granted.
+//! away, non-fair waiting, extending past the lease etcd granted, re-entry by an owner
+//! that queued first, a waiter moving off a paused member.
 #![cfg(feature = "etcd")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use leasehold::conformance::{eventually, join_all, within};
 use leasehold::{Error, EtcdStore, Leasehold};
-use leasehold_testkit::EtcdServer;
+use leasehold_testkit::{EtcdCluster, EtcdServer};
 use tokio::time::Instant;
 
 async fn start() -> (EtcdServer, Leasehold) {
@@ -22,10 +23,11 @@ async fn start() -> (EtcdServer, Leasehold) {
 
 /// The etcd lease ids of the lock's queue keys, in queue order (etcdctl's JSON).
 fn queue_leases(server: &EtcdServer) -> Vec<i64> {
+    // Queue keys are under `leasehold\0`; owner markers under `leasehold\x01`.
     let out = server.etcdctl(&[
         "get",
-        "--prefix",
         "leasehold",
+        "leasehold\u{1}",
         "--sort-by=CREATE",
         "--order=ASCEND",
         "-w",
@@ -158,4 +160,70 @@ async fn extend_beyond_the_granted_lease_keeps_the_token() {
     assert_eq!(state.holders[0].token, token);
     assert!(state.holders[0].lease_left > Duration::from_secs(20));
     guard.release().await.unwrap();
+}
+
+/// An owner that joined behind another holder (its key carries an owner marker) re-enters
+/// once it holds, and its last release leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_queued_behind_another_re_enters() {
+    let (server, locks) = start().await;
+    let other = locks.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
+    let mine = locks.mutex("k").unwrap().with_owner("me");
+    let queued = tokio::spawn({
+        let mine = mine.clone();
+        async move { mine.lock().await }
+    });
+    eventually("the owner to queue", || async {
+        locks.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    other.release().await.unwrap();
+    let outer = within("the owner to hold", queued).await.unwrap().unwrap();
+    let inner = within("the re-entry", mine.lock()).await.unwrap();
+    assert_eq!(inner.token(), outer.token());
+    assert_eq!(inner.holds(), 2);
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
+    let state = locks.describe("k").await.unwrap();
+    assert!(state.holders.is_empty() && state.waiters.is_empty());
+    let left = tokio::task::block_in_place(|| {
+        server.etcdctl(&["get", "--prefix", "leasehold", "--keys-only"])
+    });
+    assert!(left.trim().is_empty(), "keys left: {left:?}");
+}
+
+/// A waiter whose calls and watches go to a member that stops answering (paused) moves
+/// to another member and is let in when the holder leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_moves_off_a_paused_member() {
+    let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .unwrap();
+    let url = cluster.url();
+    let (first, rest) = url.split_once(',').unwrap();
+    // The waiter's client calls member 0 first; the holder's never does.
+    let waiters = Leasehold::new(EtcdStore::connect(&url).await.unwrap());
+    let holders = Leasehold::new(EtcdStore::connect(&format!("etcd://{rest}")).await.unwrap());
+    assert!(first.ends_with(&cluster.members[0].port().to_string()));
+    let holder = holders
+        .mutex("k")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = tokio::spawn({
+        let lock = waiters.mutex("k").unwrap();
+        async move { lock.lock().await }
+    });
+    eventually("the waiter to queue", || async {
+        holders.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    cluster.members[0].pause();
+    holder.release().await.unwrap();
+    let guard = within("the waiter to hold", waiter).await.unwrap().unwrap();
+    assert!(guard.check().is_ok());
+    guard.release().await.unwrap();
+    cluster.members[0].resume();
 }

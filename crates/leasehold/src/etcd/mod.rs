@@ -16,18 +16,30 @@
 //! has no leader.
 //!
 //! # How it works
-//! - Every acquisition of lock `NAME` by owner `O` is the key `leasehold\0NAME\0O`, holding
-//!   the holder's description and acquisition ids (JSON). Keys of one lock sort by create
-//!   revision into one queue; who holds follows from the order: a writer or mutex holds
-//!   when it is first, a reader when no writer is ahead of it, a permit holder when it is
-//!   among the first N.
+//! - Every acquisition of lock `NAME` is the key `leasehold\0NAME\0L`, `L` its etcd lease
+//!   (hex), holding the holder's owner, description and acquisition ids (JSON). Keys of one
+//!   lock sort by create revision into one queue; who holds follows from the order: a
+//!   writer or mutex holds when it is first, a reader when no writer is ahead of it, a
+//!   permit holder when it is among the first N.
+//! - Key names come from leases, which the process reuses, so a lock's queue keeps to a
+//!   few names: etcd keeps every deleted key in its index until the next compaction, and
+//!   each read of a queue (or compare over it) walks them all. A key per owner id, new for
+//!   each acquisition, made a busy lock slower by the minute.
+//! - An acquisition that joins a non-empty queue also puts the marker
+//!   `leasehold\x01NAME\0OWNER` on its lease, and only if that marker is absent: an owner
+//!   already queued or holding is found in the same round trip, and re-enters. A key put
+//!   into an empty queue needs no marker: it is first and stays first, and every join reads
+//!   the first key. Markers live outside the queue's range: reads of the queue never walk
+//!   them, and the uncontended acquire and release touch one key each.
 //! - The fencing token is the key's create revision: strictly increasing cluster-wide,
 //!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
-//! - **Fair mode** (the default on etcd): a waiter puts its key, and watches only the key
-//!   whose deletion can let it in — the key just ahead for a writer, the last writer ahead
-//!   for a reader — so a release wakes one waiter, not the herd. When that key was the only
-//!   one ahead, the deletion itself is the hand-over: the waiter holds the lock without
-//!   another round trip. Semaphore waiters watch the whole queue for deletions.
+//! - **Fair mode** (the default on etcd): a waiter puts its key at the end of the queue.
+//!   The waiters of a process share one watch of their queue's deletions, and each is let
+//!   in when enough of the keys that could keep it out have gone (every key ahead for a
+//!   writer, the writers ahead for a reader, all but `permits - 1` keys ahead for a
+//!   semaphore): a release reaches each waiting process as one event, wakes only the task
+//!   it lets in, and is the hand-over itself (no further round trip). All watches of a
+//!   client share one gRPC stream.
 //! - **Non-fair mode** (mutexes only; `with_fair(false)`): one Txn puts the key only if
 //!   the queue is empty (a compare over the whole key range), and a waiter watches the
 //!   holder's key for deletion, so every non-fair waiter wakes at a release. It never
@@ -57,6 +69,7 @@
 //! - `describe().last_token` is the newest token among current holders and waiters (etcd
 //!   keeps no per-name counter; tokens come from the cluster revision).
 
+mod line;
 mod rpc;
 
 use std::collections::HashMap;
@@ -72,14 +85,16 @@ use crate::store::{
     LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
 use crate::{Error, FencingToken, LockName, Result};
+use line::{Joined, Lines, Turn};
 use rpc::{
     prefix_end, Client, Compare, DeleteRangeRequest, KeyValue, LeaseGrantRequest,
     LeaseGrantResponse, LeaseKeepAliveResponse, LeaseTimeToLiveResponse, Op, PutRequest,
-    RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest, WatchOp,
-    WatchRequest, WatchResponse,
+    RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest, WatchResponse,
 };
 
 const ROOT: &[u8] = b"leasehold\0";
+/// Owner markers: outside every range under [`ROOT`].
+const MARKERS: &[u8] = b"leasehold\x01";
 
 /// The etcd store. Cheap to clone; clones share the connections.
 #[derive(Clone)]
@@ -103,6 +118,7 @@ struct Inner {
     /// Released leases, alive and without keys, by TTL in seconds: the next acquisition
     /// takes one instead of granting a new lease.
     spare: Mutex<HashMap<i64, Vec<EtcdLease>>>,
+    lines: Lines,
 }
 
 /// An etcd lease and how long it is surely alive.
@@ -134,6 +150,8 @@ impl EtcdLease {
 #[derive(Clone, Debug)]
 struct Acquisition {
     key: Vec<u8>,
+    /// The owner's marker.
+    marker: Vec<u8>,
     lease: Option<EtcdLease>,
     state: State,
 }
@@ -147,9 +165,7 @@ enum State {
     /// Our key waits in the queue.
     Queued {
         create: i64,
-        blocker: Blocker,
-        /// The blocker is the only key ahead: its deletion hands us the lock.
-        sole: bool,
+        waiting: Waiting,
         /// When the last attempt started: a hand-over lease counts from there.
         attempted: Instant,
     },
@@ -161,6 +177,23 @@ enum State {
         alone: bool,
     },
 }
+
+/// A waiting acquisition's own key.
+struct Ours {
+    key: Vec<u8>,
+    lease: EtcdLease,
+    create: i64,
+    /// When the last attempt started: a hand-over lease counts from there.
+    attempted: Instant,
+}
+
+/// Why a watch stopped.
+enum WatchEnd {
+    /// Its start revision was compacted away: look again.
+    Compacted,
+    Broken(Error),
+}
+use WatchEnd::{Broken, Compacted};
 
 /// What a waiter watches for deletion.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,16 +248,26 @@ struct Standing {
     position: usize,
 }
 
-/// What a waiting key waits for.
-#[derive(Debug, PartialEq, Eq)]
+/// What a waiting key waits for: the deletion of keys ahead of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Waiting {
-    blocker: Blocker,
-    /// The blocker is the only key ahead: its deletion hands us the lock.
-    sole: bool,
+    /// The keys ahead whose deletion can let it in (see [`EtcdStore::wait_in_line`]).
+    ahead: Vec<Vec<u8>>,
+    /// How many of them may remain when it holds.
+    room: usize,
+}
+
+/// A writer waits for every key ahead of it. `key(i)`: the `i`th key of the queue, in
+/// create order.
+fn writer_waiting(at: usize, key: impl Fn(usize) -> Vec<u8>) -> Option<Waiting> {
+    (at > 0).then(|| Waiting {
+        ahead: (0..at).map(key).collect(),
+        room: 0,
+    })
 }
 
 /// The standing of `queue[at]`, by the rules of its kind. `queue` is in create order.
-fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
+fn standing(queue: &[Member], at: usize) -> Standing {
     let granted = |i: usize| match queue[i].entry.kind {
         LockKind::Exclusive => i == 0,
         LockKind::Shared => !queue[..i]
@@ -239,24 +282,27 @@ fn standing(queue: &[Member], at: usize, prefix: &[u8]) -> Standing {
             position,
         };
     }
-    let (blocker, sole) = match queue[at].entry.kind {
-        LockKind::Exclusive => (Blocker::Key(queue[at - 1].kv.key.clone()), at == 1),
-        LockKind::Shared => {
-            let writers: Vec<_> = queue[..at]
-                .iter()
-                .filter(|m| m.entry.kind == LockKind::Exclusive)
-                .collect();
-            match writers.last() {
-                Some(last) => (Blocker::Key(last.kv.key.clone()), writers.len() == 1),
-                None => (Blocker::Queue(prefix.to_vec()), false),
-            }
-        }
-        LockKind::Permit { .. } => (Blocker::Queue(prefix.to_vec()), false),
+    let keys = |members: &mut dyn Iterator<Item = &Member>| {
+        members.map(|m| m.kv.key.clone()).collect::<Vec<_>>()
     };
-    Standing {
-        waiting: Some(Waiting { blocker, sole }),
-        position,
-    }
+    let waiting = match queue[at].entry.kind {
+        LockKind::Exclusive => writer_waiting(at, |i| queue[i].kv.key.clone()),
+        // A reader waits for the writers ahead of it.
+        LockKind::Shared => Some(Waiting {
+            ahead: keys(
+                &mut queue[..at]
+                    .iter()
+                    .filter(|m| m.entry.kind == LockKind::Exclusive),
+            ),
+            room: 0,
+        }),
+        // A permit holder is among the first `permits`.
+        LockKind::Permit { permits } => Some(Waiting {
+            ahead: keys(&mut queue[..at].iter()),
+            room: permits as usize - 1,
+        }),
+    };
+    Standing { waiting, position }
 }
 
 /// Whether `kind` can share a queue with `other`: read and write locks mix; a semaphore
@@ -273,18 +319,46 @@ fn queue_prefix(name: &LockName) -> Vec<u8> {
     [ROOT, name.as_str().as_bytes(), b"\0"].concat()
 }
 
-fn queue_key(name: &LockName, owner: &str) -> Vec<u8> {
-    [queue_prefix(name), owner.as_bytes().to_vec()].concat()
+fn queue_key(name: &LockName, lease: i64) -> Vec<u8> {
+    [queue_prefix(name), format!("{lease:x}").into_bytes()].concat()
+}
+
+/// The marker of `owner`'s key in `name`'s queue (see the module docs).
+fn marker_key(name: &LockName, owner: &str) -> Vec<u8> {
+    [MARKERS, name.as_str().as_bytes(), b"\0", owner.as_bytes()].concat()
+}
+
+/// Takes `key` out of the queue with its owner's marker.
+fn remove(key: &[u8], marker: &[u8]) -> Vec<Op> {
+    vec![delete(key), delete(marker)]
 }
 
 fn range_queue(prefix: &[u8]) -> Op {
-    Op::Range(RangeRequest {
+    Op::Range(queue_keys(prefix, false))
+}
+
+/// The keys of the queue in create order, with their values unless `keys_only`.
+fn queue_keys(prefix: &[u8], keys_only: bool) -> RangeRequest {
+    RangeRequest {
         key: prefix.to_vec(),
         range_end: prefix_end(prefix),
         sort_order: rpc::ASCEND,
         sort_target: rpc::BY_CREATE,
-        keys_only: false,
-    })
+        keys_only,
+        ..Default::default()
+    }
+}
+
+/// What a writer reads of its queue: the keys in order (its place), and the first key
+/// with its value (who holds, and whether the kinds mix: they all match the first).
+fn writer_view(prefix: &[u8]) -> [Op; 2] {
+    [
+        Op::Range(queue_keys(prefix, true)),
+        Op::Range(RangeRequest {
+            limit: 1,
+            ..queue_keys(prefix, false)
+        }),
+    ]
 }
 
 fn range_key(key: &[u8]) -> Op {
@@ -380,6 +454,7 @@ impl EtcdStore {
                 client,
                 acquisitions: Mutex::default(),
                 spare: Mutex::default(),
+                lines: Lines::default(),
             }),
         };
         // Fail now, with a clear error, rather than at the first lock.
@@ -430,23 +505,23 @@ impl EtcdStore {
     }
 
     fn members(&self, name: &LockName, kvs: &[KeyValue]) -> Result<Vec<Member>> {
-        kvs.iter()
-            .map(|kv| {
-                let entry = serde_json::from_slice(&kv.value).map_err(|e| {
-                    self.corrupt(
-                        name,
-                        format!(
-                            "key {:?} is not a leasehold queue entry ({e}); delete it with etcdctl",
-                            String::from_utf8_lossy(&kv.key)
-                        ),
-                    )
-                })?;
-                Ok(Member {
-                    kv: kv.clone(),
-                    entry,
-                })
-            })
-            .collect()
+        kvs.iter().map(|kv| self.member(name, kv)).collect()
+    }
+
+    fn member(&self, name: &LockName, kv: &KeyValue) -> Result<Member> {
+        let entry = serde_json::from_slice(&kv.value).map_err(|e| {
+            self.corrupt(
+                name,
+                format!(
+                    "key {:?} is not a leasehold queue entry ({e}); delete it with etcdctl",
+                    String::from_utf8_lossy(&kv.key)
+                ),
+            )
+        })?;
+        Ok(Member {
+            kv: kv.clone(),
+            entry,
+        })
     }
 
     async fn queue(&self, name: &LockName) -> Result<(Vec<Member>, i64)> {
@@ -594,9 +669,9 @@ impl EtcdStore {
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         let started = Instant::now();
         let prefix = queue_prefix(&req.name);
-        let key = queue_key(&req.name, &req.owner);
         let known = self.acquisition(&req.lease);
         if let Some(Acquisition {
+            key,
             lease: Some(lease),
             state: State::Queued { create, .. },
             ..
@@ -610,10 +685,13 @@ impl EtcdStore {
             Some(lease) => lease,
             None => self.lease_for(req.ttl).await?,
         };
+        let key = queue_key(&req.name, lease.id);
+        let marker = marker_key(&req.name, &req.owner);
         self.record(
             &req.lease,
             Acquisition {
                 key: key.clone(),
+                marker: marker.clone(),
                 lease: Some(lease),
                 state: State::Unknown,
             },
@@ -626,26 +704,45 @@ impl EtcdStore {
             since: now_ms(),
             holds: vec![req.lease.0.clone()],
         };
-        let put = Op::Put(PutRequest {
-            key: key.clone(),
-            value: entry.value(),
-            lease: lease.id,
-            ignore_lease: false,
-        });
+        let put = |key: &[u8], value: Vec<u8>| {
+            Op::Put(PutRequest {
+                key: key.to_vec(),
+                value,
+                lease: lease.id,
+                ignore_lease: false,
+            })
+        };
+        let puts = vec![put(&key, entry.value()), put(&marker, key.clone())];
+        let writer = req.kind == LockKind::Exclusive;
         // A mutex that does not queue (non-fair, or a try) takes the lock only if nobody
         // holds or waits; everything else joins the queue.
-        let only_if_free = req.kind == LockKind::Exclusive && (!req.fair || !req.enqueue);
+        let only_if_free = writer && (!req.fair || !req.enqueue);
+        let everyone = Compare::empty(&prefix, &prefix_end(&prefix));
         let request = if only_if_free {
             txn(
-                vec![Compare::empty(&prefix, &prefix_end(&prefix))],
-                vec![put],
+                vec![everyone],
+                puts[..1].to_vec(),
                 vec![range_queue(&prefix)],
             )
         } else {
+            let mut join = puts.clone();
+            if writer {
+                join.extend(writer_view(&prefix));
+            } else {
+                join.push(range_queue(&prefix));
+            }
+            // Our owner's marker there: read the queue to find the owner's key.
+            let join = txn(
+                vec![Compare::created_at(&marker, 0)],
+                join,
+                vec![range_queue(&prefix), range_key(&marker)],
+            );
+            // Into an empty queue the key alone (nothing to read back, no marker needed);
+            // else join it.
             txn(
-                vec![Compare::created_at(&key, 0)],
-                vec![put, range_queue(&prefix)],
-                vec![range_queue(&prefix)],
+                vec![everyone],
+                puts[..1].to_vec(),
+                vec![Op::Txn(Box::new(join))],
             )
         };
         let answer = match self.call_txn(request).await {
@@ -659,7 +756,15 @@ impl EtcdStore {
             other => other?,
         };
         let revision = answer.revision();
-        let queue = match answer.range() {
+        // The join's answer when the queue was not empty.
+        let joined = answer.nested().unwrap_or(&answer);
+        let put_done = joined.succeeded;
+        if writer && put_done && answer.nested().is_some() {
+            return self
+                .writer_standing(req, &key, lease, joined, revision, started)
+                .await;
+        }
+        let queue = match joined.range() {
             Some(kvs) => self.members(&req.name, kvs)?,
             // Put into an empty queue: ours alone.
             None => vec![Member {
@@ -674,32 +779,52 @@ impl EtcdStore {
             }],
         };
         if let Some(other) = queue.iter().find(|m| !compatible(req.kind, m.entry.kind)) {
-            if answer.succeeded && !only_if_free {
-                self.withdraw(&req.lease, &key, revision, lease).await?;
+            if put_done && !only_if_free {
+                self.withdraw(&req.lease, &key, &marker, revision, lease)
+                    .await?;
             } else {
                 self.forget(&req.lease);
                 self.spare(lease);
             }
-            return Err(Error::Conflict {
-                name: req.name.to_string(),
-                reason: format!(
-                    "it is used as a {} ({}), not as a {}: everyone must use the same kind and permits",
-                    other.entry.kind.word(),
-                    describe_kind(other.entry.kind),
-                    describe_kind(req.kind),
-                ),
-            });
+            return Err(conflict(req, other));
         }
-        let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
+        // An owner has one key per queue (its marker sees to that): ours, or the one we
+        // re-enter.
+        let Some(at) = queue.iter().position(|m| m.entry.owner == req.owner) else {
+            if !put_done && !only_if_free {
+                // A marker without its key (the key was deleted alone, by hand or by an
+                // older version): clear it and join again.
+                if let Some(stale) = joined.ranges().nth(1).and_then(|r| r.kvs.first()) {
+                    self.call_txn(txn(
+                        vec![Compare::modified_at(&marker, stale.mod_revision)],
+                        vec![delete(&marker)],
+                        vec![],
+                    ))
+                    .await?;
+                }
+                return Box::pin(self.attempt(req)).await;
+            }
             // Not queued (the lock was busy for a mutex that does not queue).
             self.spare(lease);
             return Ok(self.outside(req, &queue, &prefix, revision));
         };
+        let elsewhere = put_done && queue[at].kv.key != key;
+        if elsewhere {
+            // Our owner holds through a key put into an empty queue: take ours back.
+            let create = queue
+                .iter()
+                .find(|m| m.kv.key == key)
+                .map_or(revision, |m| m.kv.create_revision);
+            self.withdraw(&req.lease, &key, &marker, create, lease)
+                .await?;
+        }
         let mine = queue[at].entry.holds.contains(&req.lease.0);
-        let here = standing(&queue, at, &prefix);
+        let here = standing(&queue, at);
         if !mine {
             // Our owner is already here: re-enter if it holds.
-            self.spare(lease);
+            if !elsewhere {
+                self.spare(lease);
+            }
             if here.waiting.is_none() {
                 return self.reenter(req, &queue[at], started).await;
             }
@@ -710,11 +835,63 @@ impl EtcdStore {
             return Ok(self.granted(req, &key, lease, create, modified, 1, started));
         };
         if !req.enqueue {
-            self.withdraw(&req.lease, &key, create, lease).await?;
-            return Ok(self.busy(&queue, None, revision));
+            self.withdraw(&req.lease, &key, &marker, create, lease)
+                .await?;
+            return Ok(self.busy(queue.first(), None, revision));
         }
-        let busy = self.busy(&queue, Some(here.position), revision);
+        let busy = self.busy(queue.first(), Some(here.position), revision);
         self.queued(req, key, lease, create, waiting, started);
+        Ok(busy)
+    }
+
+    /// A writer's place from [`writer_view`]'s answer (after its put, or a recheck).
+    async fn writer_standing(
+        &self,
+        req: &AcquireRequest,
+        key: &[u8],
+        lease: EtcdLease,
+        answer: &TxnResponse,
+        revision: i64,
+        started: Instant,
+    ) -> Result<Attempt> {
+        let mut ranges = answer.ranges();
+        let keys = ranges.next().map_or(&[][..], |r| &r.kvs[..]);
+        let first = match ranges.next().and_then(|r| r.kvs.first()) {
+            Some(kv) => Some(self.member(&req.name, kv)?),
+            None => None,
+        };
+        let Some(at) = keys.iter().position(|kv| kv.key == key) else {
+            return Err(self.wait_ended(req));
+        };
+        let (create, modified) = (keys[at].create_revision, keys[at].mod_revision);
+        let marker = marker_key(&req.name, &req.owner);
+        if let Some(first) = first
+            .as_ref()
+            .filter(|f| f.entry.owner == req.owner && f.kv.key != key)
+        {
+            // Our owner holds through a key put into an empty queue: re-enter it.
+            self.withdraw(&req.lease, key, &marker, create, lease)
+                .await?;
+            return self.reenter(req, first, started).await;
+        }
+        if let Some(first) = first
+            .as_ref()
+            .filter(|f| !compatible(req.kind, f.entry.kind))
+        {
+            self.withdraw(&req.lease, key, &marker, create, lease)
+                .await?;
+            return Err(conflict(req, first));
+        }
+        let Some(waiting) = writer_waiting(at, |i| keys[i].key.clone()) else {
+            return Ok(self.granted(req, key, lease, create, modified, 1, started));
+        };
+        if !req.enqueue {
+            self.withdraw(&req.lease, key, &marker, create, lease)
+                .await?;
+            return Ok(self.busy(first.as_ref(), None, revision));
+        }
+        let busy = self.busy(first.as_ref(), Some(at), revision);
+        self.queued(req, key.to_vec(), lease, create, waiting, started);
         Ok(busy)
     }
 
@@ -729,11 +906,13 @@ impl EtcdStore {
         started: Instant,
     ) -> Result<Attempt> {
         let due = lease.left(started) * 3 < lease.ttl() * 2;
-        let check = self.call_txn(txn(
-            vec![Compare::created_at(key, create)],
-            vec![range_queue(prefix)],
-            vec![],
-        ));
+        let writer = req.kind == LockKind::Exclusive;
+        let view = if writer {
+            writer_view(prefix).into()
+        } else {
+            vec![range_queue(prefix)]
+        };
+        let check = self.call_txn(txn(vec![Compare::created_at(key, create)], view, vec![]));
         let (answer, renewed) = if due {
             let (answer, renewed) = tokio::join!(check, self.keep_alive(lease));
             (answer?, renewed.ok())
@@ -749,16 +928,22 @@ impl EtcdStore {
         if !answer.succeeded {
             return Err(self.wait_ended(req));
         }
+        if writer {
+            let revision = answer.revision();
+            return self
+                .writer_standing(req, key, lease, &answer, revision, started)
+                .await;
+        }
         let queue = self.members(&req.name, answer.range().unwrap_or_default())?;
         let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
             return Err(self.wait_ended(req));
         };
-        let here = standing(&queue, at, prefix);
+        let here = standing(&queue, at);
         let Some(waiting) = here.waiting else {
             let modified = queue[at].kv.mod_revision;
             return Ok(self.granted(req, key, lease, create, modified, 1, started));
         };
-        let busy = self.busy(&queue, Some(here.position), answer.revision());
+        let busy = self.busy(queue.first(), Some(here.position), answer.revision());
         self.queued(req, key.to_vec(), lease, create, waiting, started);
         Ok(busy)
     }
@@ -786,6 +971,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key: key.to_vec(),
+                marker: marker_key(&req.name, &req.owner),
                 lease: Some(lease),
                 state: State::Held {
                     create,
@@ -811,11 +997,11 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key,
+                marker: marker_key(&req.name, &req.owner),
                 lease: Some(lease),
                 state: State::Queued {
                     create,
-                    blocker: waiting.blocker,
-                    sole: waiting.sole,
+                    waiting,
                     attempted: started,
                 },
             },
@@ -839,16 +1025,18 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key: Vec::new(),
+                marker: Vec::new(),
                 lease: None,
                 state: State::Outside { blocker },
             },
         );
-        self.busy(queue, None, revision)
+        self.busy(queue.first(), None, revision)
     }
 
-    fn busy(&self, queue: &[Member], position: Option<usize>, revision: i64) -> Attempt {
+    /// `first`: the queue's first key.
+    fn busy(&self, first: Option<&Member>, position: Option<usize>, revision: i64) -> Attempt {
         Attempt::Busy(Busy {
-            holder: queue.first().map(|m| holder_info(m, Duration::ZERO)),
+            holder: first.map(|m| holder_info(m, Duration::ZERO)),
             position,
             // Deletions are watched, lease expiries included: no timer needed.
             retry_in: None,
@@ -861,17 +1049,21 @@ impl EtcdStore {
         &self,
         id: &LeaseId,
         key: &[u8],
+        marker: &[u8],
         create: i64,
         lease: EtcdLease,
     ) -> Result<()> {
         self.forget(id);
-        self.call_txn(txn(
-            vec![Compare::created_at(key, create)],
-            vec![delete(key)],
-            vec![],
-        ))
-        .await?;
-        self.spare(lease);
+        let answer = self
+            .call_txn(txn(
+                vec![Compare::created_at(key, create)],
+                remove(key, marker),
+                vec![],
+            ))
+            .await?;
+        if answer.succeeded {
+            self.spare(lease);
+        }
         Ok(())
     }
 
@@ -932,51 +1124,185 @@ impl EtcdStore {
             Blocker::Key(key) => (key.clone(), Vec::new(), 0),
             Blocker::Queue(prefix) => (prefix.clone(), prefix_end(prefix), seen + 1),
         };
-        let create = WatchRequest {
-            request: Some(WatchOp::Create(WatchCreateRequest {
-                key: key.clone(),
+        let (mut events, now) = match self.watch_deletes(&key, range_end, start).await? {
+            Some(created) => created,
+            None => return Ok(false),
+        };
+        if start == 0 && now > seen {
+            let current = self.range(range_key(&key)).await?;
+            let same = current
+                .kvs
+                .first()
+                .is_some_and(|kv| kv.create_revision <= seen);
+            if !same {
+                return Ok(true);
+            }
+        }
+        match self.next_deletion(&mut events).await {
+            Ok(()) => Ok(true),
+            Err(Compacted) => Ok(false),
+            Err(Broken(error)) => Err(error),
+        }
+    }
+
+    /// A watch for deletions in `[key, range_end)` from `start` (0: from now), and the
+    /// revision it starts after; `None` if `start` was compacted away.
+    async fn watch_deletes(
+        &self,
+        key: &[u8],
+        range_end: Vec<u8>,
+        start: i64,
+    ) -> Result<Option<(rpc::Watch, i64)>> {
+        let mut watch = self
+            .inner
+            .client
+            .watch(WatchCreateRequest {
+                key: key.to_vec(),
                 range_end,
                 start_revision: start,
                 filters: vec![rpc::NO_PUT],
-            })),
-        };
-        let mut events = self
-            .inner
-            .client
-            .stream::<_, WatchResponse>("/etcdserverpb.Watch/Watch", create)
+            })
             .await
             .map_err(|s| self.unavailable(s))?;
+        let Some(created) = watch.message().await else {
+            return Err(self.watch_ended());
+        };
+        match self.deletions(created) {
+            Ok(answer) => Ok(Some((watch, answer.header.map_or(0, |h| h.revision)))),
+            Err(Compacted) => Ok(None),
+            Err(Broken(error)) => Err(error),
+        }
+    }
+
+    /// Resolves at the first deletion `watch` reports.
+    async fn next_deletion(&self, watch: &mut rpc::Watch) -> std::result::Result<(), WatchEnd> {
         loop {
-            match events.message().await.map_err(|s| self.unavailable(s))? {
-                Some(answer) if answer.canceled => {
-                    if answer.compact_revision > 0 {
-                        return Ok(false);
-                    }
-                    return Err(self.unavailable(tonic::Status::unavailable(format!(
-                        "watch cancelled: {}",
-                        answer.cancel_reason
-                    ))));
-                }
-                Some(answer) if !answer.events.is_empty() => return Ok(true),
-                Some(answer) if answer.created && start == 0 => {
-                    let now = answer.header.as_ref().map_or(i64::MAX, |h| h.revision);
-                    if now > seen {
-                        let current = self.range(range_key(&key)).await?;
-                        let same = current
-                            .kvs
-                            .first()
-                            .is_some_and(|kv| kv.create_revision <= seen);
-                        if !same {
-                            return Ok(true);
-                        }
-                    }
-                }
-                Some(_) => {}
-                None => {
-                    return Err(self.unavailable(tonic::Status::unavailable("watch stream ended")))
-                }
+            let Some(answer) = watch.message().await else {
+                return Err(Broken(self.watch_ended()));
+            };
+            if !self.deletions(answer)?.events.is_empty() {
+                return Ok(());
             }
         }
+    }
+
+    /// A watch answer, unless it says the watch is over.
+    fn deletions(&self, answer: WatchResponse) -> std::result::Result<WatchResponse, WatchEnd> {
+        if !answer.canceled {
+            return Ok(answer);
+        }
+        if answer.compact_revision > 0 {
+            return Err(Compacted);
+        }
+        Err(Broken(self.unavailable(tonic::Status::unavailable(
+            format!("watch cancelled: {}", answer.cancel_reason),
+        ))))
+    }
+
+    fn watch_ended(&self) -> Error {
+        self.unavailable(tonic::Status::unavailable("watch stream ended"))
+    }
+
+    /// A queued acquisition waits in line here rather than in the lock loop. The process
+    /// watches the queue for deletions once for all its waiters (see line.rs), and a
+    /// waiter holds when enough of the keys that could keep it out have gone: the release
+    /// that lets it in reaches it as one event, with no read or watch of its own on the
+    /// hand-over's path.
+    async fn wait_in_line(
+        &self,
+        req: &AcquireRequest,
+        ours: &Ours,
+        mut waiting: Waiting,
+        mut seen: i64,
+    ) -> Result<Option<Grant>> {
+        let prefix = queue_prefix(&req.name);
+        loop {
+            let (line, fresh) = match self.inner.lines.get(&prefix) {
+                Some(line) => (line, false),
+                None => {
+                    let end = prefix_end(&prefix);
+                    let Some((watch, since)) = self.watch_deletes(&prefix, end, 0).await? else {
+                        return Ok(None);
+                    };
+                    (self.inner.lines.start(&prefix, watch, since), true)
+                }
+            };
+            let turn = match line.join(&ours.key, &waiting.ahead, waiting.room, seen) {
+                Joined::Over(turn) => turn,
+                Joined::Waiting(mut place) => match place.turn().await {
+                    Some(turn) => turn,
+                    None => return Err(self.watch_ended()),
+                },
+                Joined::Ended if fresh => return Err(self.watch_ended()),
+                Joined::Ended => continue,
+                Joined::Gap(since) => {
+                    // The line started after our read: read again, as of its start.
+                    let (queue, revision) = self.look(&req.name, &prefix, since).await?;
+                    let Some(at) = queue.iter().position(|m| m.kv.key == ours.key) else {
+                        return Ok(None);
+                    };
+                    match standing(&queue, at).waiting {
+                        Some(now) => waiting = now,
+                        None => return Ok(self.handed_over(req, ours)),
+                    }
+                    seen = revision;
+                    continue;
+                }
+            };
+            return Ok(match turn {
+                Turn::Free => self.handed_over(req, ours),
+                // Our key is gone: the next attempt says why.
+                Turn::Gone => None,
+            });
+        }
+    }
+
+    /// The queue as of revision `at_least` or later. The member's own state (no quorum
+    /// read) serves when it is that recent: keys ahead of ours never come back once gone,
+    /// so a recent enough state tells which are left.
+    async fn look(
+        &self,
+        name: &LockName,
+        prefix: &[u8],
+        at_least: i64,
+    ) -> Result<(Vec<Member>, i64)> {
+        let local = RangeRequest {
+            serializable: true,
+            ..queue_keys(prefix, false)
+        };
+        let mut answer = self.range(Op::Range(local)).await?;
+        let mut revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        if revision < at_least {
+            answer = self.range(Op::Range(queue_keys(prefix, false))).await?;
+            revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        }
+        Ok((self.members(name, &answer.kvs)?, revision))
+    }
+
+    /// Nothing keeps our key out any more, and nothing can queue ahead of it: the lock is
+    /// ours, if our own lease is surely still alive.
+    fn handed_over(&self, req: &AcquireRequest, ours: &Ours) -> Option<Grant> {
+        let lease = ours.lease;
+        if lease.left(Instant::now()) * 2 < lease.ttl().min(req.ttl) {
+            return None;
+        }
+        let (key, create) = (&ours.key, ours.create);
+        match self.granted(req, key, lease, create, create, 1, ours.attempted) {
+            Attempt::Granted(grant) => Some(grant),
+            Attempt::Busy(_) => None,
+        }
+    }
+}
+
+fn conflict(req: &AcquireRequest, other: &Member) -> Error {
+    Error::Conflict {
+        name: req.name.to_string(),
+        reason: format!(
+            "it is used as a {} ({}), not as a {}: everyone must use the same kind and permits",
+            other.entry.kind.word(),
+            describe_kind(other.entry.kind),
+            describe_kind(req.kind),
+        ),
     }
 }
 
@@ -1038,6 +1364,7 @@ impl Store for EtcdStore {
                 key,
                 lease: Some(etcd_lease),
                 state: State::Held { create, .. },
+                ..
             }) => (key, etcd_lease, create),
             Some(_) => return Ok(Renewal::Lost),
             None => match self.find(&lease.name, &lease.id).await? {
@@ -1088,6 +1415,7 @@ impl Store for EtcdStore {
             }
             Some(Acquisition {
                 key,
+                marker,
                 lease: Some(etcd_lease),
                 state:
                     State::Held {
@@ -1096,7 +1424,7 @@ impl Store for EtcdStore {
                         ..
                     }
                     | State::Queued { create: at, .. },
-            }) => (key, Some((etcd_lease, at))),
+            }) => (key, Some((marker, etcd_lease, at))),
             // Re-entered: other holds share the key; take ours out of it.
             Some(Acquisition {
                 key,
@@ -1110,8 +1438,11 @@ impl Store for EtcdStore {
             },
         };
         let mut current = match alone {
-            Some((etcd_lease, modified)) => {
-                match self.delete_alone(&key, etcd_lease, modified).await? {
+            Some((marker, etcd_lease, modified)) => {
+                match self
+                    .delete_alone(&key, &marker, etcd_lease, modified)
+                    .await?
+                {
                     None => return Ok(Released::Released),
                     Some(current) => current,
                 }
@@ -1133,14 +1464,14 @@ impl Store for EtcdStore {
                 return Ok(Released::NotHeld);
             }
             let change = if entry.holds.is_empty() {
-                delete(&key)
+                remove(&key, &marker_key(&lease.name, &entry.owner))
             } else {
-                rewrite(&key, &entry)
+                vec![rewrite(&key, &entry)]
             };
             let answer = self
                 .call_txn(txn(
                     vec![Compare::modified_at(&key, kv.mod_revision)],
-                    vec![change],
+                    change,
                     vec![range_key(&key)],
                 ))
                 .await?;
@@ -1157,39 +1488,35 @@ impl Store for EtcdStore {
     }
 
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
-        let (blocker, handover) = match self.acquisition(&req.lease) {
+        let seen = since.0 as i64;
+        match self.acquisition(&req.lease) {
             Some(Acquisition {
                 state: State::Outside { blocker, .. },
                 ..
-            }) => (blocker, None),
+            }) => {
+                self.deleted(&blocker, seen).await?;
+                Ok(None)
+            }
             Some(Acquisition {
                 key,
                 lease: Some(lease),
                 state:
                     State::Queued {
                         create,
-                        blocker,
-                        sole,
+                        waiting,
                         attempted,
-                        ..
                     },
-            }) => (blocker, sole.then_some((key, lease, create, attempted))),
-            _ => return std::future::pending().await,
-        };
-        if !self.deleted(&blocker, since.0 as i64).await? {
-            return Ok(None);
-        }
-        let Some((key, lease, create, attempted)) = handover else {
-            return Ok(None);
-        };
-        // The only key ahead of ours is gone and nothing can queue ahead of us: the lock
-        // is ours, if our own lease is surely still alive.
-        if lease.left(Instant::now()) * 2 < lease.ttl().min(req.ttl) {
-            return Ok(None);
-        }
-        match self.granted(req, &key, lease, create, create, 1, attempted) {
-            Attempt::Granted(grant) => Ok(Some(grant)),
-            Attempt::Busy(_) => Ok(None),
+                ..
+            }) => {
+                let ours = Ours {
+                    key,
+                    lease,
+                    create,
+                    attempted,
+                };
+                self.wait_in_line(req, &ours, waiting, seen).await
+            }
+            _ => std::future::pending().await,
         }
     }
 
@@ -1230,7 +1557,6 @@ impl Store for EtcdStore {
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         let (queue, _) = self.queue(name).await?;
-        let prefix = queue_prefix(name);
         let mut state = LockState {
             name: name.to_string(),
             last_token: FencingToken(
@@ -1245,7 +1571,7 @@ impl Store for EtcdStore {
         };
         for at in 0..queue.len() {
             let member = &queue[at];
-            if standing(&queue, at, &prefix).waiting.is_none() {
+            if standing(&queue, at).waiting.is_none() {
                 let answer: LeaseTimeToLiveResponse = self
                     .inner
                     .client
@@ -1302,17 +1628,17 @@ impl Store for EtcdStore {
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
         let (queue, _) = self.queue(name).await?;
-        let prefix = queue_prefix(name);
         let mut any = false;
         for at in 0..queue.len() {
-            if standing(&queue, at, &prefix).waiting.is_some() {
+            if standing(&queue, at).waiting.is_some() {
                 continue;
             }
             let key = &queue[at].kv.key;
+            let marker = marker_key(name, &queue[at].entry.owner);
             let answer = self
                 .call_txn(txn(
                     vec![Compare::created_at(key, queue[at].kv.create_revision)],
-                    vec![delete(key)],
+                    remove(key, &marker),
                     vec![],
                 ))
                 .await?;
@@ -1341,12 +1667,13 @@ impl EtcdStore {
     async fn delete_alone(
         &self,
         key: &[u8],
+        marker: &[u8],
         lease: EtcdLease,
         modified: i64,
     ) -> Result<Option<Option<KeyValue>>> {
         let delete_if_unchanged = self.call_txn(txn(
             vec![Compare::modified_at(key, modified)],
-            vec![delete(key)],
+            remove(key, marker),
             vec![range_key(key)],
         ));
         let aged = lease.ours && lease.left(Instant::now()) * 3 < lease.ttl() * 2;
@@ -1384,15 +1711,22 @@ impl EtcdStore {
         ttl: Duration,
     ) -> Result<Renewal> {
         let new = self.grant(ttl).await?;
+        let put = |key: &[u8], value: &[u8]| {
+            Op::Put(PutRequest {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                lease: new.id,
+                ignore_lease: false,
+            })
+        };
+        let mut moves = vec![put(&kv.key, &kv.value)];
+        if let Ok(entry) = serde_json::from_slice::<Entry>(&kv.value) {
+            moves.push(put(&marker_key(&lease.name, &entry.owner), &kv.key));
+        }
         let answer = self
             .call_txn(txn(
                 vec![Compare::modified_at(&kv.key, kv.mod_revision)],
-                vec![Op::Put(PutRequest {
-                    key: kv.key.clone(),
-                    value: kv.value.clone(),
-                    lease: new.id,
-                    ignore_lease: false,
-                })],
+                moves,
                 vec![],
             ))
             .await?;
@@ -1403,7 +1737,9 @@ impl EtcdStore {
         }
         self.set_lease(&lease.id, new, Some(answer.revision()));
         if old.ours {
-            self.spare(old);
+            // Not for reuse: the key keeps the old lease's name, and a key named after a
+            // spare lease must not exist.
+            self.revoke_later(old.id);
         }
         Ok(Renewal::Renewed)
     }
@@ -1435,44 +1771,40 @@ mod tests {
             .collect()
     }
 
-    fn waits_for(i: u8, sole: bool) -> Option<Waiting> {
+    /// Waiting for the keys `ahead` (by index), `room` of which may remain.
+    fn waits_for(ahead: &[u8], room: usize) -> Option<Waiting> {
         Some(Waiting {
-            blocker: Blocker::Key(vec![b'k', i]),
-            sole,
+            ahead: ahead.iter().map(|&i| vec![b'k', i]).collect(),
+            room,
         })
     }
 
     use LockKind::{Exclusive as W, Shared as R};
 
     #[test]
-    fn a_writer_waits_for_the_key_just_ahead() {
+    fn a_writer_waits_for_every_key_ahead() {
         let q = queue(&[W, R, W]);
-        assert_eq!(standing(&q, 0, b"p").waiting, None);
-        assert_eq!(standing(&q, 1, b"p").waiting, waits_for(0, true));
-        let third = standing(&q, 2, b"p");
-        assert_eq!(third.waiting, waits_for(1, false));
+        assert_eq!(standing(&q, 0).waiting, None);
+        let third = standing(&q, 2);
+        assert_eq!(third.waiting, waits_for(&[0, 1], 0));
         assert_eq!(third.position, 2);
     }
 
     #[test]
-    fn a_reader_waits_only_for_the_last_writer_ahead() {
+    fn a_reader_waits_only_for_the_writers_ahead() {
         let q = queue(&[R, R, W, R, W, R]);
-        assert_eq!(standing(&q, 1, b"p").waiting, None, "readers share");
-        assert_eq!(standing(&q, 3, b"p").waiting, waits_for(2, true));
-        assert_eq!(standing(&q, 5, b"p").waiting, waits_for(4, false));
+        assert_eq!(standing(&q, 1).waiting, None, "readers share");
+        assert_eq!(standing(&q, 3).waiting, waits_for(&[2], 0));
+        assert_eq!(standing(&q, 5).waiting, waits_for(&[2, 4], 0));
     }
 
     #[test]
-    fn the_first_permits_hold_and_the_rest_watch_the_queue() {
+    fn the_first_permits_hold_and_the_rest_wait_for_a_key_ahead_to_go() {
         let sem = LockKind::Permit { permits: 2 };
         let q = queue(&[sem, sem, sem]);
-        assert_eq!(standing(&q, 1, b"p").waiting, None);
-        let third = standing(&q, 2, b"p");
-        let queue_watch = Waiting {
-            blocker: Blocker::Queue(b"p".to_vec()),
-            sole: false,
-        };
-        assert_eq!(third.waiting, Some(queue_watch));
+        assert_eq!(standing(&q, 1).waiting, None);
+        let third = standing(&q, 2);
+        assert_eq!(third.waiting, waits_for(&[0, 1], 1));
         assert_eq!(third.position, 1);
         assert!(!compatible(sem, LockKind::Permit { permits: 3 }));
         assert!(!compatible(sem, W));

@@ -5,11 +5,13 @@
 //! `rpc.proto` and `kv.proto` (fields we never read are left out; protobuf skips them), so
 //! building needs no `protoc` and no build script.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
+use tokio::sync::mpsc;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
@@ -50,10 +52,15 @@ pub struct RangeRequest {
     pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
     pub range_end: Vec<u8>,
+    #[prost(int64, tag = "3")]
+    pub limit: i64,
     #[prost(int32, tag = "5")]
     pub sort_order: i32,
     #[prost(int32, tag = "6")]
     pub sort_target: i32,
+    /// Answered by the member from its own state, without a quorum read.
+    #[prost(bool, tag = "7")]
+    pub serializable: bool,
     #[prost(bool, tag = "8")]
     pub keys_only: bool,
 }
@@ -86,7 +93,7 @@ pub struct DeleteRangeRequest {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RequestOp {
-    #[prost(oneof = "Op", tags = "1, 2, 3")]
+    #[prost(oneof = "Op", tags = "1, 2, 3, 4")]
     pub request: Option<Op>,
 }
 
@@ -98,6 +105,8 @@ pub enum Op {
     Put(PutRequest),
     #[prost(message, tag = "3")]
     Delete(DeleteRangeRequest),
+    #[prost(message, boxed, tag = "4")]
+    Txn(Box<TxnRequest>),
 }
 
 impl From<Op> for RequestOp {
@@ -108,7 +117,7 @@ impl From<Op> for RequestOp {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseOp {
-    #[prost(oneof = "OpResponse", tags = "1")]
+    #[prost(oneof = "OpResponse", tags = "1, 4")]
     pub response: Option<OpResponse>,
 }
 
@@ -116,6 +125,8 @@ pub struct ResponseOp {
 pub enum OpResponse {
     #[prost(message, tag = "1")]
     Range(RangeResponse),
+    #[prost(message, boxed, tag = "4")]
+    Txn(Box<TxnResponse>),
 }
 
 /// `Compare.CompareResult.EQUAL`, and the targets we compare.
@@ -207,16 +218,33 @@ impl TxnResponse {
 
     /// The key-values of the first range in the branch taken.
     pub fn range(&self) -> Option<&[KeyValue]> {
-        self.responses.iter().find_map(|r| {
-            let OpResponse::Range(range) = r.response.as_ref()?;
-            Some(&range.kvs[..])
-        })
+        self.ranges().next().map(|r| &r.kvs[..])
+    }
+
+    /// The ranges of the branch taken, in order.
+    pub fn ranges(&self) -> impl Iterator<Item = &RangeResponse> {
+        self.responses
+            .iter()
+            .filter_map(|r| match r.response.as_ref()? {
+                OpResponse::Range(range) => Some(range),
+                OpResponse::Txn(_) => None,
+            })
+    }
+
+    /// The answer of the first nested transaction in the branch taken.
+    pub fn nested(&self) -> Option<&TxnResponse> {
+        self.responses
+            .iter()
+            .find_map(|r| match r.response.as_ref()? {
+                OpResponse::Txn(txn) => Some(&**txn),
+                OpResponse::Range(_) => None,
+            })
     }
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WatchRequest {
-    #[prost(oneof = "WatchOp", tags = "1")]
+    #[prost(oneof = "WatchOp", tags = "1, 2")]
     pub request: Option<WatchOp>,
 }
 
@@ -224,6 +252,14 @@ pub struct WatchRequest {
 pub enum WatchOp {
     #[prost(message, tag = "1")]
     Create(WatchCreateRequest),
+    #[prost(message, tag = "2")]
+    Cancel(WatchCancelRequest),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WatchCancelRequest {
+    #[prost(int64, tag = "1")]
+    pub watch_id: i64,
 }
 
 /// `WatchCreateRequest.FilterType.NOPUT`: deletions only.
@@ -245,6 +281,8 @@ pub struct WatchCreateRequest {
 pub struct WatchResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
+    #[prost(int64, tag = "2")]
+    pub watch_id: i64,
     #[prost(bool, tag = "3")]
     pub created: bool,
     #[prost(bool, tag = "4")]
@@ -342,6 +380,7 @@ pub struct Client {
     members: Vec<Member>,
     current: AtomicUsize,
     credentials: Option<(String, String)>,
+    watches: Watches,
 }
 
 #[derive(Debug)]
@@ -393,6 +432,7 @@ impl Client {
             members,
             current: AtomicUsize::new(0),
             credentials,
+            watches: Watches::default(),
         })
     }
 
@@ -443,6 +483,95 @@ impl Client {
         .await
     }
 
+    /// A bidirectional stream that sends `first`, then what is sent on the returned sender;
+    /// it stays open until the sender is dropped.
+    async fn open<Q, R>(
+        &self,
+        path: &'static str,
+        first: Q,
+    ) -> Result<(mpsc::UnboundedSender<Q>, Streaming<R>), Status>
+    where
+        Q: prost::Message + Clone + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        self.failover(|member| {
+            let first = first.clone();
+            async move {
+                let (sender, receiver) = mpsc::unbounded_channel();
+                let rest = futures_util::stream::unfold(receiver, |mut receiver| async move {
+                    receiver.recv().await.map(|request| (request, receiver))
+                });
+                let requests = futures_util::stream::once(async move { first }).chain(rest);
+                let mut grpc = self.grpc(member).await?;
+                let request = self.authorized(member, Request::new(requests));
+                let answers = grpc
+                    .streaming(
+                        request,
+                        PathAndQuery::from_static(path),
+                        ProstCodec::default(),
+                    )
+                    .await?
+                    .into_inner();
+                Ok((sender, answers))
+            }
+        })
+        .await
+    }
+
+    /// A watch, multiplexed with this client's other watches on one Watch stream: a new
+    /// watch costs one message, not a new HTTP/2 stream and etcd watch stream. The first
+    /// message of the watch is etcd's answer to the create.
+    pub async fn watch(&self, create: WatchCreateRequest) -> Result<Watch, Status> {
+        let (sender, mut events) = mpsc::unbounded_channel();
+        let request = WatchRequest {
+            request: Some(WatchOp::Create(create)),
+        };
+        let stream = {
+            let mut open = self.watches.0.lock().await;
+            match open.as_ref().filter(|s| s.add(&request, &sender)) {
+                Some(stream) => stream.clone(),
+                None => {
+                    if let Some(old) = open.take() {
+                        old.end();
+                    }
+                    let (requests, answers) =
+                        self.open("/etcdserverpb.Watch/Watch", request).await?;
+                    let stream = Arc::new(WatchStream {
+                        member: self.current.load(Ordering::Relaxed),
+                        requests,
+                        routes: Mutex::new(Routes {
+                            pending: VecDeque::from([sender]),
+                            ..Routes::default()
+                        }),
+                        reader: Mutex::new(None),
+                    });
+                    let reader = tokio::spawn(route(stream.clone(), answers));
+                    *stream.reader.lock().unwrap() = Some(reader.abort_handle());
+                    *open = Some(stream.clone());
+                    stream
+                }
+            }
+        };
+        // A member that stopped answering (paused) must not hold every later watch:
+        // end this stream so the next watch opens one, on another member if need be.
+        let created = match tokio::time::timeout(CALL_TIMEOUT, events.recv()).await {
+            Ok(Some(created)) => created,
+            Ok(None) => return Err(Status::unavailable("watch stream ended")),
+            Err(_) => {
+                stream.end();
+                return Err(Status::deadline_exceeded(format!(
+                    "no answer to a watch within {CALL_TIMEOUT:?}"
+                )));
+            }
+        };
+        Ok(Watch {
+            id: (!created.canceled).then_some(created.watch_id),
+            stream,
+            first: Some(created),
+            events,
+        })
+    }
+
     /// Runs `call` on the current member, then on the others in turn while the error is
     /// one another member may not have. Each try is bounded by [`CALL_TIMEOUT`].
     async fn failover<'a, T, F, Fut>(&'a self, call: F) -> Result<T, Status>
@@ -465,6 +594,9 @@ impl Client {
             match result {
                 Ok(value) => {
                     self.current.store(index, Ordering::Relaxed);
+                    if index != start {
+                        self.watches.left(start);
+                    }
                     return Ok(value);
                 }
                 Err(status) if try_next_member(&status) => {
@@ -540,4 +672,143 @@ fn with_causes(status: &Status) -> String {
 
 fn transport_status(error: tonic::transport::Error) -> Status {
     Status::unavailable(format!("cannot connect: {error}"))
+}
+
+/// The client's watch stream, opened by the first watch and again after it broke.
+#[derive(Debug, Default)]
+struct Watches(tokio::sync::Mutex<Option<Arc<WatchStream>>>);
+
+impl Watches {
+    /// Calls moved away from `member`: a watch stream there may be silent (a paused
+    /// member), so end it and let its watches start again where calls now go.
+    fn left(&self, member: usize) {
+        if let Ok(open) = self.0.try_lock() {
+            if let Some(stream) = open.as_ref().filter(|s| s.member == member) {
+                stream.end();
+            }
+        }
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        if let Some(stream) = self.0.get_mut().take() {
+            stream.end();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct WatchStream {
+    /// The member it is open to.
+    member: usize,
+    requests: mpsc::UnboundedSender<WatchRequest>,
+    routes: Mutex<Routes>,
+    /// The task reading etcd's answers.
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// Where each watch's answers go.
+#[derive(Debug, Default)]
+struct Routes {
+    /// Creates sent and not yet answered, in the order sent: etcd answers them in order.
+    pending: VecDeque<mpsc::UnboundedSender<WatchResponse>>,
+    by_id: HashMap<i64, mpsc::UnboundedSender<WatchResponse>>,
+    ended: bool,
+}
+
+impl WatchStream {
+    /// Sends a create on this stream; `false` if the stream has ended.
+    fn add(&self, create: &WatchRequest, sender: &mpsc::UnboundedSender<WatchResponse>) -> bool {
+        let mut routes = self.routes.lock().unwrap();
+        // Under the lock, so creates are sent in the order of `pending`.
+        if routes.ended || self.requests.send(create.clone()).is_err() {
+            return false;
+        }
+        routes.pending.push_back(sender.clone());
+        true
+    }
+
+    fn deliver(&self, answer: WatchResponse) {
+        let mut routes = self.routes.lock().unwrap();
+        let id = answer.watch_id;
+        if answer.created {
+            let Some(sender) = routes.pending.pop_front() else {
+                return;
+            };
+            let canceled = answer.canceled;
+            if sender.send(answer).is_ok() && !canceled {
+                routes.by_id.insert(id, sender);
+            } else if !canceled {
+                // Its waiter left before the answer came.
+                self.cancel(id);
+            }
+            return;
+        }
+        let Some(sender) = routes.by_id.get(&id) else {
+            return;
+        };
+        let canceled = answer.canceled;
+        if sender.send(answer).is_err() || canceled {
+            routes.by_id.remove(&id);
+            if !canceled {
+                self.cancel(id);
+            }
+        }
+    }
+
+    fn cancel(&self, id: i64) {
+        let _ = self.requests.send(WatchRequest {
+            request: Some(WatchOp::Cancel(WatchCancelRequest { watch_id: id })),
+        });
+    }
+
+    /// Ends every watch on this stream (their receivers see the end) and the stream.
+    fn end(&self) {
+        let mut routes = self.routes.lock().unwrap();
+        routes.ended = true;
+        routes.pending.clear();
+        routes.by_id.clear();
+        if let Some(reader) = self.reader.lock().unwrap().take() {
+            reader.abort();
+        }
+    }
+}
+
+async fn route(stream: Arc<WatchStream>, mut answers: Streaming<WatchResponse>) {
+    while let Ok(Some(answer)) = answers.message().await {
+        stream.deliver(answer);
+    }
+    stream.end();
+}
+
+/// One watch on the client's watch stream; cancelled in etcd when dropped.
+#[derive(Debug)]
+pub struct Watch {
+    stream: Arc<WatchStream>,
+    /// etcd's id for it; `None` if etcd refused it.
+    id: Option<i64>,
+    first: Option<WatchResponse>,
+    events: mpsc::UnboundedReceiver<WatchResponse>,
+}
+
+impl Watch {
+    /// The next answer for this watch (the first is the create's); `None` when the stream
+    /// has ended.
+    pub async fn message(&mut self) -> Option<WatchResponse> {
+        match self.first.take() {
+            Some(first) => Some(first),
+            None => self.events.recv().await,
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let Some(id) = self.id else { return };
+        let mut routes = self.stream.routes.lock().unwrap();
+        if routes.by_id.remove(&id).is_some() {
+            self.stream.cancel(id);
+        }
+    }
 }

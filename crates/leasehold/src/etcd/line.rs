@@ -1,0 +1,375 @@
+//! The waiters of one process watch their lock's queue together: one watch for deletions
+//! per lock and process, and each waiter is let in when enough of the keys that could keep
+//! it out have gone (every key ahead for a writer, the writers ahead for a reader, all but
+//! `permits - 1` keys ahead for a semaphore). A hand-over then needs no read and no watch
+//! of its own: the release's deletion reaches the process once, and only the waiter it lets
+//! in wakes.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::oneshot;
+
+use super::rpc::Watch;
+
+/// Deletions kept for writers that join a line after reading the queue: enough for the
+/// few revisions between a read and the join.
+const LOG: usize = 1024;
+
+/// The lines of one store, by queue prefix.
+#[derive(Default)]
+pub(super) struct Lines(Arc<Mutex<HashMap<Vec<u8>, Arc<Line>>>>);
+
+impl Lines {
+    /// The line of the queue at `prefix`, if one is being watched.
+    pub fn get(&self, prefix: &[u8]) -> Option<Arc<Line>> {
+        let lines = self.0.lock().unwrap();
+        lines.get(prefix).filter(|l| !l.ended()).cloned()
+    }
+
+    /// A line fed by `watch`, which reports the deletions in the queue at `prefix` after
+    /// revision `since`; or the line another task started meanwhile.
+    pub fn start(&self, prefix: &[u8], watch: Watch, since: i64) -> Arc<Line> {
+        let mut lines = self.0.lock().unwrap();
+        if let Some(line) = lines.get(prefix).filter(|l| !l.ended()) {
+            return line.clone();
+        }
+        let line = Arc::new(Line::new(prefix, Arc::downgrade(&self.0), since));
+        let reader = tokio::spawn(read(line.clone(), watch));
+        *line.reader.lock().unwrap() = Some(reader.abort_handle());
+        lines.insert(prefix.to_vec(), line.clone());
+        line
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        let lines: Vec<_> = self.0.lock().unwrap().drain().collect();
+        for (_, line) in lines {
+            line.end();
+        }
+    }
+}
+
+pub(super) struct Line {
+    prefix: Vec<u8>,
+    lines: Weak<Mutex<HashMap<Vec<u8>, Arc<Line>>>>,
+    state: Mutex<State>,
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Recent deletions, oldest first: (revision, key).
+    log: VecDeque<(i64, Vec<u8>)>,
+    /// Every deletion after this revision is in `log` (or was applied before it joined).
+    complete_after: i64,
+    waiting: HashMap<u64, Waiter>,
+    next_id: u64,
+    ended: bool,
+}
+
+struct Waiter {
+    own: Vec<u8>,
+    ahead: HashSet<Vec<u8>>,
+    /// How many keys may remain ahead when it holds.
+    room: usize,
+    /// Deletions at or before this revision are already reflected in `ahead`.
+    seen: i64,
+    turn: oneshot::Sender<Turn>,
+}
+
+/// Why a writer's wait is over.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// Few enough keys are ahead of it now.
+    Free,
+    /// Its own key went (its lease ended).
+    Gone,
+}
+
+pub(super) enum Joined {
+    Over(Turn),
+    /// The line cannot tell what happened since the writer's read: read again, as of
+    /// this revision or later.
+    Gap(i64),
+    /// The line's watch has ended: start another.
+    Ended,
+    Waiting(Place),
+}
+
+/// A writer's place in a line; leaves it when dropped.
+pub(super) struct Place {
+    line: Arc<Line>,
+    id: u64,
+    turn: oneshot::Receiver<Turn>,
+}
+
+impl Place {
+    /// `None` if the line's watch ended first.
+    pub async fn turn(&mut self) -> Option<Turn> {
+        (&mut self.turn).await.ok()
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.line.leave(self.id);
+    }
+}
+
+impl Line {
+    fn new(prefix: &[u8], lines: Weak<Mutex<HashMap<Vec<u8>, Arc<Line>>>>, since: i64) -> Self {
+        Line {
+            prefix: prefix.to_vec(),
+            lines,
+            state: Mutex::new(State {
+                complete_after: since,
+                ..State::default()
+            }),
+            reader: Mutex::new(None),
+        }
+    }
+
+    /// Joins the waiter whose key is `own`, with the keys `ahead` of it that could keep it
+    /// out as read at revision `seen`, `room` of which may remain when it holds.
+    pub fn join(self: &Arc<Self>, own: &[u8], ahead: &[Vec<u8>], room: usize, seen: i64) -> Joined {
+        let over = |state: std::sync::MutexGuard<'_, State>, turn| {
+            // A line nobody waits in ends.
+            if state.waiting.is_empty() {
+                drop(state);
+                self.end();
+            }
+            Joined::Over(turn)
+        };
+        let mut state = self.state.lock().unwrap();
+        if state.ended {
+            return Joined::Ended;
+        }
+        if seen < state.complete_after {
+            return Joined::Gap(state.complete_after);
+        }
+        let mut ahead: HashSet<Vec<u8>> = ahead.iter().cloned().collect();
+        let mut gone = false;
+        for (revision, key) in &state.log {
+            if *revision > seen {
+                gone |= key == own;
+                ahead.remove(key);
+            }
+        }
+        if gone {
+            return over(state, Turn::Gone);
+        }
+        if ahead.len() <= room {
+            return over(state, Turn::Free);
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.waiting.insert(
+            id,
+            Waiter {
+                own: own.to_vec(),
+                ahead,
+                room,
+                seen,
+                turn: tx,
+            },
+        );
+        Joined::Waiting(Place {
+            line: self.clone(),
+            id,
+            turn: rx,
+        })
+    }
+
+    fn deleted(&self, revision: i64, key: &[u8]) {
+        let mut state = self.state.lock().unwrap();
+        if state.log.len() == LOG {
+            if let Some((oldest, _)) = state.log.pop_front() {
+                state.complete_after = oldest;
+            }
+        }
+        state.log.push_back((revision, key.to_vec()));
+        let over: Vec<(u64, Turn)> = state
+            .waiting
+            .iter_mut()
+            .filter(|(_, w)| revision > w.seen)
+            .filter_map(|(&id, w)| {
+                if w.own == key {
+                    return Some((id, Turn::Gone));
+                }
+                (w.ahead.remove(key) && w.ahead.len() <= w.room).then_some((id, Turn::Free))
+            })
+            .collect();
+        for (id, turn) in over {
+            if let Some(waiter) = state.waiting.remove(&id) {
+                let _ = waiter.turn.send(turn);
+            }
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.state.lock().unwrap().ended
+    }
+
+    /// Leaves the line; the last writer to leave ends its watch.
+    fn leave(&self, id: u64) {
+        let mut state = self.state.lock().unwrap();
+        state.waiting.remove(&id);
+        if state.waiting.is_empty() {
+            drop(state);
+            self.end();
+        }
+    }
+
+    /// Ends the watch; writers still waiting see their wait end.
+    fn end(&self) {
+        {
+            let mut state = self.state.lock().unwrap();
+            state.ended = true;
+            state.waiting.clear();
+        }
+        if let Some(reader) = self.reader.lock().unwrap().take() {
+            reader.abort();
+        }
+        if let Some(lines) = self.lines.upgrade() {
+            let mut lines = lines.lock().unwrap();
+            if lines
+                .get(&self.prefix)
+                .is_some_and(|l| std::ptr::eq(&**l, self))
+            {
+                lines.remove(&self.prefix);
+            }
+        }
+    }
+}
+
+/// Feeds the line the deletions its watch reports, until the watch ends.
+async fn read(line: Arc<Line>, mut watch: Watch) {
+    while let Some(answer) = watch.message().await {
+        if answer.canceled {
+            break;
+        }
+        for kv in answer.events.iter().filter_map(|e| e.kv.as_ref()) {
+            line.deleted(kv.mod_revision, &kv.key);
+        }
+    }
+    line.end();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(k: &str) -> Vec<u8> {
+        k.as_bytes().to_vec()
+    }
+
+    fn line(since: i64) -> Arc<Line> {
+        Arc::new(Line::new(b"p", Weak::new(), since))
+    }
+
+    fn waiting(joined: Joined) -> Place {
+        match joined {
+            Joined::Waiting(place) => place,
+            _ => panic!("expected to wait"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_writer_is_let_in_when_the_last_key_ahead_goes() {
+        let line = line(10);
+        let mut place = waiting(line.join(b"me", &[key("a"), key("b")], 0, 12));
+        line.deleted(13, b"zz"); // behind us
+        line.deleted(14, b"b");
+        assert!(place.turn.try_recv().is_err(), "a is still ahead");
+        line.deleted(15, b"a");
+        assert_eq!(place.turn().await, Some(Turn::Free));
+    }
+
+    #[tokio::test]
+    async fn deletions_up_to_the_writers_read_do_not_count() {
+        // "a" was deleted at 11 and put again (same name, reused lease) before our read
+        // at 12: the new "a" is still ahead of us.
+        let line = line(10);
+        line.deleted(11, b"a");
+        let mut place = waiting(line.join(b"me", &[key("a")], 0, 12));
+        line.deleted(12, b"a");
+        assert!(place.turn.try_recv().is_err());
+        line.deleted(13, b"a");
+        assert_eq!(place.turn().await, Some(Turn::Free));
+    }
+
+    #[test]
+    fn deletions_between_the_read_and_the_join_count() {
+        let line = line(10);
+        line.deleted(13, b"a");
+        assert!(matches!(
+            line.join(b"me", &[key("a")], 0, 12),
+            Joined::Over(Turn::Free)
+        ));
+        assert!(line.ended(), "nobody waits in it");
+        let line = super::tests::line(10);
+        line.deleted(14, b"me");
+        assert!(matches!(
+            line.join(b"me", &[key("b")], 0, 12),
+            Joined::Over(Turn::Gone)
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_writers_own_key_going_ends_its_wait() {
+        let line = line(10);
+        let mut place = waiting(line.join(b"me", &[key("a")], 0, 12));
+        line.deleted(13, b"me");
+        assert_eq!(place.turn().await, Some(Turn::Gone));
+    }
+
+    #[tokio::test]
+    async fn a_permit_waiter_is_let_in_when_few_enough_keys_are_ahead() {
+        let line = line(10);
+        let ahead = [key("a"), key("b"), key("c")];
+        let mut place = waiting(line.join(b"me", &ahead, 1, 12));
+        line.deleted(13, b"b");
+        assert!(
+            place.turn.try_recv().is_err(),
+            "a and c are ahead, room for one"
+        );
+        line.deleted(14, b"c");
+        assert_eq!(place.turn().await, Some(Turn::Free));
+    }
+
+    #[test]
+    fn a_read_older_than_the_line_is_a_gap() {
+        let line = line(10);
+        assert!(matches!(
+            line.join(b"me", &[key("a")], 0, 9),
+            Joined::Gap(10)
+        ));
+        // The log drops its oldest deletions (at 11 and 12): it no longer covers 12.
+        for revision in 11..13 + LOG as i64 {
+            line.deleted(revision, b"x");
+        }
+        assert!(matches!(
+            line.join(b"me", &[key("a")], 0, 11),
+            Joined::Gap(12)
+        ));
+        assert!(matches!(
+            line.join(b"me", &[key("a")], 0, 12),
+            Joined::Waiting(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_last_writer_to_leave_ends_the_line() {
+        let line = line(10);
+        let first = waiting(line.join(b"me", &[key("a")], 0, 12));
+        let mut second = waiting(line.join(b"you", &[key("a"), key("me")], 0, 12));
+        drop(first);
+        assert!(!line.ended());
+        line.end();
+        assert_eq!(second.turn().await, None);
+        assert!(matches!(line.join(b"x", &[key("a")], 0, 12), Joined::Ended));
+    }
+}
