@@ -10,11 +10,11 @@
 //! ```
 //!
 //! # How it works
-//! - A lock `NAME` is the key `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is the
-//!   whole name). It holds the lock's holders, last fencing token and version as
-//!   MessagePack; its queue lives beside it in `lh:{NAME}:q`, `:w`, `:e`, `:x` (same
-//!   hash tag), so a call touches only the waiters it needs. Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it, decide and
-//!   write it back: one atomic step in one hash slot, so they run unchanged on Redis Cluster.
+//! - A lock `NAME` is one key, `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is
+//!   the whole name): a string with its last fencing token, version, holders and queue
+//!   (format in `common.lua`). Scripts (`*.lua` beside this file, loaded once, EVALSHA)
+//!   read it (GET), decide and write it back (SET): one atomic step in one hash slot, so
+//!   they run unchanged on Redis Cluster.
 //! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
 //! - Fencing tokens come from a counter in the same key, which is never deleted.
 //! - Waiting: each client subscribes once, on one connection, to a channel of its own.
@@ -449,14 +449,14 @@ impl RedisStore {
         name: &LockName,
         args: &[String],
     ) -> Result<T> {
-        let base = key(name);
-        let mut invocation = script.key(&base);
-        // The queue's keys share the record's hash tag (see common.lua).
-        for part in [":q", ":w", ":e", ":x"] {
-            invocation.key(format!("{base}{part}"));
-        }
+        let mut invocation = script.key(key(name));
         for arg in args {
-            invocation.arg(arg);
+            // The record separates its fields with these (see common.lua).
+            if arg.contains(['\x1d', '\x1e', '\x1f']) {
+                invocation.arg(arg.replace(['\x1d', '\x1e', '\x1f'], "?"));
+            } else {
+                invocation.arg(arg);
+            }
         }
         // Every script is idempotent for its lease id, so a call that met a dropped
         // connection (a server restart) is sent once more on the reconnected one.

@@ -6,8 +6,8 @@ local released = 0
 -- A lease is a hold or a place in the queue, never both.
 if remove_hold(lease) then
   released = 1
-  bump()
+  bumped = true
 elseif remove_waiter(lease) then
-  bump()
+  bumped = true
 end
 return {released, save(ARGV[2])}

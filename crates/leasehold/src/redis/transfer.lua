@@ -4,5 +4,5 @@
 -- held (0 if not).
 if remove_hold(ARGV[13]) then
   released_before = 1
-  bump()
+  bumped = true
 end
