@@ -10,7 +10,7 @@
 local lease, owner, kind, permits = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local fair, enqueue = ARGV[6] == '1', ARGV[7] == '1'
 local host, pid, channel, wall = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local expires = now + ARGV[5]
+-- (`expires`, `waiter_expires` and the new entries come from acquire_fast.lua.)
 
 local function granted(token, count)
   save()
@@ -80,8 +80,7 @@ end
 
 if not blocking_holder and ahead == 0 then
   local t = next_token()
-  add_hold('\30' .. lease .. '\31' .. owner .. '\31' .. kind .. '\31' .. permits .. '\31' .. t ..
-    '\31' .. wall .. '\31' .. host .. '\31' .. pid .. '\31' .. expires .. '\31' .. channel, expires)
+  add_hold(mine_before .. t .. mine_after, expires)
   remove_waiter(lease)
   return granted(t, 1)
 end
@@ -104,12 +103,9 @@ if enqueue and me then
   end
   position = before(false) + 1
 elseif enqueue then
-  local e = now + waiter_lease
-  W = W .. '\30' .. lease .. '\31' .. kind .. '\31' .. ARGV[6] .. '\31' .. owner .. '\31' ..
-    permits .. '\31' .. host .. '\31' .. pid .. '\31' .. wall .. '\31' .. channel .. '\31' ..
-    ARGV[5] .. '\31' .. ARGV[12] .. '\31' .. e
+  W = W .. mine_waiter
   q = q + 1
-  if m == 0 or e < m then m = e end
+  if m == 0 or waiter_expires < m then m = waiter_expires end
   dirty = true
   position = q
 end

@@ -1,85 +1,7 @@
--- Shared head of every leasehold script. A lock is one key, KEYS[1] = lh:{NAME}: a
--- string holding its holds and its queue, so a script reads it once (GET) and writes it
--- once (SET), one atomic step in one cluster slot.
---
--- The record: HEADER \29 HOLDS \29 WAITERS. Fields are separated by \31 (owner ids hold
--- no control characters; the client replaces \29-\31 in the other strings); each hold
--- and each waiter starts with \30.
---   HEADER  t last fencing token (never decreases; the key is never deleted, so tokens
---           persist), q waiters queued, m and he: no waiter lease (m) or hold (he) ends
---           before this, in ms (lower bounds, 0 when there is none: expired entries are
---           looked for only when one can be)
---   hold    l lease, o owner, k kind, p permits, t token, a acquired ms (the client's
---           wall clock, for display only), n host, i pid, e expiry ms, c client channel.
---           A holder is the holds of one owner (more than one after re-entry), which
---           share its kind, permits, token and acquired time.
---   waiter  l lease, k kind, f fair (0|1), o owner, p permits, n host, i pid, a since
---           ms, c client channel, x lease ttl ms, y waiter lease ms, e waiter lease
---           expiry ms. In arrival order, the head first.
--- Every call and step costs in Redis's Lua, a string-to-number conversion or a format as
--- much as a dozen steps: so holds and waiters stay strings, found by their lease, and a
--- script parses only the entries it needs (one pattern match each), keeps fields as
--- strings and converts only the numbers it computes with.
--- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them.
+-- The general code of every script, after record.lua (and a fast path): the functions
+-- that find, change and hand over holds and waiters, then the pruning of expired ones.
 
-local key = KEYS[1]
-local clock = redis.call('TIME')
--- Milliseconds since the epoch.
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-
-local function pack_hold(h)
-  return '\30' .. h.l .. '\31' .. h.o .. '\31' .. h.k .. '\31' .. h.p .. '\31' .. h.t .. '\31' ..
-    h.a .. '\31' .. h.n .. '\31' .. h.i .. '\31' .. h.e .. '\31' .. h.c
-end
-
-local function pack_waiter(w)
-  return '\30' .. w.l .. '\31' .. w.k .. '\31' .. w.f .. '\31' .. w.o .. '\31' .. w.p .. '\31' ..
-    w.n .. '\31' .. w.i .. '\31' .. w.a .. '\31' .. w.c .. '\31' .. w.x .. '\31' .. w.y .. '\31' .. w.e
-end
-
--- ts: the last token, as written; the other header fields as numbers.
-local ts, q, m, he, H, W = '0', 0, 0, 0, '', ''
-local dirty = false
-local raw = redis.call('GET', key)
-if raw then
-  local qs, ms, hs, i
-  ts, qs, ms, hs, i = string.match(raw, '^(%d+)\31(%d+)\31(%d+)\31(%d+)\29()')
-  if ts then
-    local j = string.find(raw, '\29', i, true)
-    H, W = string.sub(raw, i, j - 1), string.sub(raw, j + 1)
-    if W ~= '' then q, m = tonumber(qs), tonumber(ms) end
-    if H ~= '' then he = tonumber(hs) end
-  else
-    -- A record of the earlier MessagePack format: keep its token and holds.
-    local old = cmsgpack.unpack(raw)
-    ts, dirty = string.format('%d', old.t), true
-    for _, h in ipairs(old.h) do
-      for _, d in ipairs(h.d) do
-        H = H .. pack_hold({l = d.l, o = h.o, k = h.k, p = h.p, t = string.format('%d', h.t),
-                            a = h.a, n = d.n, i = d.i, e = d.e, c = d.c or ''})
-        if he == 0 or d.e < he then he = d.e end
-      end
-    end
-  end
-end
--- A hold or a waiter went away: the queue may move.
-local bumped = false
--- Set by transfer.lua when the hold it hands over was still held; ends acquire replies.
-local released_before = 0
-
--- A new fencing token.
-local function next_token()
-  ts = string.format('%d', tonumber(ts) + 1)
-  return ts
-end
-
--- The hold whose entry starts at `i` in H: its fields (strings), and where the next
--- entry starts.
-local function hold_at(i)
-  local l, o, k, p, t, a, n, pid, e, c, next = string.match(H,
-    '^\30([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\30]*)()', i)
-  return {l = l, o = o, k = k, p = p, t = t, a = a, n = n, i = pid, e = e, c = c}, next
-end
+if q > 0 then W = string.sub(raw, w0) end
 
 -- Every hold, parsed (once for each value of H).
 local parsed_H, parsed = '', {}
@@ -136,13 +58,9 @@ local function holds_of(owner)
   return count, last
 end
 
--- The waiter whose entry starts at `s` in W (the head's at 1): its fields (strings), and
--- where the next entry starts.
+-- The waiter whose entry starts at `s` in W (the head's at 1), and where the next starts.
 local function waiter_at(s)
-  local l, k, f, o, p, n, pid, a, c, x, y, e, next = string.match(W,
-    '^\30([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\30]*)()', s)
-  return {l = l, k = k, f = f, o = o, p = p, n = n, i = pid, a = a, c = c, x = x, y = y,
-          e = e}, next
+  return waiter_in(W, s)
 end
 
 -- Where the waiter `lease` starts in W, or nil.
@@ -231,12 +149,11 @@ local function hand_over()
     if w.f ~= '1' then return true end
     if holder_in_the_way(w.k, tonumber(w.p)) then return false end
     if H ~= '' and holds_of(w.o) > 0 then return true end -- re-entry: the owner's client comes
-    local t, e = next_token(), now + w.y
-    add_hold(pack_hold({l = w.l, o = w.o, k = w.k, p = w.p, t = t, a = now, n = w.n, i = w.i,
-                        e = e, c = w.c}), e)
+    local entry, e, message = handed(w)
+    add_hold(entry, e)
     W, q = string.sub(W, next), q - 1
     if q == 0 then m = 0 end
-    tell(w.c, w.l .. '=' .. t .. ':' .. w.y)
+    tell(w.c, message)
     -- Nobody can join an exclusive holder: no need to look at the next waiter.
     if w.k == 'exclusive' then return false end
   end
@@ -274,11 +191,7 @@ end
 -- calling client's) are returned instead, for it to deliver without a round trip.
 local function save(own_channel)
   if bumped and hand_over() then notify() end
-  if dirty then
-    -- (Zeros written as such: a number costs a format.)
-    redis.call('SET', key, ts .. '\31' .. (q == 0 and '0' or q) .. '\31' ..
-      (m == 0 and '0' or m) .. '\31' .. (he == 0 and '0' or he) .. '\29' .. H .. '\29' .. W)
-  end
+  if dirty then write() end
   local own = ''
   for _, c in ipairs(channels) do
     local text = table.concat(messages[c], ',')

@@ -66,29 +66,26 @@ struct Scripts {
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    // record.lua reads the lock; a fast path may answer the common case; common.lua
+    // defines the general code that the script's own file then runs.
     macro_rules! script {
-        ($file:literal) => {
+        ($($fast:literal,)* => $($file:literal),+) => {
             Script::new(concat!(
+                include_str!("record.lua"), "\n",
+                $(include_str!($fast), "\n",)*
                 include_str!("common.lua"),
-                "\n",
-                include_str!($file)
+                $("\n", include_str!($file)),+
             ))
         };
     }
     SCRIPTS.get_or_init(|| Scripts {
-        acquire: script!("acquire.lua"),
-        transfer: Script::new(concat!(
-            include_str!("common.lua"),
-            "\n",
-            include_str!("transfer.lua"),
-            "\n",
-            include_str!("acquire.lua")
-        )),
-        renew: script!("renew.lua"),
-        release: script!("release.lua"),
-        force: script!("force.lua"),
-        held: script!("held.lua"),
-        describe: script!("describe.lua"),
+        acquire: script!("acquire_fast.lua", => "acquire.lua"),
+        transfer: script!("transfer_fast.lua", "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
+        renew: script!(=> "renew.lua"),
+        release: script!("release_fast.lua", => "release.lua"),
+        force: script!(=> "force.lua"),
+        held: script!(=> "held.lua"),
+        describe: script!(=> "describe.lua"),
     })
 }
 
