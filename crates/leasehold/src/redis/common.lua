@@ -1,7 +1,10 @@
 -- The general code of every script, after record.lua (and a fast path): the functions
 -- that find, change and hand over holds and waiters, then the pruning of expired ones.
 
-if q > 0 then W = string.sub(raw, w0) end
+if q > 0 then
+  whole()
+  W = string.sub(raw, w0 + skip)
+end
 
 -- Every hold, parsed (once for each value of H).
 local parsed_H, parsed = '', {}

@@ -66,11 +66,13 @@ struct Scripts {
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    // record.lua reads the lock; a fast path may answer the common case; common.lua
+    // record.lua reads the lock (the release only its first 3 KB at first: the head of the
+    // queue is what it may need); a fast path may answer the common case; common.lua
     // defines the general code that the script's own file then runs.
     macro_rules! script {
-        ($($fast:literal,)* => $($file:literal),+) => {
+        ($prefix:literal; $($fast:literal,)* => $($file:literal),+) => {
             Script::new(concat!(
+                $prefix, "\n",
                 include_str!("record.lua"), "\n",
                 $(include_str!($fast), "\n",)*
                 include_str!("common.lua"),
@@ -79,13 +81,13 @@ fn scripts() -> &'static Scripts {
         };
     }
     SCRIPTS.get_or_init(|| Scripts {
-        acquire: script!("acquire_fast.lua", => "acquire.lua"),
-        transfer: script!("transfer_fast.lua", "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
-        renew: script!(=> "renew.lua"),
-        release: script!("release_fast.lua", => "release.lua"),
-        force: script!(=> "force.lua"),
-        held: script!(=> "held.lua"),
-        describe: script!(=> "describe.lua"),
+        acquire: script!("local PREFIX"; "acquire_fast.lua", => "acquire.lua"),
+        transfer: script!("local PREFIX"; "transfer_fast.lua", "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
+        renew: script!("local PREFIX"; => "renew.lua"),
+        release: script!("local PREFIX = 3072"; "release_fast.lua", => "release.lua"),
+        force: script!("local PREFIX"; => "force.lua"),
+        held: script!("local PREFIX"; => "held.lua"),
+        describe: script!("local PREFIX"; => "describe.lua"),
     })
 }
 

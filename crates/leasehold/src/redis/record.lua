@@ -8,7 +8,8 @@
 --   HEADER  t last fencing token (never decreases; the key is never deleted, so tokens
 --           persist), q waiters queued, m and he: no waiter lease (m) or hold (he) ends
 --           before this, in ms (lower bounds, 0 when there is none: expired entries are
---           looked for only when one can be)
+--           looked for only when one can be), skip: how many bytes at the start of
+--           WAITERS are waiters already served (see release_fast.lua)
 --   hold    l lease, o owner, k kind, p permits, t token, a acquired ms (the client's
 --           wall clock, for display only), n host, i pid, e expiry ms, c client channel.
 --           A holder is the holds of one owner (more than one after re-entry), which
@@ -38,23 +39,42 @@ local function pack_waiter(w)
 end
 
 -- ts: the last token, as written; the other header fields as numbers. W, the queue, is
--- taken out of `raw` (from `w0`) by common.lua: a fast path has no need to, and every
--- new string costs Lua a pass over all its bytes (hashing), which counts for a queue.
-local ts, q, m, he, H, W, w0 = '0', 0, 0, 0, '', '', 1
+-- taken out of `raw` (from `w0`, after `skip` bytes of waiters already served) by
+-- common.lua: a fast path has no need to, and every new string costs Lua a pass over
+-- all its bytes (hashing), which counts for a queue. With PREFIX (set by the script
+-- before this file), only that many bytes are read at first (header, holds, the head of
+-- the queue); whole() reads the rest when needed.
+local ts, q, m, he, skip, H, W, w0 = '0', 0, 0, 0, 0, '', '', 1
 local dirty = false
 -- Whether the header read has the fixed width that header() writes.
 local fixed = false
-local raw = redis.call('GET', key)
+local raw
+if PREFIX then
+  raw = redis.call('GETRANGE', key, 0, PREFIX - 1)
+  if raw == '' then raw = nil end
+else
+  raw = redis.call('GET', key)
+end
+local complete = not PREFIX or not raw or #raw < PREFIX
+local function whole()
+  if not complete then raw, complete = redis.call('GET', key), true end
+end
 if raw then
-  local qs, ms, hs, i
-  ts, qs, ms, hs, i = string.match(raw, '^ *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)\29()')
+  local qs, ms, hs, ks, i
+  ts, qs, ms, hs, ks, i = string.match(raw,
+    '^ *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)\29()')
   if ts then
     local j = string.find(raw, '\29', i, true)
-    H, w0, q, fixed = string.sub(raw, i, j - 1), j + 1, tonumber(qs), i == 59
-    if q > 0 then m = tonumber(ms) end
+    if not j then
+      whole()
+      j = string.find(raw, '\29', i, true)
+    end
+    H, w0, q, fixed = string.sub(raw, i, j - 1), j + 1, tonumber(qs), i == 68
+    if q > 0 then m, skip = tonumber(ms), tonumber(ks) end
     if H ~= '' then he = tonumber(hs) end
   else
     -- A record of the earlier MessagePack format: keep its token and holds.
+    whole()
     local old = cmsgpack.unpack(raw)
     ts, dirty = string.format('%d', old.t), true
     for _, h in ipairs(old.h) do
@@ -74,10 +94,12 @@ local released_before = 0
 -- The header, of fixed width (so that a waiter can be queued by rewriting only it and
 -- appending its entry: see acquire_fast.lua).
 local function header()
-  return string.format('%20s\31%8s\31%13s\31%13s\29', ts, q, m, he)
+  return string.format('%20s\31%8s\31%13s\31%13s\31%8s\29', ts, q, m, he, skip)
 end
 
+-- Writes the whole record (W, the queue, without the waiters already served).
 local function write()
+  skip = 0
   redis.call('SET', key, header() .. H .. '\29' .. W)
 end
 
