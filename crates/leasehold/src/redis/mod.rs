@@ -354,24 +354,23 @@ impl RedisStore {
             LockKind::Permit { permits } => permits,
             _ => 0,
         };
-        let ttl_ms = req.ttl.as_millis() as u64;
         let mut args = vec![
-            lease.to_string(),
-            req.owner.clone(),
-            req.kind.word().to_string(),
-            permits.to_string(),
-            ttl_ms.to_string(),
-            (req.fair as u8).to_string(),
-            (req.enqueue as u8).to_string(),
-            req.requester.host.clone(),
-            req.requester.pid.to_string(),
-            self.inner.channel.clone(),
-            wall_ms().to_string(),
-            (waiter_lease(req.ttl).as_millis() as u64).to_string(),
+            Arg::Text(lease),
+            Arg::Text(&req.owner),
+            Arg::Text(req.kind.word()),
+            Arg::Num(permits.into()),
+            Arg::Num(req.ttl.as_millis() as u64),
+            Arg::Num(req.fair.into()),
+            Arg::Num(req.enqueue.into()),
+            Arg::Text(&req.requester.host),
+            Arg::Num(req.requester.pid.into()),
+            Arg::Text(&self.inner.channel),
+            Arg::Num(wall_ms()),
+            Arg::Num(waiter_lease(req.ttl).as_millis() as u64),
         ];
         let script = match from {
             Some(from) => {
-                args.push(from.id.0.clone());
+                args.push(Arg::Text(&from.id.0));
                 &scripts().transfer
             }
             None => &scripts().acquire,
@@ -446,16 +445,24 @@ impl RedisStore {
         &self,
         script: &Script,
         name: &LockName,
-        args: &[String],
+        args: &[Arg<'_>],
     ) -> Result<T> {
-        let mut invocation = script.key(key(name));
+        // EVALSHA built here rather than through redis::ScriptInvocation, which copies
+        // every argument twice: this is the hot path of every lock call.
+        let mut cmd = redis::Cmd::with_capacity(args.len() + 4, 512);
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(1)
+            .arg(key(name));
         for arg in args {
-            // The record separates its fields with these (see common.lua).
-            if arg.contains(['\x1d', '\x1e', '\x1f']) {
-                invocation.arg(arg.replace(['\x1d', '\x1e', '\x1f'], "?"));
-            } else {
-                invocation.arg(arg);
-            }
+            match arg {
+                Arg::Num(n) => cmd.arg(*n),
+                // The record separates its fields with these (see record.lua).
+                Arg::Text(s) if s.contains(['\x1d', '\x1e', '\x1f']) => {
+                    cmd.arg(s.replace(['\x1d', '\x1e', '\x1f'], "?"))
+                }
+                Arg::Text(s) => cmd.arg(*s),
+            };
         }
         // Every script is idempotent for its lease id, so a call that met a dropped
         // connection (a server restart) is sent once more on the reconnected one.
@@ -463,8 +470,8 @@ impl RedisStore {
         loop {
             sent += 1;
             let result = match self.inner.conn.clone() {
-                Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
-                Conn::Cluster(mut c, _) => invocation.invoke_async(&mut c).await,
+                Conn::Single(mut c) => eval(&cmd, script, &mut c).await,
+                Conn::Cluster(mut c, _) => eval(&cmd, script, &mut c).await,
             };
             match result {
                 Err(e)
@@ -594,6 +601,27 @@ async fn subscribe(
     }
 }
 
+/// One script argument.
+enum Arg<'a> {
+    Text(&'a str),
+    Num(u64),
+}
+
+/// Runs `cmd` (an EVALSHA of `script`), loading the script first if the server lacks it.
+async fn eval<T: redis::FromRedisValue>(
+    cmd: &redis::Cmd,
+    script: &Script,
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<T> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
 fn int(v: &Value) -> i64 {
     match v {
         Value::Int(i) => *i,
@@ -705,7 +733,7 @@ impl Store for RedisStore {
             .run(
                 &scripts().renew,
                 &lease.name,
-                &[lease.id.0.clone(), ttl_ms.to_string()],
+                &[Arg::Text(&lease.id.0), Arg::Num(ttl_ms)],
             )
             .await?;
         Ok(if renewed == 1 {
@@ -716,7 +744,7 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        let args = [lease.id.0.clone(), self.inner.channel.clone()];
+        let args = [Arg::Text(&lease.id.0), Arg::Text(&self.inner.channel)];
         let (released, own): (i64, String) =
             self.run(&scripts().release, &lease.name, &args).await?;
         self.inner.waiters.forget(&lease.id.0);
@@ -761,11 +789,7 @@ impl Store for RedisStore {
         tokio::pin!(gone);
         gone.as_mut().enable();
         let held: i64 = self
-            .run(
-                &scripts().held,
-                &lease.name,
-                std::slice::from_ref(&lease.id.0),
-            )
+            .run(&scripts().held, &lease.name, &[Arg::Text(&lease.id.0)])
             .await?;
         if held == 1 {
             gone.await;
@@ -850,10 +874,14 @@ impl Store for RedisStore {
     }
 }
 
-fn key_escape(s: &str) -> String {
+fn key_escape(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.contains(['%', '{', '}']) {
+        return s.into();
+    }
     s.replace('%', "%25")
         .replace('{', "%7B")
         .replace('}', "%7D")
+        .into()
 }
 
 fn key_unescape(s: &str) -> String {
