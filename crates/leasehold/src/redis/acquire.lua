@@ -103,7 +103,7 @@ if enqueue and me then
   end
   position = before(false) + 1
 elseif enqueue then
-  W = W .. mine_waiter
+  W = W .. mine_waiter()
   q = q + 1
   if m == 0 or waiter_expires < m then m = waiter_expires end
   dirty = true

@@ -1,13 +1,15 @@
 -- Acquire, fast paths (ARGV as in acquire.lua). The new hold's entry is
--- `mine_before .. token .. mine_after`; `mine_waiter` is this request's queue entry.
+-- `mine_before .. token .. mine_after`; mine_waiter() is this request's queue entry.
 local expires, waiter_expires = now + ARGV[5], now + ARGV[12]
 local mine_before = '\30' .. ARGV[1] .. '\31' .. ARGV[2] .. '\31' .. ARGV[3] .. '\31' ..
   ARGV[4] .. '\31'
 local mine_after = '\31' .. ARGV[11] .. '\31' .. ARGV[8] .. '\31' .. ARGV[9] .. '\31' ..
   expires .. '\31' .. ARGV[10]
-local mine_waiter = '\30' .. ARGV[1] .. '\31' .. ARGV[3] .. '\31' .. ARGV[6] .. '\31' ..
-  ARGV[2] .. '\31' .. ARGV[4] .. '\31' .. ARGV[8] .. '\31' .. ARGV[9] .. '\31' .. ARGV[11] ..
-  '\31' .. ARGV[10] .. '\31' .. ARGV[5] .. '\31' .. ARGV[12] .. '\31' .. waiter_expires
+local function mine_waiter()
+  return '\30' .. ARGV[1] .. '\31' .. ARGV[3] .. '\31' .. ARGV[6] .. '\31' .. ARGV[2] .. '\31' ..
+    ARGV[4] .. '\31' .. ARGV[8] .. '\31' .. ARGV[9] .. '\31' .. ARGV[11] .. '\31' .. ARGV[10] ..
+    '\31' .. ARGV[5] .. '\31' .. ARGV[12] .. '\31' .. waiter_expires
+end
 
 -- Nobody holds it and nobody waits: the lock is ours at once.
 if H == '' and q == 0 then
@@ -29,7 +31,7 @@ if ARGV[6] == '1' and ARGV[7] == '1' and ARGV[3] == 'exclusive' and not ARGV[13]
     q = q + 1
     if m == 0 or waiter_expires < m then m = waiter_expires end
     redis.call('SETRANGE', key, 0, header())
-    redis.call('APPEND', key, mine_waiter)
+    redis.call('APPEND', key, mine_waiter())
     local left = tonumber(h.e) - now
     return {0, q, left, 0, h.o, h.n, h.i, h.t, h.a, left, 1, h.k, h.p, released_before}
   end

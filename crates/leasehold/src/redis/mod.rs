@@ -745,8 +745,11 @@ impl Store for RedisStore {
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
         let args = [Arg::Text(&lease.id.0), Arg::Text(&self.inner.channel)];
-        let (released, own): (i64, String) =
-            self.run(&scripts().release, &lease.name, &args).await?;
+        let reply: Value = self.run(&scripts().release, &lease.name, &args).await?;
+        let (released, own) = match &reply {
+            Value::Array(items) if items.len() == 2 => (int(&items[0]), text(&items[1])),
+            other => (int(other), String::new()),
+        };
         self.inner.waiters.forget(&lease.id.0);
         // A hand-over to a waiter of this client: no need to wait for a message.
         own.split(',')

@@ -4,7 +4,7 @@ if only_hold(ARGV[1]) and (q == 0 or m > now) and not dirty then
   if q == 0 then
     H, he = '', 0
     write()
-    return {1, ''}
+    return 1
   end
   -- The head of the queue is a fair writer: hand the lock over, as hand_over in
   -- common.lua would. Its entry must be whole in what was read.
@@ -29,6 +29,6 @@ if only_hold(ARGV[1]) and (q == 0 or m > now) and not dirty then
     end
     if w.c == ARGV[2] then return {1, message} end
     redis.call('PUBLISH', w.c, message)
-    return {1, ''}
+    return 1
   end
 end
