@@ -19,15 +19,20 @@ if H == '' and q == 0 then
   return {1, ts, 1, released_before}
 end
 
--- A fair writer's first attempt, held by one unexpired hold of another owner, no waiter
--- lease ended: queue at the tail by rewriting the header and appending the entry,
--- without reading back or rewriting the queue (not in a transfer: ARGV[13]).
-if ARGV[6] == '1' and ARGV[7] == '1' and ARGV[3] == 'exclusive' and not ARGV[13] and fixed
+-- A fair writer not yet queued (ARGV[13] says it cannot be: its first attempt; else
+-- look), held by one unexpired hold of another owner, no waiter lease ended: queue at
+-- the tail by rewriting the header and appending the entry, without reading or
+-- rewriting the queue (not in a transfer: ARGV[14]).
+if ARGV[6] == '1' and ARGV[7] == '1' and ARGV[3] == 'exclusive' and not ARGV[14] and fixed
     and not dirty and H ~= '' and he > now and (q == 0 or m > now)
-    and not string.find(H, '\30', 2, true)
-    and not string.find(raw, '\30' .. ARGV[1] .. '\31', 1, true) then
+    and not string.find(H, '\30', 2, true) then
+  local queued = false
+  if ARGV[13] ~= '1' then
+    whole()
+    queued = string.find(raw, '\30' .. ARGV[1] .. '\31', 1, true)
+  end
   local h = hold_at(1)
-  if h.o ~= ARGV[2] then
+  if not queued and h.o ~= ARGV[2] then
     q = q + 1
     if m == 0 or waiter_expires < m then m = waiter_expires end
     redis.call('SETRANGE', key, 0, header())

@@ -36,6 +36,7 @@
 //!   resumes.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -66,9 +67,10 @@ struct Scripts {
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    // record.lua reads the lock (the release only its first 3 KB at first: the head of the
-    // queue is what it may need); a fast path may answer the common case; common.lua
-    // defines the general code that the script's own file then runs.
+    // record.lua reads the lock (an acquire only its first KB at first, a release its
+    // first 3 KB, with the head of the queue: what their fast paths need); a fast path
+    // may answer the common case; common.lua defines the general code that the script's
+    // own file then runs.
     macro_rules! script {
         ($prefix:literal; $($fast:literal,)* => $($file:literal),+) => {
             Script::new(concat!(
@@ -81,8 +83,8 @@ fn scripts() -> &'static Scripts {
         };
     }
     SCRIPTS.get_or_init(|| Scripts {
-        acquire: script!("local PREFIX"; "acquire_fast.lua", => "acquire.lua"),
-        transfer: script!("local PREFIX"; "transfer_fast.lua", "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
+        acquire: script!("local PREFIX = 1024"; "acquire_fast.lua", => "acquire.lua"),
+        transfer: script!("local PREFIX = 1024"; "transfer_fast.lua", "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
         renew: script!("local PREFIX"; => "renew.lua"),
         release: script!("local PREFIX = 3072"; "release_fast.lua", => "release.lua"),
         force: script!("local PREFIX"; => "force.lua"),
@@ -135,6 +137,8 @@ struct Slot {
     granted: Mutex<Option<(u64, u64)>>,
     /// Told when the hold was taken away (force-release).
     gone: Notify,
+    /// An attempt was sent: the acquisition may be queued.
+    sent: std::sync::atomic::AtomicBool,
 }
 
 impl Waiters {
@@ -346,10 +350,9 @@ impl RedisStore {
         from: Option<&Lease>,
     ) -> Result<(Released, Attempt)> {
         let lease = req.lease.0.as_str();
-        if req.enqueue {
-            // Before the attempt, so a wake-up sent right after it is not missed.
-            self.inner.waiters.register(lease);
-        }
+        // Registered before the attempt, so a wake-up sent right after it is not missed.
+        let first =
+            req.enqueue && !(self.inner.waiters.register(lease).sent).swap(true, Ordering::SeqCst);
         let permits = match req.kind {
             LockKind::Permit { permits } => permits,
             _ => 0,
@@ -367,6 +370,7 @@ impl RedisStore {
             Arg::Text(&self.inner.channel),
             Arg::Num(wall_ms()),
             Arg::Num(waiter_lease(req.ttl).as_millis() as u64),
+            Arg::Fresh(first),
         ];
         let script = match from {
             Some(from) => {
@@ -449,26 +453,34 @@ impl RedisStore {
     ) -> Result<T> {
         // EVALSHA built here rather than through redis::ScriptInvocation, which copies
         // every argument twice: this is the hot path of every lock call.
-        let mut cmd = redis::Cmd::with_capacity(args.len() + 4, 512);
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(1)
-            .arg(key(name));
-        for arg in args {
-            match arg {
-                Arg::Num(n) => cmd.arg(*n),
-                // The record separates its fields with these (see record.lua).
-                Arg::Text(s) if s.contains(['\x1d', '\x1e', '\x1f']) => {
-                    cmd.arg(s.replace(['\x1d', '\x1e', '\x1f'], "?"))
-                }
-                Arg::Text(s) => cmd.arg(*s),
-            };
-        }
+        let command = |resent: bool| {
+            let mut cmd = redis::Cmd::with_capacity(args.len() + 4, 512);
+            cmd.arg("EVALSHA")
+                .arg(script.get_hash())
+                .arg(1)
+                .arg(key(name));
+            for arg in args {
+                match arg {
+                    Arg::Num(n) => cmd.arg(*n),
+                    Arg::Fresh(fresh) => cmd.arg(u8::from(*fresh && !resent)),
+                    // The record separates its fields with these (see record.lua).
+                    Arg::Text(s) if s.contains(['\x1d', '\x1e', '\x1f']) => {
+                        cmd.arg(s.replace(['\x1d', '\x1e', '\x1f'], "?"))
+                    }
+                    Arg::Text(s) => cmd.arg(*s),
+                };
+            }
+            cmd
+        };
+        let mut cmd = command(false);
         // Every script is idempotent for its lease id, so a call that met a dropped
         // connection (a server restart) is sent once more on the reconnected one.
         let mut sent = 0;
         loop {
             sent += 1;
+            if sent > 1 {
+                cmd = command(true);
+            }
             let result = match self.inner.conn.clone() {
                 Conn::Single(mut c) => eval(&cmd, script, &mut c).await,
                 Conn::Cluster(mut c, _) => eval(&cmd, script, &mut c).await,
@@ -605,6 +617,9 @@ async fn subscribe(
 enum Arg<'a> {
     Text(&'a str),
     Num(u64),
+    /// 1 if nothing was sent for this acquisition before (so it is not queued), else 0;
+    /// always 0 when the call is sent again (the first send may have arrived).
+    Fresh(bool),
 }
 
 /// Runs `cmd` (an EVALSHA of `script`), loading the script first if the server lacks it.
