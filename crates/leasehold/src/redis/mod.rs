@@ -11,10 +11,11 @@
 //!
 //! # How it works
 //! - A lock `NAME` is one key, `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is
-//!   the whole name): a string with its last fencing token, version, holders and queue
-//!   (format in `common.lua`). Scripts (`*.lua` beside this file, loaded once, EVALSHA)
-//!   read it (GET), decide and write it back (SET): one atomic step in one hash slot, so
-//!   they run unchanged on Redis Cluster.
+//!   the whole name): a string with its last fencing token, holds and queue (format in
+//!   `record.lua`). Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it,
+//!   decide and write it back: one atomic step in one hash slot, so they run unchanged on
+//!   Redis Cluster. The common cases take fast paths that read and write only the part
+//!   of the record they change (see `record.lua` and `*_fast.lua`).
 //! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
 //! - Fencing tokens come from a counter in the same key, which is never deleted.
 //! - Waiting: each client subscribes once, on one connection, to a channel of its own.
@@ -679,7 +680,7 @@ fn wall_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// The lock as describe.lua gives it (JSON; see common.lua). cjson writes an empty list
+/// The lock as describe.lua gives it (JSON). cjson writes an empty list
 /// as `{}`, so lists are read leniently.
 #[derive(Deserialize)]
 struct State {

@@ -1,6 +1,7 @@
--- The head of every leasehold script: reads the lock. A lock is one key, KEYS[1] = lh:{NAME}: a
--- string holding its holds and its queue, so a script reads it once (GET) and writes it
--- once (SET), one atomic step in one cluster slot.
+-- The head of every leasehold script: reads the lock. A lock is one key, KEYS[1] =
+-- lh:{NAME}: a string holding its holds and its queue, so a script reads it once (GET,
+-- or GETRANGE of its start) and writes it once (SET, or SETRANGE and APPEND of the
+-- parts it changes), one atomic step in one cluster slot.
 --
 -- The record: HEADER \29 HOLDS \29 WAITERS. Fields are separated by \31 (owner ids hold
 -- no control characters; the client replaces \29-\31 in the other strings); each hold
