@@ -13,8 +13,7 @@ end
 
 -- Nobody holds it and nobody waits: the lock is ours at once.
 if H == '' and q == 0 then
-  ts = string.format('%d', tonumber(ts) + 1)
-  H, he = mine_before .. ts .. mine_after, expires
+  H, he = mine_before .. next_token() .. mine_after, expires
   write()
   return {1, ts, 1, released_before}
 end
