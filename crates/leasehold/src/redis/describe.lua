@@ -1,13 +1,23 @@
--- Describe. Reply: {server time ms, the state as JSON, with its waiters in queue order}.
+-- Describe. Reply: {server time ms, the lock as JSON: t last token, h holders (o owner,
+-- k kind, p permits, t token, a acquired ms, d holds: {n host, i pid, e expiry ms}),
+-- w waiters in queue order (o, k, p, n, i, a since ms)}.
 save()
-local waiters = {}
-local queue = {}
-if st.q > 0 then queue = redis.call('ZRANGE', Q, 0, -1) end
-for i, lease in ipairs(queue) do
-  local w = waiter(lease)
-  w.e = tonumber(redis.call('ZSCORE', E, lease))
-  waiters[i] = w
+local holders, by_owner = {}, {}
+for _, h in ipairs(holds()) do
+  local holder = by_owner[h.o]
+  if not holder then
+    holder = {o = h.o, k = h.k, p = tonumber(h.p), t = tonumber(h.t), a = tonumber(h.a), d = {}}
+    by_owner[h.o] = holder
+    holders[#holders + 1] = holder
+  end
+  holder.d[#holder.d + 1] = {n = h.n, i = tonumber(h.i), e = tonumber(h.e)}
 end
-st.w = waiters
+local waiters, s = {}, 1
+while s <= #W do
+  local w, next = waiter_at(s)
+  waiters[#waiters + 1] = {o = w.o, k = w.k, p = tonumber(w.p), n = w.n, i = tonumber(w.i),
+                           a = tonumber(w.a)}
+  s = next
+end
 -- cjson writes an empty list as {}; the client reads either.
-return {tostring(now), cjson.encode(st)}
+return {tostring(now), cjson.encode({t = tonumber(ts), h = holders, w = waiters})}

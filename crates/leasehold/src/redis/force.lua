@@ -1,12 +1,9 @@
 -- Force-release: drop every holder. Reply: 1 if anyone held it.
-local held = #st.h > 0 and 1 or 0
+local held = H ~= '' and 1 or 0
 -- Tell the holders at once, rather than at their next renewal.
-for _, h in ipairs(st.h) do
-  for _, d in ipairs(h.d) do
-    if d.c then tell(d.c, d.l .. '!') end
-  end
+for _, h in ipairs(holds()) do
+  if h.c ~= '' then tell(h.c, h.l .. '!') end
 end
-st.h = {}
-bump()
+H, he, dirty, bumped = '', 0, true, true
 save()
 return held

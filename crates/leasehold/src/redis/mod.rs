@@ -10,11 +10,12 @@
 //! ```
 //!
 //! # How it works
-//! - A lock `NAME` is the key `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is the
-//!   whole name). It holds the lock's holders, last fencing token and version as
-//!   MessagePack; its queue lives beside it in `lh:{NAME}:q`, `:w`, `:e`, `:x` (same
-//!   hash tag), so a call touches only the waiters it needs. Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it, decide and
-//!   write it back: one atomic step in one hash slot, so they run unchanged on Redis Cluster.
+//! - A lock `NAME` is one key, `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is
+//!   the whole name): a string with its last fencing token, holds and queue (format in
+//!   `record.lua`). Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it,
+//!   decide and write it back: one atomic step in one hash slot, so they run unchanged on
+//!   Redis Cluster. The common cases take fast paths that read and write only the part
+//!   of the record they change (see `record.lua` and `*_fast.lua`).
 //! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
 //! - Fencing tokens come from a counter in the same key, which is never deleted.
 //! - Waiting: each client subscribes once, on one connection, to a channel of its own.
@@ -36,6 +37,7 @@
 //!   resumes.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -66,29 +68,29 @@ struct Scripts {
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    // record.lua reads the lock (an acquire only its first KB at first, a release its
+    // first 3 KB, with the head of the queue: what their fast paths need); a fast path
+    // may answer the common case; common.lua defines the general code that the script's
+    // own file then runs.
     macro_rules! script {
-        ($file:literal) => {
+        ($prefix:literal; $($fast:literal,)* => $($file:literal),+) => {
             Script::new(concat!(
+                $prefix, "\n",
+                include_str!("record.lua"), "\n",
+                $(include_str!($fast), "\n",)*
                 include_str!("common.lua"),
-                "\n",
-                include_str!($file)
+                $("\n", include_str!($file)),+
             ))
         };
     }
     SCRIPTS.get_or_init(|| Scripts {
-        acquire: script!("acquire.lua"),
-        transfer: Script::new(concat!(
-            include_str!("common.lua"),
-            "\n",
-            include_str!("transfer.lua"),
-            "\n",
-            include_str!("acquire.lua")
-        )),
-        renew: script!("renew.lua"),
-        release: script!("release.lua"),
-        force: script!("force.lua"),
-        held: script!("held.lua"),
-        describe: script!("describe.lua"),
+        acquire: script!("local PREFIX = 1024"; "acquire_fast.lua", => "acquire.lua"),
+        transfer: script!("local PREFIX = 1024"; "transfer_fast.lua", "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
+        renew: script!("local PREFIX"; => "renew.lua"),
+        release: script!("local PREFIX = 3072"; "release_fast.lua", => "release.lua"),
+        force: script!("local PREFIX"; => "force.lua"),
+        held: script!("local PREFIX"; => "held.lua"),
+        describe: script!("local PREFIX"; => "describe.lua"),
     })
 }
 
@@ -136,6 +138,8 @@ struct Slot {
     granted: Mutex<Option<(u64, u64)>>,
     /// Told when the hold was taken away (force-release).
     gone: Notify,
+    /// An attempt was sent: the acquisition may be queued.
+    sent: std::sync::atomic::AtomicBool,
 }
 
 impl Waiters {
@@ -347,32 +351,31 @@ impl RedisStore {
         from: Option<&Lease>,
     ) -> Result<(Released, Attempt)> {
         let lease = req.lease.0.as_str();
-        if req.enqueue {
-            // Before the attempt, so a wake-up sent right after it is not missed.
-            self.inner.waiters.register(lease);
-        }
+        // Registered before the attempt, so a wake-up sent right after it is not missed.
+        let first =
+            req.enqueue && !(self.inner.waiters.register(lease).sent).swap(true, Ordering::SeqCst);
         let permits = match req.kind {
             LockKind::Permit { permits } => permits,
             _ => 0,
         };
-        let ttl_ms = req.ttl.as_millis() as u64;
         let mut args = vec![
-            lease.to_string(),
-            req.owner.clone(),
-            req.kind.word().to_string(),
-            permits.to_string(),
-            ttl_ms.to_string(),
-            (req.fair as u8).to_string(),
-            (req.enqueue as u8).to_string(),
-            req.requester.host.clone(),
-            req.requester.pid.to_string(),
-            self.inner.channel.clone(),
-            wall_ms().to_string(),
-            (waiter_lease(req.ttl).as_millis() as u64).to_string(),
+            Arg::Text(lease),
+            Arg::Text(&req.owner),
+            Arg::Text(req.kind.word()),
+            Arg::Num(permits.into()),
+            Arg::Num(req.ttl.as_millis() as u64),
+            Arg::Num(req.fair.into()),
+            Arg::Num(req.enqueue.into()),
+            Arg::Text(&req.requester.host),
+            Arg::Num(req.requester.pid.into()),
+            Arg::Text(&self.inner.channel),
+            Arg::Num(wall_ms()),
+            Arg::Num(waiter_lease(req.ttl).as_millis() as u64),
+            Arg::Fresh(first),
         ];
         let script = match from {
             Some(from) => {
-                args.push(from.id.0.clone());
+                args.push(Arg::Text(&from.id.0));
                 &scripts().transfer
             }
             None => &scripts().acquire,
@@ -447,25 +450,41 @@ impl RedisStore {
         &self,
         script: &Script,
         name: &LockName,
-        args: &[String],
+        args: &[Arg<'_>],
     ) -> Result<T> {
-        let base = key(name);
-        let mut invocation = script.key(&base);
-        // The queue's keys share the record's hash tag (see common.lua).
-        for part in [":q", ":w", ":e", ":x"] {
-            invocation.key(format!("{base}{part}"));
-        }
-        for arg in args {
-            invocation.arg(arg);
-        }
+        // EVALSHA built here rather than through redis::ScriptInvocation, which copies
+        // every argument twice: this is the hot path of every lock call.
+        let command = |resent: bool| {
+            let mut cmd = redis::Cmd::with_capacity(args.len() + 4, 512);
+            cmd.arg("EVALSHA")
+                .arg(script.get_hash())
+                .arg(1)
+                .arg(key(name));
+            for arg in args {
+                match arg {
+                    Arg::Num(n) => cmd.arg(*n),
+                    Arg::Fresh(fresh) => cmd.arg(u8::from(*fresh && !resent)),
+                    // The record separates its fields with these (see record.lua).
+                    Arg::Text(s) if s.contains(['\x1d', '\x1e', '\x1f']) => {
+                        cmd.arg(s.replace(['\x1d', '\x1e', '\x1f'], "?"))
+                    }
+                    Arg::Text(s) => cmd.arg(*s),
+                };
+            }
+            cmd
+        };
+        let mut cmd = command(false);
         // Every script is idempotent for its lease id, so a call that met a dropped
         // connection (a server restart) is sent once more on the reconnected one.
         let mut sent = 0;
         loop {
             sent += 1;
+            if sent > 1 {
+                cmd = command(true);
+            }
             let result = match self.inner.conn.clone() {
-                Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
-                Conn::Cluster(mut c, _) => invocation.invoke_async(&mut c).await,
+                Conn::Single(mut c) => eval(&cmd, script, &mut c).await,
+                Conn::Cluster(mut c, _) => eval(&cmd, script, &mut c).await,
             };
             match result {
                 Err(e)
@@ -595,6 +614,30 @@ async fn subscribe(
     }
 }
 
+/// One script argument.
+enum Arg<'a> {
+    Text(&'a str),
+    Num(u64),
+    /// 1 if nothing was sent for this acquisition before (so it is not queued), else 0;
+    /// always 0 when the call is sent again (the first send may have arrived).
+    Fresh(bool),
+}
+
+/// Runs `cmd` (an EVALSHA of `script`), loading the script first if the server lacks it.
+async fn eval<T: redis::FromRedisValue>(
+    cmd: &redis::Cmd,
+    script: &Script,
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<T> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
 fn int(v: &Value) -> i64 {
     match v {
         Value::Int(i) => *i,
@@ -637,7 +680,7 @@ fn wall_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// The lock as describe.lua gives it (JSON; see common.lua). cjson writes an empty list
+/// The lock as describe.lua gives it (JSON). cjson writes an empty list
 /// as `{}`, so lists are read leniently.
 #[derive(Deserialize)]
 struct State {
@@ -706,7 +749,7 @@ impl Store for RedisStore {
             .run(
                 &scripts().renew,
                 &lease.name,
-                &[lease.id.0.clone(), ttl_ms.to_string()],
+                &[Arg::Text(&lease.id.0), Arg::Num(ttl_ms)],
             )
             .await?;
         Ok(if renewed == 1 {
@@ -717,9 +760,12 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        let args = [lease.id.0.clone(), self.inner.channel.clone()];
-        let (released, own): (i64, String) =
-            self.run(&scripts().release, &lease.name, &args).await?;
+        let args = [Arg::Text(&lease.id.0), Arg::Text(&self.inner.channel)];
+        let reply: Value = self.run(&scripts().release, &lease.name, &args).await?;
+        let (released, own) = match &reply {
+            Value::Array(items) if items.len() == 2 => (int(&items[0]), text(&items[1])),
+            other => (int(other), String::new()),
+        };
         self.inner.waiters.forget(&lease.id.0);
         // A hand-over to a waiter of this client: no need to wait for a message.
         own.split(',')
@@ -762,11 +808,7 @@ impl Store for RedisStore {
         tokio::pin!(gone);
         gone.as_mut().enable();
         let held: i64 = self
-            .run(
-                &scripts().held,
-                &lease.name,
-                std::slice::from_ref(&lease.id.0),
-            )
+            .run(&scripts().held, &lease.name, &[Arg::Text(&lease.id.0)])
             .await?;
         if held == 1 {
             gone.await;
@@ -851,10 +893,14 @@ impl Store for RedisStore {
     }
 }
 
-fn key_escape(s: &str) -> String {
+fn key_escape(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.contains(['%', '{', '}']) {
+        return s.into();
+    }
     s.replace('%', "%25")
         .replace('{', "%7B")
         .replace('}', "%7D")
+        .into()
 }
 
 fn key_unescape(s: &str) -> String {

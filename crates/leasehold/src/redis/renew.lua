@@ -1,10 +1,11 @@
 -- Renew. ARGV: lease, ttl ms. Reply: 1 renewed, 0 the lease is gone.
-local hi, di = find_hold(ARGV[1])
-if not hi then
+local at, after = find_hold(ARGV[1])
+if not at then
   save()
   return 0
 end
-st.h[hi].d[di].e = now + tonumber(ARGV[2])
-dirty = true
+local h = hold_at(at)
+h.e = now + ARGV[2]
+splice_hold(at, after, pack_hold(h))
 save()
 return 1

@@ -1,0 +1,143 @@
+-- The head of every leasehold script: reads the lock. A lock is one key, KEYS[1] =
+-- lh:{NAME}: a string holding its holds and its queue, so a script reads it once (GET,
+-- or GETRANGE of its start) and writes it once (SET, or SETRANGE and APPEND of the
+-- parts it changes), one atomic step in one cluster slot.
+--
+-- The record: HEADER \29 HOLDS \29 WAITERS. Fields are separated by \31 (owner ids hold
+-- no control characters; the client replaces \29-\31 in the other strings); each hold
+-- and each waiter starts with \30.
+--   HEADER  t last fencing token (never decreases; the key is never deleted, so tokens
+--           persist), q waiters queued, m and he: no waiter lease (m) or hold (he) ends
+--           before this, in ms (lower bounds, 0 when there is none: expired entries are
+--           looked for only when one can be), skip: how many bytes at the start of
+--           WAITERS are waiters already served (see release_fast.lua)
+--   hold    l lease, o owner, k kind, p permits, t token, a acquired ms (the client's
+--           wall clock, for display only), n host, i pid, e expiry ms, c client channel.
+--           A holder is the holds of one owner (more than one after re-entry), which
+--           share its kind, permits, token and acquired time.
+--   waiter  l lease, k kind, f fair (0|1), o owner, p permits, n host, i pid, a since
+--           ms, c client channel, x lease ttl ms, y waiter lease ms, e waiter lease
+--           expiry ms. In arrival order, the head first.
+-- Every call and step costs in Redis's Lua, a string-to-number conversion or a format as
+-- much as a dozen steps: so holds and waiters stay strings, found by their lease, and a
+-- script parses only the entries it needs (one pattern match each), keeps fields as
+-- strings and converts only the numbers it computes with.
+-- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them.
+
+local key = KEYS[1]
+local clock = redis.call('TIME')
+-- Milliseconds since the epoch.
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+local function pack_hold(h)
+  return '\30' .. h.l .. '\31' .. h.o .. '\31' .. h.k .. '\31' .. h.p .. '\31' .. h.t .. '\31' ..
+    h.a .. '\31' .. h.n .. '\31' .. h.i .. '\31' .. h.e .. '\31' .. h.c
+end
+
+local function pack_waiter(w)
+  return '\30' .. w.l .. '\31' .. w.k .. '\31' .. w.f .. '\31' .. w.o .. '\31' .. w.p .. '\31' ..
+    w.n .. '\31' .. w.i .. '\31' .. w.a .. '\31' .. w.c .. '\31' .. w.x .. '\31' .. w.y .. '\31' .. w.e
+end
+
+-- ts: the last token, as written; the other header fields as numbers. W, the queue, is
+-- taken out of `raw` (from `w0`, after `skip` bytes of waiters already served) by
+-- common.lua: a fast path has no need to, and every new string costs Lua a pass over
+-- all its bytes (hashing), which counts for a queue. With PREFIX (set by the script
+-- before this file), only that many bytes are read at first (header, holds, the head of
+-- the queue); whole() reads the rest when needed.
+local ts, q, m, he, skip, H, W, w0 = '0', 0, 0, 0, 0, '', '', 1
+local dirty = false
+-- Whether the header read has the fixed width that header() writes.
+local fixed = false
+local raw
+if PREFIX then
+  raw = redis.call('GETRANGE', key, 0, PREFIX - 1)
+  if raw == '' then raw = nil end
+else
+  raw = redis.call('GET', key)
+end
+local complete = not PREFIX or not raw or #raw < PREFIX
+local function whole()
+  if not complete then raw, complete = redis.call('GET', key), true end
+end
+if raw then
+  local qs, ms, hs, ks, i
+  ts, qs, ms, hs, ks, i = string.match(raw,
+    '^ *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)\29()')
+  if ts then
+    local j = string.find(raw, '\29', i, true)
+    if not j then
+      whole()
+      j = string.find(raw, '\29', i, true)
+    end
+    H, w0, q, fixed = string.sub(raw, i, j - 1), j + 1, tonumber(qs), i == 68
+    if q > 0 then m, skip = tonumber(ms), tonumber(ks) end
+    if H ~= '' then he = tonumber(hs) end
+  else
+    -- A record of the earlier MessagePack format: keep its token and holds.
+    whole()
+    local old = cmsgpack.unpack(raw)
+    ts, dirty = string.format('%d', old.t), true
+    for _, h in ipairs(old.h) do
+      for _, d in ipairs(h.d) do
+        H = H .. pack_hold({l = d.l, o = h.o, k = h.k, p = h.p, t = string.format('%d', h.t),
+                            a = h.a, n = d.n, i = d.i, e = d.e, c = d.c or ''})
+        if he == 0 or d.e < he then he = d.e end
+      end
+    end
+  end
+end
+-- A hold or a waiter went away: the queue may move.
+local bumped = false
+-- Set by transfer when the hold it hands over was still held; ends acquire replies.
+local released_before = 0
+
+-- The header, of fixed width (so that a waiter can be queued by rewriting only it and
+-- appending its entry: see acquire_fast.lua).
+local function header()
+  return string.format('%20s\31%8s\31%13s\31%13s\31%8s\29', ts, q, m, he, skip)
+end
+
+-- Writes the whole record (W, the queue, without the waiters already served).
+local function write()
+  skip = 0
+  redis.call('SET', key, header() .. H .. '\29' .. W)
+end
+
+-- Whether the only hold is `lease`, unexpired: the common case that the fast paths
+-- (*_fast.lua) serve before the general code (common.lua) is even defined.
+local function only_hold(lease)
+  return he > now and string.find(H, '\30' .. lease .. '\31', 1, true) == 1
+    and not string.find(H, '\30', 2, true)
+end
+
+-- A new fencing token.
+local function next_token()
+  ts = string.format('%d', tonumber(ts) + 1)
+  return ts
+end
+
+-- The hold whose entry starts at `i` in H: its fields (strings), and where the next
+-- entry starts.
+local function hold_at(i)
+  local l, o, k, p, t, a, n, pid, e, c, next = string.match(H,
+    '^\30([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\30]*)()', i)
+  return {l = l, o = o, k = k, p = p, t = t, a = a, n = n, i = pid, e = e, c = c}, next
+end
+
+-- The waiter whose entry starts at `s` in `str`: its fields (strings), and where the
+-- next entry starts.
+local function waiter_in(str, s)
+  local l, k, f, o, p, n, pid, a, c, x, y, e, next = string.match(str,
+    '^\30([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\30\29]*)()', s)
+  return {l = l, k = k, f = f, o = o, p = p, n = n, i = pid, a = a, c = c, x = x, y = y,
+          e = e}, next
+end
+
+-- Hands the lock to the fair waiter `w`: a new token and a hold that lasts the waiter's
+-- own lease (see hand_over in common.lua). Its entry, its expiry, and the message.
+local function handed(w)
+  local t, e = next_token(), now + w.y
+  return pack_hold({l = w.l, o = w.o, k = w.k, p = w.p, t = t, a = now, n = w.n, i = w.i,
+                    e = e, c = w.c}), e, w.l .. '=' .. t .. ':' .. w.y
+end
