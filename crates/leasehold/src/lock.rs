@@ -349,6 +349,30 @@ impl Lock {
         }
     }
 
+    /// How a grant ends the acquire: with its guard, or with the error that confirming it
+    /// met (the attempt undone); `None` if its lease lapsed on the way, to ask again.
+    async fn settle(
+        &self,
+        req: &AcquireRequest,
+        grant: Grant,
+        sent: Instant,
+        pending: &mut Pending,
+        started: Instant,
+    ) -> Option<Result<Option<LockGuard>>> {
+        match self.accept(req, grant, sent).await {
+            Ok(Some(guard)) => {
+                pending.disarm();
+                tracing::debug!(waited = ?started.elapsed(), "waited");
+                Some(Ok(Some(guard)))
+            }
+            Ok(None) => None,
+            Err(error) => {
+                pending.undo().await;
+                Some(Err(error))
+            }
+        }
+    }
+
     async fn acquire_from_store(
         &self,
         req: AcquireRequest,
@@ -366,23 +390,20 @@ impl Lock {
             tokio::task::consume_budget().await;
             let sent = Instant::now();
             let busy = match self.store.acquire(&req).await {
-                Ok(Attempt::Granted(grant)) => match self.accept(&req, grant, sent).await {
-                    Ok(Some(guard)) => {
-                        pending.disarm();
-                        tracing::debug!(waited = ?started.elapsed(), "waited");
-                        return Ok(Some(guard));
+                Ok(Attempt::Granted(grant)) => {
+                    match self.settle(&req, grant, sent, &mut pending, started).await {
+                        Some(done) => return done,
+                        // Lapsed on the way: ask again (the same request) while we may wait.
+                        None => match wait {
+                            Wait::Forever => continue,
+                            Wait::Until(deadline) if Instant::now() < deadline => continue,
+                            _ => {
+                                pending.undo().await;
+                                return Ok(None);
+                            }
+                        },
                     }
-                    // Lapsed on the way: ask again (the same request), if we may wait.
-                    Ok(None) if !matches!(wait, Wait::No) => continue,
-                    Ok(None) => {
-                        pending.undo().await;
-                        return Ok(None);
-                    }
-                    Err(error) => {
-                        pending.undo().await;
-                        return Err(error);
-                    }
-                },
+                }
                 Ok(Attempt::Busy(busy)) => {
                     answered = true;
                     trouble = Duration::from_millis(50);
@@ -438,18 +459,11 @@ impl Lock {
                 changed = self.store.changed(&req, busy.watermark) => match changed {
                     // Handed over by the store: the lease runs from after `sent`, our
                     // last request, so counting from it is safe.
-                    Ok(Some(grant)) => match self.accept(&req, grant, sent).await {
-                        Ok(Some(guard)) => {
-                            pending.disarm();
-                            tracing::debug!(waited = ?started.elapsed(), "waited");
-                            return Ok(Some(guard));
+                    Ok(Some(grant)) => {
+                        if let Some(done) = self.settle(&req, grant, sent, &mut pending, started).await {
+                            return done;
                         }
-                        Ok(None) => {}
-                        Err(error) => {
-                            pending.undo().await;
-                            return Err(error);
-                        }
-                    },
+                    }
                     Ok(None) => {}
                     Err(error) => {
                         tracing::debug!(%error, "change notification failed; backing off");

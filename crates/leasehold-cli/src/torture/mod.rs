@@ -249,16 +249,29 @@ impl Spawned {
         }
     }
 
+    /// Stops (SIGSTOP, waiting until stopped, as the testkit's `pause` does) or resumes
+    /// every server process.
     fn pause(&self, stop: bool) {
-        let signal = if stop { libc::SIGSTOP } else { libc::SIGCONT };
         let pids = match self {
             Spawned::Redis(s) => vec![s.pid()],
             Spawned::Etcd(s) => vec![s.pid()],
             Spawned::Cluster(c) => c.members.iter().map(EtcdServer::pid).collect(),
         };
         for pid in pids {
-            leasehold_testkit::send_signal(pid, signal);
+            match stop {
+                true => leasehold_testkit::stop_process(pid),
+                false => leasehold_testkit::send_signal(pid, libc::SIGCONT),
+            }
         }
+    }
+}
+
+/// Signals a worker; one that has just exited is no error (the testkit's `send_signal`
+/// panics on that, as a test should).
+fn signal(pid: i32, signal: i32) {
+    if pid > 0 {
+        // SAFETY: kill has no memory effects; a gone process gives ESRCH.
+        unsafe { libc::kill(pid, signal) };
     }
 }
 
@@ -609,10 +622,10 @@ impl Run {
                 let Some((owner, pid)) = self.holder().await else {
                     return false;
                 };
-                leasehold_testkit::send_signal(pid, libc::SIGSTOP);
+                signal(pid, libc::SIGSTOP);
                 self.fault_start(&kind, Some(&owner));
                 sleep(self.ttl(factor)).await;
-                leasehold_testkit::send_signal(pid, libc::SIGCONT);
+                signal(pid, libc::SIGCONT);
                 self.fault_end(&kind, Some(&owner));
             }
             FaultKind::Kill => {
