@@ -72,47 +72,67 @@ pub fn unique(case: &str) -> String {
     format!("conformance/{case}/{:08x}", rand::random::<u32>())
 }
 
-/// Passes everything through to a real store, but can make renewals fail, as a network
-/// partition between this client and the store would.
+/// Passes everything through to a real store, but can make renewals or releases fail, as
+/// a network partition between this client and the store would.
 #[derive(Debug)]
-pub struct PartitionedRenewals {
+pub struct Partition {
     inner: Arc<dyn Store>,
-    cut: AtomicBool,
+    renewals: AtomicBool,
+    releases: AtomicBool,
 }
 
-impl PartitionedRenewals {
-    /// Wraps `inner`, renewals flowing.
+impl Partition {
+    /// Wraps `inner`, everything flowing.
     pub fn new(inner: Arc<dyn Store>) -> Arc<Self> {
-        Arc::new(PartitionedRenewals {
+        Arc::new(Partition {
             inner,
-            cut: AtomicBool::new(false),
+            renewals: AtomicBool::new(false),
+            releases: AtomicBool::new(false),
         })
     }
 
     /// From now on renewals fail as if the store were unreachable.
-    pub fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
+    pub fn cut_renewals(&self) {
+        self.renewals.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on releases fail as if the store were unreachable.
+    pub fn cut_releases(&self) {
+        self.releases.store(true, Ordering::SeqCst);
+    }
+
+    /// Everything flows again.
+    pub fn heal(&self) {
+        self.renewals.store(false, Ordering::SeqCst);
+        self.releases.store(false, Ordering::SeqCst);
+    }
+
+    fn pass(&self, cut: &AtomicBool) -> Result<()> {
+        match cut.load(Ordering::SeqCst) {
+            true => Err(Error::Unavailable {
+                store: self.describe_store(),
+                source: "partitioned by the test".into(),
+            }),
+            false => Ok(()),
+        }
     }
 }
 
 #[async_trait]
-impl Store for PartitionedRenewals {
+impl Store for Partition {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         self.inner.acquire(req).await
     }
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
-        if self.cut.load(Ordering::SeqCst) {
-            return Err(Error::Unavailable {
-                store: self.describe_store(),
-                source: "partitioned by the test".into(),
-            });
-        }
+        self.pass(&self.renewals)?;
         self.inner.renew(lease, ttl).await
     }
     async fn release(&self, lease: &Lease) -> Result<Released> {
+        self.pass(&self.releases)?;
         self.inner.release(lease).await
     }
     async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
+        self.pass(&self.releases)?;
         self.inner.transfer(from, to).await
     }
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
@@ -300,7 +320,7 @@ pub async fn renewal_keeps_lock(store: Arc<dyn Store>) {
 /// With renewals failing, `lost()` fires — and `check()` fails — before another holder
 /// can acquire the lock; releasing the lost lease reports it was not held.
 pub async fn lost_fires_before_takeover(store: Arc<dyn Store>) {
-    let partitioned = PartitionedRenewals::new(store.clone());
+    let partitioned = Partition::new(store.clone());
     let name = unique("lost");
     let cut_off = Leasehold::from_store(partitioned.clone());
     let other = Leasehold::from_store(store);
@@ -311,7 +331,7 @@ pub async fn lost_fires_before_takeover(store: Arc<dyn Store>) {
         .lock()
         .await
         .unwrap();
-    partitioned.cut();
+    partitioned.cut_renewals();
     let next = within(
         "the next holder",
         other.mutex(name.as_str()).unwrap().lock(),
@@ -331,6 +351,40 @@ pub async fn lost_fires_before_takeover(store: Arc<dyn Store>) {
     assert!(next.token() > guard.token());
     assert_eq!(guard.release().await.unwrap(), Released::NotHeld);
     next.release().await.unwrap();
+}
+
+/// A release the store did not get (the link was down) is sent again once the store can
+/// be reached: the lock frees long before its lease could end, and the owner's next
+/// acquisition is a new one (a newer token), not a re-entry into the hold left behind.
+pub async fn missed_release_is_sent_again(store: Arc<dyn Store>) {
+    let partition = Partition::new(store.clone());
+    let name = unique("missed-release");
+    let owner = format!("owner-{name}");
+    let lock = (Leasehold::from_store(partition.clone()).mutex(name.as_str()))
+        .unwrap()
+        .with_owner(owner.as_str())
+        // Far longer than PATIENCE: only the release can free the lock in time.
+        .with_ttl(PATIENCE * 10);
+    let guard = lock.try_lock().await.unwrap().unwrap();
+    let token = guard.token();
+    partition.cut_releases();
+    let failed = guard.release().await.unwrap_err();
+    assert!(failed.is_retryable(), "{failed}");
+    partition.heal();
+    let other = Leasehold::from_store(store);
+    let next = within(
+        "another owner to get the lock",
+        other.mutex(name.as_str()).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    let taken = next.token();
+    assert!(taken > token);
+    next.release().await.unwrap();
+    let again = lock.try_lock().await.unwrap().unwrap();
+    assert!(again.token() > taken, "re-entered a hold left behind");
+    assert_eq!(again.holds(), 1);
+    again.release().await.unwrap();
 }
 
 /// Tokens strictly increase across holders; re-entry keeps the token and counts holds;
@@ -675,7 +729,8 @@ macro_rules! conformance_suite {
     ($make:expr) => {
         $crate::conformance_suite!(@cases $make;
             mutual_exclusion, drop_releases, try_and_bounded_waits, expiry_after_holder_dies,
-            renewal_keeps_lock, lost_fires_before_takeover, tokens_and_reentry,
+            renewal_keeps_lock, lost_fires_before_takeover, missed_release_is_sent_again,
+            tokens_and_reentry,
             fifo_when_fair, semaphore_limit, read_write_rules, release_is_idempotent,
             force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace, bad_input_rejected);
     };

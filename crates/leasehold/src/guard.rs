@@ -203,6 +203,11 @@ impl LockGuard {
     /// `Released::NotHeld` means the lease had already ended: work done since its safe
     /// deadline was not protected.
     ///
+    /// If the store cannot be reached ([`Error::is_retryable`]), the error is returned and
+    /// the release is sent again in the background until the store answers (for at least
+    /// a minute, or ten TTLs): the lock frees as soon as the store is back, not when the
+    /// lease ends, and a later acquisition by the same owner does not re-enter the hold.
+    ///
     /// # Cancel safety
     /// If cancelled, the release may or may not have reached the store; the lease
     /// expires in any case.
@@ -210,10 +215,9 @@ impl LockGuard {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
         tokio::task::consume_budget().await;
-        let lease = &held.line.lease;
-        let released = release(&held.line, held.turn).await?;
+        let released = release(held.line.clone(), held.turn).await?;
         tracing::info!(
-            lock = %lease.name,
+            lock = %held.line.lease.name,
             token = held.token.0,
             held = ?held.acquired.elapsed(),
             not_held = (released == Released::NotHeld),
@@ -255,17 +259,51 @@ impl Drop for LockGuard {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (line, turn) = (held.line, held.turn);
             runtime.spawn(async move {
-                let _ = release(&line, turn).await;
+                let _ = release(line, turn).await;
             });
         }
     }
 }
 
 /// Ends a hold: through this process's gate when it has the turn (handing the lock to the
-/// next task in one store step), else by a plain store release.
-async fn release(line: &Lifeline, turn: Option<Turn>) -> Result<Released> {
-    match turn {
+/// next task in one store step), else by a plain store release. A release the store may
+/// have missed is sent again in the background until the store answers: left behind,
+/// the hold would stay with our owner, whose next acquisition would re-enter it (same
+/// token) and renew it, keeping the lock from everyone else.
+async fn release(line: Arc<Lifeline>, turn: Option<Turn>) -> Result<Released> {
+    let released = match turn {
         Some(turn) => turn.release(line.store.as_ref(), &line.lease).await,
         None => line.store.release(&line.lease).await,
+    };
+    if matches!(&released, Err(e) if e.is_retryable()) {
+        tokio::spawn(release_again(line));
+    }
+    released
+}
+
+/// First pause before [`release_again`] retries, doubled up to [`RETRY_AT_MOST`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_AT_MOST: Duration = Duration::from_secs(2);
+/// How long [`release_again`] keeps trying, at least: a store away longer has let the
+/// lease expire (no one renews it) or, restarted, will after one more TTL.
+const RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Retries a release that met store trouble until the store answers it.
+async fn release_again(line: Arc<Lifeline>) {
+    let ttl = line.status.borrow().ttl;
+    let give_up = Instant::now() + RETRY_FOR.max(ttl * 10);
+    let mut pause = RETRY_FIRST;
+    loop {
+        tokio::time::sleep(crate::keepalive::jitter(pause)).await;
+        match line.store.release(&line.lease).await {
+            Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                tracing::debug!(lock = %line.lease.name, error = %e, "release retried");
+                pause = (pause * 2).min(RETRY_AT_MOST);
+            }
+            outcome => {
+                tracing::debug!(lock = %line.lease.name, ?outcome, "release finished");
+                return;
+            }
+        }
     }
 }
