@@ -177,7 +177,8 @@ type Job = Box<dyn FnOnce(&mut Spawned) + Send>;
 /// them (`PR_SET_PDEATHSIG`), and a blocking-pool thread ends when it idles.
 #[derive(Debug)]
 struct Keeper {
-    jobs: std::sync::mpsc::Sender<Job>,
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     url: String,
     label: &'static str,
 }
@@ -186,7 +187,7 @@ impl Keeper {
     fn start(kind: Spawn) -> Result<Self, Failure> {
         let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
         let (started_tx, started) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
+        let thread = std::thread::spawn(move || {
             let mut spawned = match Spawned::start(kind) {
                 Ok(spawned) => spawned,
                 Err(failure) => return drop(started_tx.send(Err(failure))),
@@ -200,7 +201,22 @@ impl Keeper {
         let (url, label) = started
             .recv()
             .map_err(|_| Failure::new(exit::INTERNAL, "the store thread ended"))??;
-        Ok(Keeper { jobs, url, label })
+        Ok(Keeper {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            url,
+            label,
+        })
+    }
+}
+
+impl Drop for Keeper {
+    /// Stops the store before the run goes on (or the process exits).
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -749,7 +765,7 @@ impl Run {
             let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s)));
             let _ = tx.send(done.ok());
         });
-        self.keeper.as_ref()?.jobs.send(job).ok()?;
+        self.keeper.as_ref()?.jobs.as_ref()?.send(job).ok()?;
         rx.await.ok().flatten()
     }
 

@@ -589,7 +589,11 @@ impl EtcdStore {
     fn spare(&self, lease: EtcdLease) {
         if lease.ours && lease.alive_until > Instant::now() {
             let mut spare = self.inner.spare.lock().unwrap();
-            spare.entry(lease.asked).or_default().push(lease);
+            let list = spare.entry(lease.asked).or_default();
+            // Twice in the list, one lease would back two acquisitions.
+            if !list.iter().any(|l| l.id == lease.id) {
+                list.push(lease);
+            }
         }
     }
 
@@ -778,9 +782,16 @@ impl EtcdStore {
                 entry,
             }],
         };
+        // Our key: put now, or by an earlier attempt of this request whose answer was lost
+        // (then this put found the marker and did nothing). Its lease is spared only once
+        // the key is gone: a spare lease must have no key.
+        let ours = queue
+            .iter()
+            .find(|m| m.kv.key == key)
+            .map(|m| m.kv.create_revision);
         if let Some(other) = queue.iter().find(|m| !compatible(req.kind, m.entry.kind)) {
-            if put_done && !only_if_free {
-                self.withdraw(&req.lease, &key, &marker, revision, lease)
+            if let Some(create) = ours {
+                self.withdraw(&req.lease, &key, &marker, create, lease)
                     .await?;
             } else {
                 self.forget(&req.lease);
@@ -808,13 +819,10 @@ impl EtcdStore {
             self.spare(lease);
             return Ok(self.outside(req, &queue, &prefix, revision));
         };
-        let elsewhere = put_done && queue[at].kv.key != key;
-        if elsewhere {
-            // Our owner holds through a key put into an empty queue: take ours back.
-            let create = queue
-                .iter()
-                .find(|m| m.kv.key == key)
-                .map_or(revision, |m| m.kv.create_revision);
+        let elsewhere = ours.filter(|_| queue[at].kv.key != key);
+        if let Some(create) = elsewhere {
+            // Our owner was here first (through a key put into an empty queue, or one
+            // whose release has not reached etcd yet): take ours back.
             self.withdraw(&req.lease, &key, &marker, create, lease)
                 .await?;
         }
@@ -822,7 +830,7 @@ impl EtcdStore {
         let here = standing(&queue, at);
         if !mine {
             // Our owner is already here: re-enter if it holds.
-            if !elsewhere {
+            if elsewhere.is_none() {
                 self.spare(lease);
             }
             if here.waiting.is_none() {
