@@ -31,6 +31,10 @@
 //!   into an empty queue needs no marker: it is first and stays first, and every join reads
 //!   the first key. Markers live outside the queue's range: reads of the queue never walk
 //!   them, and the uncontended acquire and release touch one key each.
+//! - The join rides in the acquire's Txn (a nested Txn in its else branch) only where the
+//!   client found the queue busy last time; elsewhere the Txn is a bare put-if-empty and a
+//!   busy queue is joined by a second Txn. etcd spends about 35 µs more on a Txn that
+//!   carries the nested join, which an uncontended lock would pay on every acquire.
 //! - The fencing token is the key's create revision: strictly increasing cluster-wide,
 //!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
 //! - **Fair mode** (the default on etcd): a waiter puts its key at the end of the queue.
