@@ -1789,6 +1789,93 @@ impl EtcdStore {
 mod tests {
     use super::*;
 
+    fn request(name: &LockName, owner: &str) -> AcquireRequest {
+        AcquireRequest {
+            name: name.clone(),
+            lease: LeaseId::random(),
+            owner: owner.to_string(),
+            kind: LockKind::Exclusive,
+            ttl: Duration::from_secs(30),
+            fair: true,
+            enqueue: true,
+            requester: crate::store::Requester::this_process(),
+        }
+    }
+
+    /// An acquire whose answer was lost had queued its key; retried, it finds its owner's
+    /// older key first. Its lease must not be spared while its key is queued (run by
+    /// `leasehold torture` on etcd with store restarts, one spare lease backed two
+    /// acquisitions and a holder's key was revoked under it). Against a real etcd; the
+    /// lost answer is the state the store records for one: the key put, the answer not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retried_attempt_takes_back_its_key_before_it_spares_the_lease() {
+        let server = tokio::task::spawn_blocking(leasehold_testkit::EtcdServer::start)
+            .await
+            .unwrap();
+        let store = EtcdStore::connect(&server.url()).await.unwrap();
+        let name = LockName::new("lost-answer").unwrap();
+        let older = request(&name, "o");
+        assert!(matches!(
+            store.attempt(&older).await.unwrap(),
+            Attempt::Granted(_)
+        ));
+        // The retried request's first attempt: its key and its owner's marker put, then
+        // the answer lost.
+        let retried = request(&name, "o");
+        let lease = store.lease_for(retried.ttl).await.unwrap();
+        let key = queue_key(&name, lease.id);
+        let marker = marker_key(&name, "o");
+        let entry = Entry {
+            owner: "o".into(),
+            host: "h".into(),
+            pid: 1,
+            kind: LockKind::Exclusive,
+            since: now_ms(),
+            holds: vec![retried.lease.0.clone()],
+        };
+        let put = |k: &[u8], value: Vec<u8>| {
+            Op::Put(PutRequest {
+                key: k.to_vec(),
+                value,
+                lease: lease.id,
+                ignore_lease: false,
+            })
+        };
+        store
+            .call_txn(txn(
+                vec![],
+                vec![put(&key, entry.value()), put(&marker, key.clone())],
+                vec![],
+            ))
+            .await
+            .unwrap();
+        store.record(
+            &retried.lease,
+            Acquisition {
+                key: key.clone(),
+                marker,
+                lease: Some(lease),
+                state: State::Unknown,
+            },
+        );
+        // The retry re-enters the older key, which holds.
+        match store.attempt(&retried).await.unwrap() {
+            Attempt::Granted(grant) => assert_eq!(grant.holds, 2),
+            Attempt::Busy(_) => panic!("the owner holds: it re-enters"),
+        }
+        let spared = store.inner.spare.lock().unwrap().clone();
+        let (queue, _) = store.queue(&name).await.unwrap();
+        for lease in spared.values().flatten() {
+            let named = queue_key(&name, lease.id);
+            assert!(
+                queue.iter().all(|m| m.kv.key != named),
+                "lease {:x} is spare while its key is queued",
+                lease.id
+            );
+        }
+        assert_eq!(queue.len(), 1, "only the older key is left");
+    }
+
     fn queue(kinds: &[LockKind]) -> Vec<Member> {
         kinds
             .iter()
