@@ -79,6 +79,7 @@ pub struct Partition {
     inner: Arc<dyn Store>,
     renewals: AtomicBool,
     releases: AtomicBool,
+    refused_releases: AtomicUsize,
 }
 
 impl Partition {
@@ -88,6 +89,7 @@ impl Partition {
             inner,
             renewals: AtomicBool::new(false),
             releases: AtomicBool::new(false),
+            refused_releases: AtomicUsize::new(0),
         })
     }
 
@@ -101,10 +103,23 @@ impl Partition {
         self.releases.store(true, Ordering::SeqCst);
     }
 
+    /// How many releases (and transfers) failed so far.
+    pub fn refused_releases(&self) -> usize {
+        self.refused_releases.load(Ordering::SeqCst)
+    }
+
     /// Everything flows again.
     pub fn heal(&self) {
         self.renewals.store(false, Ordering::SeqCst);
         self.releases.store(false, Ordering::SeqCst);
+    }
+
+    fn pass_release(&self) -> Result<()> {
+        let passed = self.pass(&self.releases);
+        if passed.is_err() {
+            self.refused_releases.fetch_add(1, Ordering::SeqCst);
+        }
+        passed
     }
 
     fn pass(&self, cut: &AtomicBool) -> Result<()> {
@@ -128,11 +143,11 @@ impl Store for Partition {
         self.inner.renew(lease, ttl).await
     }
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        self.pass(&self.releases)?;
+        self.pass_release()?;
         self.inner.release(lease).await
     }
     async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
-        self.pass(&self.releases)?;
+        self.pass_release()?;
         self.inner.transfer(from, to).await
     }
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
@@ -384,7 +399,34 @@ pub async fn missed_release_is_sent_again(store: Arc<dyn Store>) {
     let again = lock.try_lock().await.unwrap().unwrap();
     assert!(again.token() > taken, "re-entered a hold left behind");
     assert_eq!(again.holds(), 1);
+
+    // A cancelled wait whose undo the store did not get leaves the queue once the store
+    // is back, not when its place's lease (up to the TTL) ends.
+    let waiter = tokio::spawn({
+        let lock = lock.clone().with_owner("waiter").with_fair(true);
+        async move { lock.lock().await }
+    });
+    eventually("the waiter to queue", || async {
+        other.describe(name.as_str()).await.unwrap().waiters.len() == 1
+    })
+    .await;
+    partition.cut_releases();
+    let refused = partition.refused_releases();
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    eventually("the cancelled wait's undo to be refused", || async {
+        partition.refused_releases() > refused
+    })
+    .await;
+    partition.heal();
     again.release().await.unwrap();
+    let last = within(
+        "the lock past the cancelled waiter's place",
+        other.mutex(name.as_str()).unwrap().with_fair(true).lock(),
+    )
+    .await
+    .unwrap();
+    last.release().await.unwrap();
 }
 
 /// Tokens strictly increase across holders; re-entry keeps the token and counts holds;

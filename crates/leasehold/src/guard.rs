@@ -9,7 +9,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::gate::Turn;
 use crate::keepalive::{Lifeline, Renewals, Status};
 use crate::options::{check_ttl, humanize};
-use crate::store::{Lease, LockKind, Released, Renewal};
+use crate::store::{Lease, LockKind, Released, Renewal, Store};
 use crate::{Error, FencingToken, LockName, Result};
 
 /// A held lock. Renewed in the background while it lives.
@@ -266,19 +266,41 @@ impl Drop for LockGuard {
 }
 
 /// Ends a hold: through this process's gate when it has the turn (handing the lock to the
-/// next task in one store step), else by a plain store release. A release the store may
-/// have missed is sent again in the background until the store answers: left behind,
-/// the hold would stay with our owner, whose next acquisition would re-enter it (same
-/// token) and renew it, keeping the lock from everyone else.
+/// next task in one store step), else by a plain store release.
 async fn release(line: Arc<Lifeline>, turn: Option<Turn>) -> Result<Released> {
+    let ttl = line.status.borrow().ttl;
     let released = match turn {
         Some(turn) => turn.release(line.store.as_ref(), &line.lease).await,
         None => line.store.release(&line.lease).await,
     };
-    if matches!(&released, Err(e) if e.is_retryable()) {
-        tokio::spawn(release_again(line));
-    }
+    again_on_trouble(&released, &line.store, &line.lease, ttl);
     released
+}
+
+/// Releases `lease` (of a lock with `ttl`), sending it again later on store trouble (see
+/// [`again_on_trouble`]).
+pub(crate) async fn release_or_again(
+    store: &Arc<dyn Store>,
+    lease: &Lease,
+    ttl: Duration,
+) -> Result<Released> {
+    let released = store.release(lease).await;
+    again_on_trouble(&released, store, lease, ttl);
+    released
+}
+
+/// A release the store may have missed is sent again in the background until the store
+/// answers: left behind, the hold would stay with our owner, whose next acquisition would
+/// re-enter it (same token) and renew it, keeping the lock from everyone else.
+fn again_on_trouble(
+    released: &Result<Released>,
+    store: &Arc<dyn Store>,
+    lease: &Lease,
+    ttl: Duration,
+) {
+    if matches!(released, Err(e) if e.is_retryable()) {
+        tokio::spawn(release_again(store.clone(), lease.clone(), ttl));
+    }
 }
 
 /// First pause before [`release_again`] retries, doubled up to [`RETRY_AT_MOST`].
@@ -289,19 +311,18 @@ const RETRY_AT_MOST: Duration = Duration::from_secs(2);
 const RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// Retries a release that met store trouble until the store answers it.
-async fn release_again(line: Arc<Lifeline>) {
-    let ttl = line.status.borrow().ttl;
+async fn release_again(store: Arc<dyn Store>, lease: Lease, ttl: Duration) {
     let give_up = Instant::now() + RETRY_FOR.max(ttl * 10);
     let mut pause = RETRY_FIRST;
     loop {
         tokio::time::sleep(crate::keepalive::jitter(pause)).await;
-        match line.store.release(&line.lease).await {
+        match store.release(&lease).await {
             Err(e) if e.is_retryable() && Instant::now() < give_up => {
-                tracing::debug!(lock = %line.lease.name, error = %e, "release retried");
+                tracing::debug!(lock = %lease.name, error = %e, "release retried");
                 pause = (pause * 2).min(RETRY_AT_MOST);
             }
             outcome => {
-                tracing::debug!(lock = %line.lease.name, ?outcome, "release finished");
+                tracing::debug!(lock = %lease.name, ?outcome, "release finished");
                 return;
             }
         }

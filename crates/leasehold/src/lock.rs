@@ -8,7 +8,7 @@ use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
 use crate::gate::{Gates, Until};
-use crate::guard::LockGuard;
+use crate::guard::{release_or_again, LockGuard};
 use crate::keepalive::{jitter, safe_deadline, Lifeline, Renewals};
 use crate::options::{check_owner, check_permits, check_ttl, waiter_lease, DEFAULT_TTL};
 use crate::store::{
@@ -379,7 +379,7 @@ impl Lock {
         wait: Wait,
     ) -> Result<Option<LockGuard>> {
         let started = Instant::now();
-        let mut pending = Pending::new(self.store.clone(), req.lease());
+        let mut pending = Pending::new(self.store.clone(), &req);
         // Once the store has answered, a waiter rides out store trouble (a restart, a
         // failover) until its deadline; the same request is retried, so an attempt that
         // was granted unseen is simply granted again.
@@ -478,17 +478,20 @@ impl Lock {
 }
 
 /// An acquisition that may exist in the store without a guard (an attempt whose answer
-/// was lost, or a place in the queue): undone by its id unless disarmed.
+/// was lost, or a place in the queue): undone by its id unless disarmed (sent again on
+/// store trouble, as a guard's release is).
 struct Pending {
     store: Arc<dyn Store>,
     lease: Option<Lease>,
+    ttl: Duration,
 }
 
 impl Pending {
-    fn new(store: Arc<dyn Store>, lease: Lease) -> Self {
+    fn new(store: Arc<dyn Store>, req: &AcquireRequest) -> Self {
         Pending {
             store,
-            lease: Some(lease),
+            lease: Some(req.lease()),
+            ttl: req.ttl,
         }
     }
 
@@ -498,8 +501,8 @@ impl Pending {
 
     async fn undo(&mut self) {
         if let Some(lease) = self.lease.take() {
-            if let Err(error) = self.store.release(&lease).await {
-                tracing::debug!(%error, "could not undo an unfinished acquire; its lease will expire");
+            if let Err(error) = release_or_again(&self.store, &lease, self.ttl).await {
+                tracing::debug!(%error, "could not undo an unfinished acquire yet");
             }
         }
     }
@@ -511,9 +514,9 @@ impl Drop for Pending {
             return;
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let store = self.store.clone();
+            let (store, ttl) = (self.store.clone(), self.ttl);
             runtime.spawn(async move {
-                let _ = store.release(&lease).await;
+                let _ = release_or_again(&store, &lease, ttl).await;
             });
         }
     }
