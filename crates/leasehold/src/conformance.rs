@@ -429,6 +429,29 @@ pub async fn missed_release_is_sent_again(store: Arc<dyn Store>) {
     last.release().await.unwrap();
 }
 
+/// A guard renews again once its store is back from `restart` (a restart well within the
+/// guard's `ttl`), and nobody else takes the lock meanwhile. For store tests that can
+/// restart their server; not in [`conformance_suite!`](crate::conformance_suite).
+pub async fn renews_again_after_a_restart(
+    locks: &Leasehold,
+    ttl: Duration,
+    restart: impl FnOnce(),
+) {
+    let name = unique("restart");
+    let lock = locks.mutex(name.as_str()).unwrap();
+    let guard = lock.clone().with_ttl(ttl).lock().await.unwrap();
+    tokio::task::block_in_place(restart);
+    let restarted = Instant::now();
+    // Only a renewal sent after the restart can move the deadline this far.
+    eventually("a renewal after the restart", || async {
+        guard.valid_until() > restarted + ttl / 2
+    })
+    .await;
+    assert!(guard.check().is_ok());
+    assert!(lock.try_lock().await.unwrap().is_none(), "taken meanwhile");
+    guard.release().await.unwrap();
+}
+
 /// Tokens strictly increase across holders; re-entry keeps the token and counts holds;
 /// the lock frees when the last hold is released.
 pub async fn tokens_and_reentry(store: Arc<dyn Store>) {

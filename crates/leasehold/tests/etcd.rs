@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::conformance::{eventually, join_all, within};
+use leasehold::conformance::{eventually, join_all, renews_again_after_a_restart, within};
 use leasehold::{Error, EtcdStore, Leasehold};
 use leasehold_testkit::{EtcdCluster, EtcdServer};
 use tokio::time::Instant;
@@ -74,30 +74,7 @@ async fn a_waiter_whose_own_lease_ends_stops_with_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_renews_again_after_a_member_restart_within_its_deadline() {
     let (mut server, locks) = start().await;
-    let ttl = Duration::from_secs(4);
-    let guard = locks
-        .mutex("k")
-        .unwrap()
-        .with_ttl(ttl)
-        .lock()
-        .await
-        .unwrap();
-    tokio::task::block_in_place(|| server.restart());
-    let restarted = Instant::now();
-    // Only a renewal sent after the restart can move the deadline this far.
-    eventually("a renewal after the restart", || async {
-        guard.valid_until() > restarted + ttl / 2
-    })
-    .await;
-    assert!(guard.check().is_ok());
-    assert!(locks
-        .mutex("k")
-        .unwrap()
-        .try_lock()
-        .await
-        .unwrap()
-        .is_none());
-    guard.release().await.unwrap();
+    renews_again_after_a_restart(&locks, Duration::from_secs(4), || server.restart()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold::conformance::{eventually, within};
+use leasehold::conformance::{eventually, renews_again_after_a_restart, within};
 use leasehold::{Leasehold, RedisStore};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
@@ -17,30 +17,7 @@ async fn locks(server: &RedisServer) -> Leasehold {
 async fn guard_renews_again_after_a_server_restart_within_its_deadline() {
     let mut server = RedisServer::start_persistent();
     let locks = locks(&server).await;
-    let ttl = Duration::from_secs(3);
-    let guard = locks
-        .mutex("k")
-        .unwrap()
-        .with_ttl(ttl)
-        .lock()
-        .await
-        .unwrap();
-    server.restart();
-    let restarted = Instant::now();
-    // Only a renewal sent after the restart can move the deadline this far.
-    eventually("a renewal after the restart", || async {
-        guard.valid_until() > restarted + ttl / 2
-    })
-    .await;
-    assert!(guard.check().is_ok());
-    assert!(locks
-        .mutex("k")
-        .unwrap()
-        .try_lock()
-        .await
-        .unwrap()
-        .is_none());
-    guard.release().await.unwrap();
+    renews_again_after_a_restart(&locks, Duration::from_secs(3), || server.restart()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -232,6 +232,16 @@ impl Entry {
     }
 }
 
+/// Puts `key` on etcd lease `lease`.
+fn put_on(lease: i64, key: &[u8], value: &[u8]) -> Op {
+    Op::Put(PutRequest {
+        key: key.to_vec(),
+        value: value.to_vec(),
+        lease,
+        ignore_lease: false,
+    })
+}
+
 /// Writes `entry` into the existing `key`, keeping the key's lease.
 fn rewrite(key: &[u8], entry: &Entry) -> Op {
     Op::Put(PutRequest {
@@ -733,15 +743,10 @@ impl EtcdStore {
             since: now_ms(),
             holds: vec![req.lease.0.clone()],
         };
-        let put = |key: &[u8], value: Vec<u8>| {
-            Op::Put(PutRequest {
-                key: key.to_vec(),
-                value,
-                lease: lease.id,
-                ignore_lease: false,
-            })
-        };
-        let puts = vec![put(&key, entry.value()), put(&marker, key.clone())];
+        let puts = vec![
+            put_on(lease.id, &key, &entry.value()),
+            put_on(lease.id, &marker, &key),
+        ];
         let writer = req.kind == LockKind::Exclusive;
         // A mutex that does not queue (non-fair, or a try) takes the lock only if nobody
         // holds or waits; everything else joins the queue.
@@ -1751,17 +1756,13 @@ impl EtcdStore {
         ttl: Duration,
     ) -> Result<Renewal> {
         let new = self.grant(ttl).await?;
-        let put = |key: &[u8], value: &[u8]| {
-            Op::Put(PutRequest {
-                key: key.to_vec(),
-                value: value.to_vec(),
-                lease: new.id,
-                ignore_lease: false,
-            })
-        };
-        let mut moves = vec![put(&kv.key, &kv.value)];
+        let mut moves = vec![put_on(new.id, &kv.key, &kv.value)];
         if let Ok(entry) = serde_json::from_slice::<Entry>(&kv.value) {
-            moves.push(put(&marker_key(&lease.name, &entry.owner), &kv.key));
+            moves.push(put_on(
+                new.id,
+                &marker_key(&lease.name, &entry.owner),
+                &kv.key,
+            ));
         }
         let answer = self
             .call_txn(txn(
@@ -1833,18 +1834,13 @@ mod tests {
             since: now_ms(),
             holds: vec![retried.lease.0.clone()],
         };
-        let put = |k: &[u8], value: Vec<u8>| {
-            Op::Put(PutRequest {
-                key: k.to_vec(),
-                value,
-                lease: lease.id,
-                ignore_lease: false,
-            })
-        };
         store
             .call_txn(txn(
                 vec![],
-                vec![put(&key, entry.value()), put(&marker, key.clone())],
+                vec![
+                    put_on(lease.id, &key, &entry.value()),
+                    put_on(lease.id, &marker, &key),
+                ],
                 vec![],
             ))
             .await
