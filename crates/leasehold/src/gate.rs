@@ -1,16 +1,20 @@
-//! Tasks of one process that want the same lock queue here first (non-fair exclusive
-//! locks without an owner id, so no re-entry): only one of them can hold it, so only one
-//! asks the store at a time, and a release hands the lock to the next task in the same
-//! store step ([`Store::transfer`]): one round trip per hand-over instead of two, and no
-//! wake-up through the store.
+//! Tasks of one process that want the same lock queue here first (exclusive locks
+//! without an owner id, so no re-entry; fair ones only on stores that queue by
+//! [`AcquireRequest::waited`]): only one of them can hold it, so only one asks the store
+//! at a time, and a release hands the lock to the next task in the same store step
+//! ([`Store::transfer`]): one round trip per hand-over instead of two, one wake-up
+//! through the store for all of them. A fair task handed over this way takes its place
+//! in the store's queue by when it arrived here, so other processes' waiters keep the
+//! order they arrived in.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use tokio::sync::oneshot;
 use tokio::time::{timeout_at, Instant};
 
-use crate::store::{AcquireRequest, Attempt, Grant, Lease, Released, Store};
+use crate::store::{AcquireRequest, Attempt, Grant, Lease, Released, Store, WaiterInfo};
 use crate::{LockName, Result};
 
 /// The gates of one [`Leasehold`](crate::Leasehold), by lock name.
@@ -25,6 +29,33 @@ impl Gates {
         }
         gates.entry(name.clone()).or_default().clone()
     }
+
+    /// The tasks waiting at the gate of `name`, in arrival order (for `describe`).
+    pub fn waiting(&self, name: &LockName) -> Vec<WaiterInfo> {
+        let Some(gate) = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+        else {
+            return Vec::new();
+        };
+        let state = gate.0.lock().unwrap_or_else(|e| e.into_inner());
+        let now = (SystemTime::now(), Instant::now());
+        state
+            .queue
+            .iter()
+            .filter(|waiting| !waiting.tx.is_closed())
+            .map(|waiting| WaiterInfo {
+                owner: waiting.req.owner.clone(),
+                host: waiting.req.requester.host.clone(),
+                pid: waiting.req.requester.pid,
+                kind: waiting.req.kind,
+                since: now.0.checked_sub(now.1 - waiting.since).unwrap_or(now.0),
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -34,8 +65,17 @@ pub(crate) struct Gate(Mutex<State>);
 struct State {
     /// A task has the turn (it asks the store, or holds the lock).
     busy: bool,
-    /// Tasks waiting for the turn, with the request each would send.
-    queue: VecDeque<(AcquireRequest, oneshot::Sender<Pass>)>,
+    /// Tasks waiting for the turn.
+    queue: VecDeque<Waiting>,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    /// The request the task would send.
+    req: AcquireRequest,
+    /// When it arrived.
+    since: Instant,
+    tx: oneshot::Sender<Pass>,
 }
 
 /// What a queued task is given.
@@ -76,7 +116,11 @@ impl Gate {
                 return None;
             }
             let (tx, rx) = oneshot::channel();
-            state.queue.push_back((req.clone(), tx));
+            state.queue.push_back(Waiting {
+                req: req.clone(),
+                since: Instant::now(),
+                tx,
+            });
             rx
         };
         let pass = match until {
@@ -92,11 +136,11 @@ impl Gate {
     }
 
     /// The next task still waiting, or `None` after marking the gate free.
-    fn next(&self) -> Option<(AcquireRequest, oneshot::Sender<Pass>)> {
+    fn next(&self) -> Option<Waiting> {
         let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some((req, tx)) = state.queue.pop_front() {
-            if !tx.is_closed() {
-                return Some((req, tx));
+        while let Some(waiting) = state.queue.pop_front() {
+            if !waiting.tx.is_closed() {
+                return Some(waiting);
             }
         }
         state.busy = false;
@@ -105,8 +149,8 @@ impl Gate {
 
     /// Gives the turn to the next waiting task, or frees the gate.
     fn pass_turn(&self) {
-        while let Some((_, tx)) = self.next() {
-            if tx.send(Pass::Turn).is_ok() {
+        while let Some(waiting) = self.next() {
+            if waiting.tx.send(Pass::Turn).is_ok() {
                 return;
             }
         }
@@ -126,17 +170,18 @@ impl Turn {
             .unwrap_or_else(|e| e.into_inner())
             .queue
             .iter()
-            .any(|(_, tx)| !tx.is_closed());
+            .any(|waiting| !waiting.tx.is_closed());
         if !waiting {
             let released = store.release(lease).await;
             // Someone may have queued meanwhile: they ask the store themselves.
             gate.pass_turn();
             return released;
         }
-        let Some((req, tx)) = gate.next() else {
+        let Some(Waiting { mut req, since, tx }) = gate.next() else {
             return store.release(lease).await;
         };
         let sent = Instant::now();
+        req.waited = sent - since;
         let outcome = store.transfer(lease, &req).await;
         let pass = match &outcome {
             Ok((_, Attempt::Granted(grant))) => Pass::Granted(grant.clone(), sent),

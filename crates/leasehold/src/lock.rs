@@ -117,17 +117,29 @@ impl Leasehold {
         Ok(self.handle(name.try_into()?, LockKind::Exclusive))
     }
 
-    /// Holders and waiters of one lock.
+    /// Holders and waiters of one lock. Tasks of this process that wait behind another
+    /// of its tasks (see [`Lock::lock`]) are listed after the store's waiters; other
+    /// processes see only the one of them that the store queues.
     pub async fn describe<N: TryInto<LockName, Error = Error>>(
         &self,
         name: N,
     ) -> Result<LockState> {
-        self.store.describe(&name.try_into()?).await
+        let name = name.try_into()?;
+        let mut state = self.store.describe(&name).await?;
+        state.waiters.extend(self.gates.waiting(&name));
+        Ok(state)
     }
 
-    /// Locks with holders or waiters whose names start with `prefix`.
+    /// Locks with holders or waiters whose names start with `prefix` (with this
+    /// process's waiting tasks, as [`describe`](Self::describe)).
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
-        self.store.list(prefix).await
+        let mut states = self.store.list(prefix).await?;
+        for state in &mut states {
+            if let Ok(name) = LockName::try_from(state.name.as_str()) {
+                state.waiters.extend(self.gates.waiting(&name));
+            }
+        }
+        Ok(states)
     }
 
     /// Frees a lock whoever holds it; the holders' guards report it lost. Returns whether
@@ -223,6 +235,12 @@ impl Lock {
 
     /// Waits as long as it takes.
     ///
+    /// Tasks of one process waiting for the same mutex (without an owner id) wait in the
+    /// process, behind the one of them that asks the store; a release hands the lock to
+    /// the next of them in the same store step. In fair mode this needs a store that
+    /// queues by arrival ([`Capabilities::queues_by_wait`](crate::Capabilities)): the
+    /// task handed over takes its place in the store's queue by when it arrived.
+    ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future leaves the queue and releases anything the store
     /// granted meanwhile, in the background, by acquisition id.
@@ -271,6 +289,7 @@ impl Lock {
             ttl,
             fair: self.fair,
             enqueue,
+            waited: Duration::ZERO,
             requester: (*self.requester).clone(),
         })
     }
@@ -279,7 +298,10 @@ impl Lock {
         let req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::info_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
         async {
-            let turn = if self.fair || self.kind != LockKind::Exclusive || self.owner.is_some() {
+            let gated = self.kind == LockKind::Exclusive
+                && self.owner.is_none()
+                && (!self.fair || self.store.capabilities().queues_by_wait);
+            let turn = if !gated {
                 None
             } else {
                 let until = match wait {

@@ -175,6 +175,7 @@ impl Store for MemoryStore {
             cross_process: false,
             reclaims_dead_processes: false,
             fair_by_default: false,
+            queues_by_wait: false,
         }
     }
 

@@ -50,14 +50,22 @@ async fn many_waiters_of_one_client_share_its_single_subscription() {
     let lock = locks.mutex("k").unwrap().with_fair(true);
     let holder = lock.try_lock().await.unwrap().unwrap();
     let mut waiters = Vec::new();
-    for _ in 0..16 {
-        let lock = lock.clone();
+    for i in 0..16 {
+        // Each its own owner, so each is queued in the store rather than in the process.
+        let lock = lock.clone().with_owner(format!("waiter-{i}"));
         waiters.push(tokio::spawn(async move {
             lock.lock().await.unwrap().release().await.unwrap()
         }));
     }
-    eventually("16 queued waiters", || async {
-        locks.describe("k").await.unwrap().waiters.len() == 16
+    eventually("16 waiters queued in the store", || async {
+        locks
+            .store()
+            .describe(&"k".try_into().unwrap())
+            .await
+            .unwrap()
+            .waiters
+            .len()
+            == 16
     })
     .await;
     let clients = server.cli(&["CLIENT", "LIST"]);
@@ -105,4 +113,53 @@ async fn a_grant_that_arrives_after_its_deadline_is_confirmed_before_it_is_retur
     assert!(guard.check().is_ok(), "returned already lost");
     assert!(guard.valid_until() > Instant::now());
     guard.release().await.unwrap();
+}
+
+/// Tasks of one process wait for a fair lock in the process, behind the one of them that
+/// the store queues; one handed the lock over still keeps the place its arrival gives it
+/// among other processes' waiters: the order is the order of arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
+    let server = RedisServer::start();
+    let (here, elsewhere) = (locks(&server).await, locks(&server).await);
+    let lock = |locks: &Leasehold| locks.mutex("k").unwrap().with_fair(true);
+    let holder = lock(&here).try_lock().await.unwrap().unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (i, (who, locks)) in [
+        ("here-1", &here),
+        ("elsewhere", &elsewhere),
+        ("here-2", &here),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (lock, order) = (lock(locks), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            order.lock().unwrap().push(who);
+            guard.release().await.unwrap();
+        }));
+        eventually("the waiter to arrive", || async {
+            here.describe("k").await.unwrap().waiters.len() == i + 1
+        })
+        .await;
+        // Arrival is measured in milliseconds, on the server's clock for the store's
+        // queue and on this process's for its own: keep the arrivals apart by more than
+        // that precision and the time a request takes to reach the server.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let queued = here
+        .store()
+        .describe(&"k".try_into().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        queued.waiters.len(),
+        1,
+        "only one of this process's tasks is in the store's queue"
+    );
+    holder.release().await.unwrap();
+    leasehold::conformance::join_all("every waiter", waiters).await;
+    assert_eq!(*order.lock().unwrap(), ["here-1", "elsewhere", "here-2"]);
 }

@@ -1697,6 +1697,7 @@ impl Store for EtcdStore {
             cross_process: true,
             reclaims_dead_processes: false,
             fair_by_default: true,
+            queues_by_wait: false,
         }
     }
 
@@ -1799,6 +1800,7 @@ mod tests {
             ttl: Duration::from_secs(30),
             fair: true,
             enqueue: true,
+            waited: Duration::ZERO,
             requester: crate::store::Requester::this_process(),
         }
     }

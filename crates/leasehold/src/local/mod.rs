@@ -568,6 +568,7 @@ impl Store for LocalStore {
             cross_process: true,
             reclaims_dead_processes: true,
             fair_by_default: false,
+            queues_by_wait: false,
         }
     }
 

@@ -1,7 +1,8 @@
 -- Acquire. ARGV: lease, owner, kind (exclusive|shared|permit), permits, ttl ms,
 -- fair (0|1), enqueue (0|1), host, pid, client channel, wall clock ms (display only),
 -- waiter lease ms (how long a place in the queue lasts unless renewed), fresh (1: the
--- first attempt of this acquisition, so not queued; else 0).
+-- first attempt of this acquisition, so not queued; else 0); in a transfer, the hold
+-- released first, then how long (ms) the request already waited in its process.
 -- Replies: {1, token, holds, released before} when granted;
 --   {0, position, retry_in ms, 0, holder...} when busy (position 0: not queued,
 --   retry_in -1: none; holder: owner, host, pid, token, acquired ms, lease left ms,
@@ -70,13 +71,27 @@ local function before(writers)
   return n
 end
 
+-- Where a request not yet queued goes: after the waiters that arrived before it (a
+-- transfer's request may have waited in its process for a while: it keeps the place it
+-- would have had), else at the end. How many are ahead, and where its entry goes in W.
+local function place()
+  if arrived == now then return q, #W + 1 end
+  local n, s = 0, 1
+  while s <= #W do
+    local w, next = waiter_at(s)
+    if tonumber(w.a) > arrived then break end
+    n, s = n + 1, next
+  end
+  return n, s
+end
+
 -- Fair: nobody ahead, except readers let in together. Non-fair: barge, except that a
 -- reader does not pass a waiting writer (no writer starvation).
 local ahead = 0
 if kind == 'shared' then
   ahead = before(true)
 elseif fair then
-  ahead = me and before(false) or q
+  ahead = me and before(false) or (place())
 end
 
 if not blocking_holder and ahead == 0 then
@@ -104,11 +119,12 @@ if enqueue and me then
   end
   position = before(false) + 1
 elseif enqueue then
-  W = W .. mine_waiter()
+  local n, at = place()
+  W = string.sub(W, 1, at - 1) .. mine_waiter() .. string.sub(W, at)
   q = q + 1
   if m == 0 or waiter_expires < m then m = waiter_expires end
   dirty = true
-  position = q
+  position = n + 1
 end
 save()
 local reply = {0, position, retry_at - now, 0}

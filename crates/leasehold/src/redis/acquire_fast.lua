@@ -1,13 +1,17 @@
 -- Acquire, fast paths (ARGV as in acquire.lua). The new hold's entry is
 -- `mine_before .. token .. mine_after`; mine_waiter() is this request's queue entry.
 local expires, waiter_expires = now + ARGV[5], now + ARGV[12]
+-- When the request arrived: now, or as long ago as it waited in its process (ARGV[15],
+-- a transfer's; see place() in acquire.lua).
+local arrived = now
+if ARGV[15] then arrived = now - ARGV[15] end
 local mine_before = '\30' .. ARGV[1] .. '\31' .. ARGV[2] .. '\31' .. ARGV[3] .. '\31' ..
   ARGV[4] .. '\31'
 local mine_after = '\31' .. ARGV[11] .. '\31' .. ARGV[8] .. '\31' .. ARGV[9] .. '\31' ..
   expires .. '\31' .. ARGV[10]
 local function mine_waiter()
   return '\30' .. ARGV[1] .. '\31' .. ARGV[3] .. '\31' .. ARGV[6] .. '\31' .. ARGV[2] .. '\31' ..
-    ARGV[4] .. '\31' .. ARGV[8] .. '\31' .. ARGV[9] .. '\31' .. ARGV[11] .. '\31' .. ARGV[10] ..
+    ARGV[4] .. '\31' .. ARGV[8] .. '\31' .. ARGV[9] .. '\31' .. arrived .. '\31' .. ARGV[10] ..
     '\31' .. ARGV[5] .. '\31' .. ARGV[12] .. '\31' .. waiter_expires
 end
 

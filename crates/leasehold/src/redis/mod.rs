@@ -376,6 +376,7 @@ impl RedisStore {
         let script = match from {
             Some(from) => {
                 args.push(Arg::Text(&from.id.0));
+                args.push(Arg::Num(req.waited.as_millis() as u64));
                 &scripts().transfer
             }
             None => &scripts().acquire,
@@ -885,6 +886,7 @@ impl Store for RedisStore {
             cross_process: true,
             reclaims_dead_processes: false,
             fair_by_default: false,
+            queues_by_wait: true,
         }
     }
 

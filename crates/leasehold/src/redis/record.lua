@@ -15,9 +15,10 @@
 --           wall clock, for display only), n host, i pid, e expiry ms, c client channel.
 --           A holder is the holds of one owner (more than one after re-entry), which
 --           share its kind, permits, token and acquired time.
---   waiter  l lease, k kind, f fair (0|1), o owner, p permits, n host, i pid, a since
---           ms, c client channel, x lease ttl ms, y waiter lease ms, e waiter lease
---           expiry ms. In arrival order, the head first.
+--   waiter  l lease, k kind, f fair (0|1), o owner, p permits, n host, i pid, a arrived
+--           ms (server time; earlier than its request for a task that first waited in
+--           its process), c client channel, x lease ttl ms, y waiter lease ms, e waiter
+--           lease expiry ms. In arrival order, the head first.
 -- Every call and step costs in Redis's Lua, a string-to-number conversion or a format as
 -- much as a dozen steps: so holds and waiters stay strings, found by their lease, and a
 -- script parses only the entries it needs (one pattern match each), keeps fields as
