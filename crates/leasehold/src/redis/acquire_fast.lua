@@ -15,13 +15,6 @@ local function mine_waiter()
     '\31' .. ARGV[5] .. '\31' .. ARGV[12] .. '\31' .. waiter_expires
 end
 
--- Nobody holds it and nobody waits: the lock is ours at once.
-if H == '' and q == 0 then
-  H, he = mine_before .. next_token() .. mine_after, expires
-  write()
-  return {1, ts, 1, released_before}
-end
-
 -- A fair writer not yet queued (ARGV[13] says it cannot be: its first attempt; else
 -- look), held by one unexpired hold of another owner, no waiter lease ended: queue at
 -- the tail by rewriting the header and appending the entry, without reading or

@@ -68,14 +68,16 @@ struct Scripts {
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    // record.lua reads the lock (an acquire only its first KB at first, a release its
-    // first 3 KB, with the head of the queue: what their fast paths need); a fast path
-    // may answer the common case; common.lua defines the general code that the script's
-    // own file then runs.
+    // read.lua reads the lock (an acquire only its first KB at first, a release its
+    // first 3 KB, with the head of the queue); hot.lua serves the commonest calls
+    // (HOT); record.lua parses the record; a fast path may answer the common case;
+    // common.lua defines the general code that the script's own file then runs.
     macro_rules! script {
-        ($prefix:literal; $($fast:literal,)* => $($file:literal),+) => {
+        ($prefix:literal; $(hot $hot:literal;)? $($fast:literal,)* => $($file:literal),+) => {
             Script::new(concat!(
                 $prefix, "\n",
+                include_str!("read.lua"), "\n",
+                $(include_str!($hot), "\n",)?
                 include_str!("record.lua"), "\n",
                 $(include_str!($fast), "\n",)*
                 include_str!("common.lua"),
@@ -84,10 +86,10 @@ fn scripts() -> &'static Scripts {
         };
     }
     SCRIPTS.get_or_init(|| Scripts {
-        acquire: script!("local PREFIX = 1024"; "acquire_fast.lua", => "acquire.lua"),
-        transfer: script!("local PREFIX = 1024"; "transfer_fast.lua", "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
+        acquire: script!("local PREFIX, HOT = 1024, 'acquire'"; hot "hot.lua"; "acquire_fast.lua", => "acquire.lua"),
+        transfer: script!("local PREFIX, HOT = 1024, 'transfer'"; hot "hot.lua"; "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
         renew: script!("local PREFIX"; => "renew.lua"),
-        release: script!("local PREFIX = 3072"; "release_fast.lua", => "release.lua"),
+        release: script!("local PREFIX, HOT = 3072, 'release'"; hot "hot.lua"; "release_fast.lua", => "release.lua"),
         force: script!("local PREFIX"; => "force.lua"),
         held: script!("local PREFIX"; => "held.lua"),
         describe: script!("local PREFIX"; => "describe.lua"),
@@ -381,19 +383,36 @@ impl RedisStore {
             }
             None => &scripts().acquire,
         };
-        let reply: Vec<Value> = self.run(script, &req.name, &args).await?;
-        let released = match reply.last().map(int) {
-            Some(1) => Released::Released,
-            _ => Released::NotHeld,
+        let reply: Value = self.run(script, &req.name, &args).await?;
+        // A grant by hot.lua is its token alone: one hold, and a transfer's hold was held.
+        let (granted, released, reply) = match reply {
+            Value::Int(token) => {
+                let released = from.map_or(Released::NotHeld, |_| Released::Released);
+                (Some((token, 1)), released, Vec::new())
+            }
+            Value::Array(reply) => {
+                let released = match reply.last().map(int) {
+                    Some(1) => Released::Released,
+                    _ => Released::NotHeld,
+                };
+                let granted = (reply.first().map(int) == Some(1) && reply.len() >= 4)
+                    .then(|| (int(&reply[1]), int(&reply[2])));
+                (granted, released, reply)
+            }
+            other => {
+                return Err(Error::Internal(format!(
+                    "unexpected reply from the acquire script: {other:?}"
+                )))
+            }
         };
-        if reply.first().map(int) == Some(1) && reply.len() >= 4 {
+        if let Some((token, holds)) = granted {
             self.inner.waiters.forget(lease);
             // Not on enough replicas (a failover could lose it): the error makes the
             // caller undo the acquisition by its id.
             self.replicated(&req.name).await?;
             let grant = Grant {
-                token: FencingToken(int(&reply[1]) as u64),
-                holds: int(&reply[2]) as u32,
+                token: FencingToken(token as u64),
+                holds: holds as u32,
                 lease: None,
             };
             return Ok((released, Attempt::Granted(grant)));

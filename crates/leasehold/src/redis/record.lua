@@ -1,4 +1,4 @@
--- The head of every leasehold script: reads the lock. A lock is one key, KEYS[1] =
+-- The lock's record, parsed, and what every script does with it. A lock is one key, KEYS[1] =
 -- lh:{NAME}: a string holding its holds and its queue, so a script reads it once (GET,
 -- or GETRANGE of its start) and writes it once (SET, or SETRANGE and APPEND of the
 -- parts it changes), one atomic step in one cluster slot.
@@ -25,11 +25,6 @@
 -- strings and converts only the numbers it computes with.
 -- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them.
 
-local key = KEYS[1]
-local clock = redis.call('TIME')
--- Milliseconds since the epoch.
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-
 local function pack_hold(h)
   return '\30' .. h.l .. '\31' .. h.o .. '\31' .. h.k .. '\31' .. h.p .. '\31' .. h.t .. '\31' ..
     h.a .. '\31' .. h.n .. '\31' .. h.i .. '\31' .. h.e .. '\31' .. h.c
@@ -43,24 +38,11 @@ end
 -- ts: the last token, as written; the other header fields as numbers. W, the queue, is
 -- taken out of `raw` (from `w0`, after `skip` bytes of waiters already served) by
 -- common.lua: a fast path has no need to, and every new string costs Lua a pass over
--- all its bytes (hashing), which counts for a queue. With PREFIX (set by the script
--- before this file), only that many bytes are read at first (header, holds, the head of
--- the queue); whole() reads the rest when needed.
+-- all its bytes (hashing), which counts for a queue.
 local ts, q, m, he, skip, H, W, w0 = '0', 0, 0, 0, 0, '', '', 1
 local dirty = false
 -- Whether the header read has the fixed width that header() writes.
 local fixed = false
-local raw
-if PREFIX then
-  raw = redis.call('GETRANGE', key, 0, PREFIX - 1)
-  if raw == '' then raw = nil end
-else
-  raw = redis.call('GET', key)
-end
-local complete = not PREFIX or not raw or #raw < PREFIX
-local function whole()
-  if not complete then raw, complete = redis.call('GET', key), true end
-end
 if raw then
   local qs, ms, hs, ks, i
   ts, qs, ms, hs, ks, i = string.match(raw,

@@ -1,11 +1,6 @@
--- Release, fast paths, when ours is the only hold (unexpired) and no waiter's lease can
--- have ended.
-if only_hold(ARGV[1]) and (q == 0 or m > now) and not dirty then
-  if q == 0 then
-    H, he = '', 0
-    write()
-    return 1
-  end
+-- Release, fast path, when ours is the only hold (unexpired), waiters are queued and no
+-- waiter's lease can have ended (with nobody waiting, hot.lua served it).
+if only_hold(ARGV[1]) and q > 0 and m > now and not dirty then
   -- The head of the queue is a fair writer: hand the lock over, as hand_over in
   -- common.lua would. Its entry must be whole in what was read.
   local head = w0 + skip

@@ -1,0 +1,21 @@
+-- The head of every leasehold script: the server's time, and the lock's record (format
+-- in record.lua), read once. Scripts with a hot path (hot.lua) take it next; the record
+-- is parsed after (record.lua).
+
+local key = KEYS[1]
+local clock = redis.call('TIME')
+-- Milliseconds since the epoch.
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+-- With PREFIX (set by the script before this file), only that many bytes are read at
+-- first (header, holds, the head of the queue); whole() reads the rest when needed.
+local raw
+if PREFIX then
+  raw = redis.call('GETRANGE', key, 0, PREFIX - 1)
+  if raw == '' then raw = nil end
+else
+  raw = redis.call('GET', key)
+end
+local complete = not PREFIX or not raw or #raw < PREFIX
+local function whole()
+  if not complete then raw, complete = redis.call('GET', key), true end
+end
