@@ -193,9 +193,11 @@ impl Turn {
                 Pass::Turn
             }
         };
-        if let Err(unsent) = tx.send(pass) {
-            // The task gave up meanwhile: free what was handed to it, pass the turn on.
-            if let Pass::Granted(..) = unsent {
+        if tx.send(pass).is_err() {
+            // The task gave up meanwhile: take back what the store gave it (the lock, or
+            // a place in its queue, which would hold up a fair queue until its waiter
+            // lease ended), and pass the turn on.
+            if outcome.is_ok() {
                 let _ = store.release(&req.lease()).await;
             }
             gate.pass_turn();

@@ -14,8 +14,10 @@
 //!   the whole name): a string with its last fencing token, holds and queue (format in
 //!   `record.lua`). Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it,
 //!   decide and write it back: one atomic step in one hash slot, so they run unchanged on
-//!   Redis Cluster. The common cases take fast paths that read and write only the part
-//!   of the record they change (see `record.lua` and `*_fast.lua`).
+//!   Redis Cluster. The commonest calls (acquiring a free lock, releasing or handing over
+//!   the only hold with nobody waiting) run before the record is parsed (`hot.lua`);
+//!   other common cases take fast paths that read and write only the part of the record
+//!   they change (see `record.lua` and `*_fast.lua`).
 //! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
 //! - Fencing tokens come from a counter in the same key, which is never deleted.
 //! - Waiting: each client subscribes once, on one connection, to a channel of its own.
@@ -24,6 +26,10 @@
 //!   waiters for the free permits), naming their acquisitions; the client wakes exactly
 //!   those. A lost message costs at most the holder's remaining lease: waiters also
 //!   retry when it ends.
+//! - Tasks of one process waiting for one mutex wait in the process behind the one of
+//!   them in the queue; a release hands the lock to the next in the same script. A fair
+//!   task handed over takes its place in the queue by when it arrived in its process
+//!   (entries record arrival on the server's clock), so FIFO holds across processes.
 //!
 //! # Guarantees and limits
 //! - One Redis server is one point of truth. With replicas, a failover to a replica that
