@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use tokio::time::{timeout_at, Instant};
 
 use crate::store::{AcquireRequest, Attempt, Grant, Lease, Released, Store, WaiterInfo};
+use crate::Locked;
 use crate::{LockName, Result};
 
 /// The gates of one [`Leasehold`](crate::Leasehold), by lock name.
@@ -23,7 +24,7 @@ pub(crate) struct Gates(Mutex<HashMap<LockName, Arc<Gate>>>);
 
 impl Gates {
     pub fn gate(&self, name: &LockName) -> Arc<Gate> {
-        let mut gates = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gates = self.0.locked();
         if gates.len() > 1024 {
             gates.retain(|_, gate| Arc::strong_count(gate) > 1);
         }
@@ -32,16 +33,10 @@ impl Gates {
 
     /// The tasks waiting at the gate of `name`, in arrival order (for `describe`).
     pub fn waiting(&self, name: &LockName) -> Vec<WaiterInfo> {
-        let Some(gate) = self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned()
-        else {
+        let Some(gate) = self.0.locked().get(name).cloned() else {
             return Vec::new();
         };
-        let state = gate.0.lock().unwrap_or_else(|e| e.into_inner());
+        let state = gate.0.locked();
         let now = (SystemTime::now(), Instant::now());
         state
             .queue
@@ -107,7 +102,7 @@ impl Gate {
         until: Until,
     ) -> Option<(Turn, Option<(Grant, Instant)>)> {
         let pass = {
-            let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.0.locked();
             if !state.busy {
                 state.busy = true;
                 return Some((Turn(Some(self.clone())), None));
@@ -137,7 +132,7 @@ impl Gate {
 
     /// The next task still waiting, or `None` after marking the gate free.
     fn next(&self) -> Option<Waiting> {
-        let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.0.locked();
         while let Some(waiting) = state.queue.pop_front() {
             if !waiting.tx.is_closed() {
                 return Some(waiting);
@@ -166,8 +161,7 @@ impl Turn {
         };
         let waiting = gate
             .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .queue
             .iter()
             .any(|waiting| !waiting.tx.is_closed());

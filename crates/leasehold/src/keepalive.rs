@@ -9,6 +9,7 @@ use tokio::sync::{watch, Mutex};
 use tokio::time::{sleep_until, timeout_at, Instant};
 
 use crate::store::{Lease, Renewal, Store};
+use crate::Locked;
 use crate::Result;
 
 /// Clock drift allowed between the client and the store, as a fraction of the TTL.
@@ -186,7 +187,7 @@ impl Renewals {
     }
 
     fn schedule(self: &Arc<Self>, line: Weak<Lifeline>, at: Instant) {
-        let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.schedule.locked();
         s.next_id += 1;
         let id = s.next_id;
         s.due.insert((at, id), line);
@@ -209,7 +210,7 @@ impl Renewals {
     async fn drive(self: Arc<Self>) {
         loop {
             let (due, next) = {
-                let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+                let mut s = self.schedule.locked();
                 let now = Instant::now();
                 let later = s.due.split_off(&(now, u64::MAX));
                 let due = std::mem::replace(&mut s.due, later);

@@ -104,3 +104,16 @@ pub use store::{
     LockState, Released, Renewal, Requester, Store, WaiterInfo, Watermark,
 };
 pub use url::{open_store, URL_FORMS};
+
+/// [`Mutex::lock`](std::sync::Mutex::lock) that goes on after a panic in another task:
+/// every critical section here is a few assignments that leave the data whole, and a lock
+/// library must not turn one panic into a panic in every task using the same lock.
+pub(crate) trait Locked<T> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, T>;
+}
+
+impl<T> Locked<T> for std::sync::Mutex<T> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

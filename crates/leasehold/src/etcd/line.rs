@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::oneshot;
 
 use super::rpc::Watch;
+use crate::Locked;
 
 /// Deletions kept for writers that join a line after reading the queue: enough for the
 /// few revisions between a read and the join.
@@ -23,20 +24,20 @@ pub(super) struct Lines(Arc<Mutex<HashMap<Vec<u8>, Arc<Line>>>>);
 impl Lines {
     /// The line of the queue at `prefix`, if one is being watched.
     pub fn get(&self, prefix: &[u8]) -> Option<Arc<Line>> {
-        let lines = self.0.lock().unwrap();
+        let lines = self.0.locked();
         lines.get(prefix).filter(|l| !l.ended()).cloned()
     }
 
     /// A line fed by `watch`, which reports the deletions in the queue at `prefix` after
     /// revision `since`; or the line another task started meanwhile.
     pub fn start(&self, prefix: &[u8], watch: Watch, since: i64) -> Arc<Line> {
-        let mut lines = self.0.lock().unwrap();
+        let mut lines = self.0.locked();
         if let Some(line) = lines.get(prefix).filter(|l| !l.ended()) {
             return line.clone();
         }
         let line = Arc::new(Line::new(prefix, Arc::downgrade(&self.0), since));
         let reader = tokio::spawn(read(line.clone(), watch));
-        *line.reader.lock().unwrap() = Some(reader.abort_handle());
+        *line.reader.locked() = Some(reader.abort_handle());
         lines.insert(prefix.to_vec(), line.clone());
         line
     }
@@ -44,7 +45,7 @@ impl Lines {
 
 impl Drop for Lines {
     fn drop(&mut self) {
-        let lines: Vec<_> = self.0.lock().unwrap().drain().collect();
+        let lines: Vec<_> = self.0.locked().drain().collect();
         for (_, line) in lines {
             line.end();
         }
@@ -142,7 +143,7 @@ impl Line {
             }
             Joined::Over(turn)
         };
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.locked();
         if state.ended {
             return Joined::Ended;
         }
@@ -184,7 +185,7 @@ impl Line {
     }
 
     fn deleted(&self, revision: i64, key: &[u8]) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.locked();
         if state.log.len() == LOG {
             if let Some((oldest, _)) = state.log.pop_front() {
                 state.complete_after = oldest;
@@ -210,12 +211,12 @@ impl Line {
     }
 
     fn ended(&self) -> bool {
-        self.state.lock().unwrap().ended
+        self.state.locked().ended
     }
 
     /// Leaves the line; the last writer to leave ends its watch.
     fn leave(&self, id: u64) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.locked();
         state.waiting.remove(&id);
         if state.waiting.is_empty() {
             drop(state);
@@ -226,15 +227,15 @@ impl Line {
     /// Ends the watch; writers still waiting see their wait end.
     fn end(&self) {
         {
-            let mut state = self.state.lock().unwrap();
+            let mut state = self.state.locked();
             state.ended = true;
             state.waiting.clear();
         }
-        if let Some(reader) = self.reader.lock().unwrap().take() {
+        if let Some(reader) = self.reader.locked().take() {
             reader.abort();
         }
         if let Some(lines) = self.lines.upgrade() {
-            let mut lines = lines.lock().unwrap();
+            let mut lines = lines.locked();
             if lines
                 .get(&self.prefix)
                 .is_some_and(|l| std::ptr::eq(&**l, self))

@@ -88,6 +88,7 @@ use crate::store::{
     busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId,
     LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
+use crate::Locked;
 use crate::{Error, FencingToken, LockName, Result};
 use line::{Joined, Lines, Turn};
 use rpc::{
@@ -560,7 +561,7 @@ impl EtcdStore {
         let now = Instant::now();
         let mut stale = Vec::new();
         let spare = {
-            let mut spare = self.inner.spare.lock().unwrap();
+            let mut spare = self.inner.spare.locked();
             let list = spare.entry(seconds).or_default();
             let mut found = None;
             while let Some(lease) = list.pop() {
@@ -609,7 +610,7 @@ impl EtcdStore {
     /// Keeps `lease` for the next acquisition.
     fn spare(&self, lease: EtcdLease) {
         if lease.ours && lease.alive_until > Instant::now() {
-            let mut spare = self.inner.spare.lock().unwrap();
+            let mut spare = self.inner.spare.locked();
             let list = spare.entry(lease.asked).or_default();
             // Twice in the list, one lease would back two acquisitions.
             if !list.iter().any(|l| l.id == lease.id) {
@@ -620,7 +621,7 @@ impl EtcdStore {
 
     /// Notes whether the queue at `prefix` was found busy; returns `busy`.
     fn seen_busy(&self, prefix: &[u8], busy: bool) -> bool {
-        let mut queues = self.inner.busy_queues.lock().unwrap();
+        let mut queues = self.inner.busy_queues.locked();
         if !busy {
             queues.remove(prefix);
         } else if !queues.contains(prefix) {
@@ -683,19 +684,18 @@ impl EtcdStore {
     // --- acquisitions -----------------------------------------------------------------
 
     fn acquisition(&self, id: &LeaseId) -> Option<Acquisition> {
-        self.inner.acquisitions.lock().unwrap().get(id).cloned()
+        self.inner.acquisitions.locked().get(id).cloned()
     }
 
     fn record(&self, id: &LeaseId, acquisition: Acquisition) {
         self.inner
             .acquisitions
-            .lock()
-            .unwrap()
+            .locked()
             .insert(id.clone(), acquisition);
     }
 
     fn forget(&self, id: &LeaseId) -> Option<Acquisition> {
-        self.inner.acquisitions.lock().unwrap().remove(id)
+        self.inner.acquisitions.locked().remove(id)
     }
 
     /// The queue key holding acquisition `id` of `name`, found by reading the queue (for
@@ -775,7 +775,7 @@ impl EtcdStore {
             // else join it: in the same Txn where the queue was busy last time, else in a
             // second one. etcd takes about 35 µs longer over a Txn that carries the nested
             // join, which an uncontended lock would pay on every acquire.
-            let join = match self.inner.busy_queues.lock().unwrap().contains(&prefix) {
+            let join = match self.inner.busy_queues.locked().contains(&prefix) {
                 true => vec![Op::Txn(Box::new(join))],
                 false => Vec::new(),
             };
@@ -1739,7 +1739,7 @@ impl EtcdStore {
     }
 
     fn set_lease(&self, id: &LeaseId, lease: EtcdLease, modified: Option<i64>) {
-        if let Some(a) = self.inner.acquisitions.lock().unwrap().get_mut(id) {
+        if let Some(a) = self.inner.acquisitions.locked().get_mut(id) {
             a.lease = Some(lease);
             if let (Some(revision), State::Held { modified, .. }) = (modified, &mut a.state) {
                 *modified = revision;

@@ -16,6 +16,8 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status, Streaming};
+
+use crate::Locked;
 use tonic_prost::ProstCodec;
 
 /// How long one call to one member may take before the next member is tried: a paused
@@ -546,7 +548,7 @@ impl Client {
                         reader: Mutex::new(None),
                     });
                     let reader = tokio::spawn(route(stream.clone(), answers));
-                    *stream.reader.lock().unwrap() = Some(reader.abort_handle());
+                    *stream.reader.locked() = Some(reader.abort_handle());
                     *open = Some(stream.clone());
                     stream
                 }
@@ -610,7 +612,7 @@ impl Client {
                     if status.code() == Code::Unauthenticated && self.credentials.is_some() =>
                 {
                     // An expired or foreign token: authenticate again, once, on this member.
-                    *member.token.lock().unwrap() = None;
+                    *member.token.locked() = None;
                     return call(member).await;
                 }
                 Err(status) => return Err(status),
@@ -621,7 +623,7 @@ impl Client {
 
     async fn grpc(&self, member: &Member) -> Result<tonic::client::Grpc<Channel>, Status> {
         if let Some((name, password)) = &self.credentials {
-            if member.token.lock().unwrap().is_none() {
+            if member.token.locked().is_none() {
                 let mut grpc = tonic::client::Grpc::new(member.channel.clone());
                 grpc.ready().await.map_err(transport_status)?;
                 let answer: AuthenticateResponse = grpc
@@ -639,7 +641,7 @@ impl Client {
                     .token
                     .parse()
                     .map_err(|_| Status::unauthenticated("etcd sent an unusable auth token"))?;
-                *member.token.lock().unwrap() = Some(token);
+                *member.token.locked() = Some(token);
             }
         }
         let mut grpc = tonic::client::Grpc::new(member.channel.clone());
@@ -648,7 +650,7 @@ impl Client {
     }
 
     fn authorized<T>(&self, member: &Member, mut request: Request<T>) -> Request<T> {
-        if let Some(token) = member.token.lock().unwrap().clone() {
+        if let Some(token) = member.token.locked().clone() {
             request.metadata_mut().insert("token", token);
         }
         request
@@ -720,7 +722,7 @@ struct Routes {
 impl WatchStream {
     /// Sends a create on this stream; `false` if the stream has ended.
     fn add(&self, create: &WatchRequest, sender: &mpsc::UnboundedSender<WatchResponse>) -> bool {
-        let mut routes = self.routes.lock().unwrap();
+        let mut routes = self.routes.locked();
         // Under the lock, so creates are sent in the order of `pending`.
         if routes.ended || self.requests.send(create.clone()).is_err() {
             return false;
@@ -730,7 +732,7 @@ impl WatchStream {
     }
 
     fn deliver(&self, answer: WatchResponse) {
-        let mut routes = self.routes.lock().unwrap();
+        let mut routes = self.routes.locked();
         let id = answer.watch_id;
         if answer.created {
             let Some(sender) = routes.pending.pop_front() else {
@@ -765,11 +767,11 @@ impl WatchStream {
 
     /// Ends every watch on this stream (their receivers see the end) and the stream.
     fn end(&self) {
-        let mut routes = self.routes.lock().unwrap();
+        let mut routes = self.routes.locked();
         routes.ended = true;
         routes.pending.clear();
         routes.by_id.clear();
-        if let Some(reader) = self.reader.lock().unwrap().take() {
+        if let Some(reader) = self.reader.locked().take() {
             reader.abort();
         }
     }
@@ -806,7 +808,7 @@ impl Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         let Some(id) = self.id else { return };
-        let mut routes = self.stream.routes.lock().unwrap();
+        let mut routes = self.stream.routes.locked();
         if routes.by_id.remove(&id).is_some() {
             self.stream.cancel(id);
         }

@@ -42,6 +42,7 @@ use crate::store::{
     busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal,
     Store, Watermark,
 };
+use crate::Locked;
 use crate::{sys, Error, LockName, Result};
 
 /// The local store. Cheap to clone.
@@ -111,12 +112,12 @@ struct Snapshot {
 
 impl Wakers {
     fn get(&self, file: &OsString) -> Arc<Watched> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.0.locked();
         map.entry(file.clone()).or_default().clone()
     }
 
     fn wake(&self, file: Option<&OsString>) {
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.0.locked();
         match file {
             Some(file) => map.get(file).iter().for_each(|w| w.changed()),
             // Queue overflow: we do not know what changed.
@@ -231,7 +232,7 @@ impl LocalStore {
     }
 
     fn lock_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
-        let mut files = self.inner.files.lock().unwrap_or_else(|e| e.into_inner());
+        let mut files = self.inner.files.locked();
         if let Some(f) = files.get(name) {
             return Ok(f.clone());
         }

@@ -60,6 +60,7 @@ use crate::store::{
     busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LockKind,
     LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
+use crate::Locked;
 use crate::{Error, FencingToken, LockName, Result};
 
 struct Scripts {
@@ -152,7 +153,7 @@ struct Slot {
 
 impl Waiters {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.locked()
     }
     fn register(&self, lease: &str) -> Arc<Slot> {
         self.map().entry(lease.to_string()).or_default().clone()
@@ -181,7 +182,7 @@ impl Waiters {
         };
         if let Some(slot) = self.map().get(lease) {
             if token.is_some() {
-                *slot.granted.lock().unwrap_or_else(|e| e.into_inner()) = token;
+                *slot.granted.locked() = token;
             }
             slot.wake.notify_one();
         }
@@ -808,11 +809,7 @@ impl Store for RedisStore {
         // A message naming this acquisition (kept if it came before we got here).
         let slot = self.inner.waiters.register(&req.lease.0);
         slot.wake.notified().await;
-        let token = slot
-            .granted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let token = slot.granted.locked().take();
         if self.inner.replicas.is_some() {
             // The grant was written by another client, whose writes our WAIT does not
             // cover: come and take it (rewriting it), then wait for the replicas.
