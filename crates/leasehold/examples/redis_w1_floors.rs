@@ -104,8 +104,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = args
         .next()
         .unwrap_or_else(|| "redis://127.0.0.1:6379/0".into());
-    let cycles: usize = args.next().map_or(Ok(5000), |s| s.parse())?;
-    let rounds: usize = args.next().map_or(Ok(8), |s| s.parse())?.max(1);
+    let mut count = |what: &str, default: usize| -> Result<usize, String> {
+        args.next().map_or(Ok(default), |s| {
+            s.parse()
+                .map_err(|_| format!("{what}: expected a whole number, got {s:?}"))
+        })
+    };
+    let cycles = count("cycles per round", 5000)?;
+    let rounds = count("rounds", 8)?;
+    if cycles == 0 || rounds == 0 {
+        return Err("cycles per round and rounds must be at least 1".into());
+    }
     let conn = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
