@@ -314,10 +314,11 @@ fn tls_redis_runs_commands_and_refuses_an_untrusted_server() {
     drop(server);
 }
 
-/// Every waiter and holder killed: the lock stays one key (its queue lives in the record,
-/// with the last token), and the dead holder and waiter leave it once their leases end.
+/// Every waiter and holder killed: the queue lives in the record (with the hold key as its
+/// marker and the token counter), and once the dead holder's and waiter's leases end the
+/// lock is its token counter alone, the next token one more than the dead holder's.
 #[test]
-fn a_dead_queue_leaves_only_the_record_behind() {
+fn a_dead_queue_leaves_only_the_token_counter_behind() {
     let server = RedisServer::start();
     let cli = world("redis-dead-queue", &server);
     let (holder, _) = cli.hold("holder", &["--ttl", "2s", "k"]);
@@ -325,21 +326,21 @@ fn a_dead_queue_leaves_only_the_record_behind() {
     cli.wait_waiters("k", 1);
     waiter.signal(libc::SIGKILL);
     holder.signal(libc::SIGKILL);
-    let keys = || server.cli(&["--scan", "--pattern", "lh:{k}*"]);
-    let size = || {
-        server
-            .cli(&["STRLEN", "lh:{k}"])
-            .trim()
-            .parse::<usize>()
-            .unwrap()
+    let keys = || {
+        let mut keys: Vec<String> = server
+            .cli(&["--scan", "--pattern", "lh:{k}*"])
+            .lines()
+            .map(String::from)
+            .collect();
+        keys.sort();
+        keys
     };
-    assert_eq!(keys().trim(), "lh:{k}", "one key while a waiter is queued");
-    let queued = size();
+    assert_eq!(keys(), ["lh:{k}", "lh:{k}:hold", "lh:{k}:token"]);
     wait_for("the dead holder and waiter to leave", || {
         let status = cli.status("k");
         status["holders"] == serde_json::json!([]) && status["waiters"] == serde_json::json!([])
     });
-    assert_eq!(keys().trim(), "lh:{k}");
-    assert!(size() < queued, "the record kept the dead entries");
+    assert_eq!(keys(), ["lh:{k}:token"]);
+    assert_eq!(server.cli(&["GET", "lh:{k}:token"]).trim(), "1");
     drop((holder, waiter));
 }

@@ -163,3 +163,116 @@ async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
     leasehold::conformance::join_all("every waiter", waiters).await;
     assert_eq!(*order.lock().unwrap(), ["here-1", "elsewhere", "here-2"]);
 }
+
+/// The lock's keys, sorted.
+fn keys_of(server: &RedisServer, name: &str) -> Vec<String> {
+    let mut keys: Vec<String> = server
+        .cli(&["--scan", "--pattern", &format!("lh:{{{name}}}*")])
+        .lines()
+        .map(String::from)
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server.cli(&["PTTL", key]).trim().parse().unwrap()
+}
+
+/// The key layout through a lock's life (see the store's docs): a hold with nobody
+/// waiting is the hold key alone, on Redis's own expiry; a waiter brings in the record
+/// and turns the hold key into a marker without expiry; once free, only the token counter
+/// stays. Tokens keep rising through every form, and force-release reaches a hold in
+/// either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_moves_between_its_hold_key_and_its_record_and_tokens_keep_rising() {
+    let server = RedisServer::start();
+    let (here, elsewhere) = (locks(&server).await, locks(&server).await);
+    let ttl = Duration::from_secs(30);
+    let lock = here.mutex("k").unwrap().with_ttl(ttl);
+    let (hold, token) = ("lh:{k}:hold", "lh:{k}:token");
+
+    let first = lock.try_lock().await.unwrap().expect("a free lock");
+    assert_eq!(keys_of(&server, "k"), [hold, token]);
+    let left = pttl(&server, hold);
+    assert!(left > 0 && left <= ttl.as_millis() as i64, "PTTL {left}");
+    let state = here.describe("k").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].token, first.token());
+    assert_eq!(state.last_token, first.token());
+    // Looking leaves it a hot hold.
+    assert!(pttl(&server, hold) > 0);
+
+    let other = elsewhere.mutex("k").unwrap().with_ttl(ttl);
+    let waiter = tokio::spawn(async move { other.lock().await });
+    eventually("the waiter to be queued", || async {
+        here.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    assert_eq!(keys_of(&server, "k"), ["lh:{k}", hold, token]);
+    assert_eq!(pttl(&server, hold), -1, "the marker has no expiry");
+    let state = here.describe("k").await.unwrap();
+    assert_eq!(state.holders[0].token, first.token());
+    assert!(state.holders[0].lease_left > Duration::ZERO);
+
+    let first_token = first.token();
+    first.release().await.unwrap();
+    let second = within("the waiter's grant", waiter).await.unwrap().unwrap();
+    let second_token = second.token();
+    assert!(second_token > first_token);
+    second.release().await.unwrap();
+    assert_eq!(keys_of(&server, "k"), [token]);
+    assert_eq!(here.describe("k").await.unwrap().last_token, second_token);
+
+    let third = lock.try_lock().await.unwrap().expect("free again");
+    assert!(third.token() > second_token);
+    assert_eq!(keys_of(&server, "k"), [hold, token]);
+    assert!(here.force_release("k").await.unwrap());
+    within("lost after force-release", third.lost()).await;
+    assert_eq!(keys_of(&server, "k"), [token]);
+    let fourth = elsewhere.mutex("k").unwrap().try_lock().await.unwrap();
+    let fourth = fourth.expect("forced free");
+    assert!(fourth.token() > third.token());
+    fourth.release().await.unwrap();
+}
+
+/// A lock written by the one-key layout (the record alone, no token counter) goes on
+/// from its last token, and its holds still keep others out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_key_record_keeps_its_tokens_and_its_holds() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let header = |token: u64, expires: u64| {
+        format!(
+            "{token:>20}\x1f{:>8}\x1f{:>13}\x1f{expires:>13}\x1f{:>8}\x1d",
+            0, 0, 0
+        )
+    };
+    server.cli(&["SET", "lh:{free}", &format!("{}\x1d", header(41, 0))]);
+    let guard = locks.mutex("free").unwrap().try_lock().await.unwrap();
+    assert_eq!(guard.expect("free").token().get(), 42);
+
+    let now: u64 = server
+        .cli(&["TIME"])
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let expires = (now + 60) * 1000;
+    let hold = format!(
+        "\x1eold-lease\x1fold-owner\x1fexclusive\x1f0\x1f7\x1f0\x1fold-host\x1f1\x1f{expires}\x1f"
+    );
+    server.cli(&[
+        "SET",
+        "lh:{held}",
+        &format!("{}{hold}\x1d", header(7, expires)),
+    ]);
+    let busy = locks.mutex("held").unwrap().try_lock().await.unwrap();
+    assert!(busy.is_none(), "taken past a hold in the record");
+    let state = locks.describe("held").await.unwrap();
+    assert_eq!(state.holders[0].owner, "old-owner");
+    assert!(locks.force_release("held").await.unwrap());
+    let guard = locks.mutex("held").unwrap().try_lock().await.unwrap();
+    assert_eq!(guard.expect("forced free").token().get(), 8);
+}

@@ -1,34 +1,59 @@
--- Hot paths, taken before the record is parsed: the calls a lock gets most, in the
--- fewest steps (what a script costs Redis is mostly its steps, its calls and the size of
--- its reply). HOT, set by the script: 'acquire', 'transfer' or 'release'. They serve a
--- record that is its header alone (the lock is free) or its header and one unexpired
--- hold, with nobody waiting:
---   acquire   free: the request takes it with the next token;
---   transfer  held by ARGV[14] only: released and taken by the request, as acquire;
---   release   held by ARGV[1] only: free again; reply 1.
+-- The head of every leasehold script. A lock NAME has three keys, one hash tag:
+--   KEYS[1] lh:{NAME}        the record (record.lua): holds and queue, when it has any;
+--   KEYS[2] lh:{NAME}:hold   an exclusive hold with nobody waiting and no re-entry (a
+--                            "hot" hold): LEASE \31 OWNER \31 ACQUIRED MS \31 HOST \31
+--                            PID \31 CHANNEL, expiring by Redis's own PX; or MARKER,
+--                            without expiry, while the record holds anything;
+--   KEYS[3] lh:{NAME}:token  the last fencing token while the record is empty (the record
+--                            carries it while in use and puts it back when it empties).
+--                            Never deleted, so tokens persist.
+-- The invariant: the hold key is MARKER exactly when the record is not empty. So SET NX
+-- on the hold key succeeds only when the lock is free and nobody waits, and the
+-- commonest calls are served here, as Redis's own commands, without TIME or the record:
+--   acquire   free: take it (SET NX PX), the token is INCR of the counter;
+--   transfer  hot hold of ARGV[14]: the request takes it over with the next token;
+--   release   hot hold of ARGV[1]: delete it; reply 1;
+--   renew     hot hold of ARGV[1]: PEXPIRE it; reply 1;
+--   held      hot hold of ARGV[1]: reply 1.
 -- A grant here replies with the token alone (one hold; a transfer's released hold was
--- held). Anything else goes on to the general code.
-if complete then
-  local ts, he, hold = '0', '0', ''
-  if raw then
-    ts, he, hold = string.match(raw,
-      '^ *(%d+)\31       0\31            0\31 *(%d+)\31       0\29([^\29]*)\29$')
+-- held). Anything else goes on to the record (read.lua), which takes a hot hold into the
+-- record before it changes anything (record.lua).
+
+local key, hold_key, token_key = KEYS[1], KEYS[2], KEYS[3]
+local MARKER = '\29'
+
+-- Whether the hold key is a hot hold of `lease`.
+local function hot_of(lease)
+  local value = redis.call('GET', hold_key)
+  return value and string.find(value, lease .. '\31', 1, true) == 1
+end
+
+if (HOT == 'acquire' or HOT == 'transfer') and ARGV[3] == 'exclusive' then
+  local value = ARGV[1] .. '\31' .. ARGV[2] .. '\31' .. ARGV[11] .. '\31' .. ARGV[8] .. '\31' ..
+    ARGV[9] .. '\31' .. ARGV[10]
+  local taken
+  if HOT == 'acquire' then
+    taken = redis.call('SET', hold_key, value, 'NX', 'PX', ARGV[5])
+  else
+    taken = hot_of(ARGV[14]) and redis.call('SET', hold_key, value, 'PX', ARGV[5])
   end
-  -- The lease id whose sole unexpired hold the record is, if it is one.
-  local function sole(lease)
-    return string.find(hold, '\30' .. lease .. '\31', 1, true) == 1
-      and not string.find(hold, '\30', 2, true) and tonumber(he) > now
+  if taken then
+    local t = redis.call('INCR', token_key)
+    -- A new counter beside an existing record (written before the counter existed):
+    -- undo, and let the record decide (its last token, its holds).
+    if t ~= 1 or HOT ~= 'acquire' or redis.call('EXISTS', key) == 0 then return t end
+    redis.call('DEL', hold_key, token_key)
   end
-  if ts and ((HOT == 'acquire' and hold == '') or (HOT == 'transfer' and sole(ARGV[14]))) then
-    local t, e = string.format('%d', ts + 1), now + ARGV[5]
-    redis.call('SET', key, string.format('%20s\31       0\31            0\31%13d\31       0\29', t, e)
-      .. '\30' .. ARGV[1] .. '\31' .. ARGV[2] .. '\31' .. ARGV[3] .. '\31' .. ARGV[4] .. '\31' .. t
-      .. '\31' .. ARGV[11] .. '\31' .. ARGV[8] .. '\31' .. ARGV[9] .. '\31' .. e .. '\31' .. ARGV[10]
-      .. '\29')
-    return tonumber(t)
-  end
-  if ts and HOT == 'release' and sole(ARGV[1]) then
-    redis.call('SET', key, string.format('%20s\31       0\31            0\31            0\31       0\29\29', ts))
+elseif HOT == 'release' then
+  if hot_of(ARGV[1]) then
+    redis.call('DEL', hold_key)
     return 1
   end
+elseif HOT == 'renew' then
+  if hot_of(ARGV[1]) then
+    redis.call('PEXPIRE', hold_key, ARGV[2])
+    return 1
+  end
+elseif HOT == 'held' then
+  if hot_of(ARGV[1]) then return 1 end
 end

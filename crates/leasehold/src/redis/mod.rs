@@ -10,16 +10,26 @@
 //! ```
 //!
 //! # How it works
-//! - A lock `NAME` is one key, `lh:{NAME}` (`%`, `{`, `}` escaped, so the hash tag is
-//!   the whole name): a string with its last fencing token, holds and queue (format in
-//!   `record.lua`). Scripts (`*.lua` beside this file, loaded once, EVALSHA) read it,
-//!   decide and write it back: one atomic step in one hash slot, so they run unchanged on
-//!   Redis Cluster. The commonest calls (acquiring a free lock, releasing or handing over
-//!   the only hold with nobody waiting) run before the record is parsed (`hot.lua`);
-//!   other common cases take fast paths that read and write only the part of the record
-//!   they change (see `record.lua` and `*_fast.lua`).
-//! - Leases and waiter leases expire on the server's clock (`TIME`), never a client's.
-//! - Fencing tokens come from a counter in the same key, which is never deleted.
+//! - A lock `NAME` has three keys under one hash tag, `lh:{NAME}` (`%`, `{`, `}`
+//!   escaped, so the tag is the whole name), and every script is given all three, so
+//!   scripts run unchanged on Redis Cluster:
+//!   - `lh:{NAME}:hold`: an exclusive hold with nobody waiting, as Redis's own key with
+//!     `PX` expiry; while the record below holds anything, a marker without expiry.
+//!   - `lh:{NAME}:token`: the fencing token counter (never deleted).
+//!   - `lh:{NAME}`: the record, only while the lock has waiters, re-entered holds,
+//!     readers or permits: a string with its holds and queue (format in `record.lua`).
+//!
+//!   The commonest calls (acquiring a free lock, releasing, renewing or handing over a
+//!   hold with nobody waiting) are `SET NX PX` with `INCR`, `GET` with `DEL`, and so
+//!   on, in `hot.lua`, without reading the record or the server's time. Everything
+//!   else reads the record, decides and writes it back (taking a hold from the hold key
+//!   in first); fast paths read and write only the part of the record they change (see
+//!   `record.lua` and `*_fast.lua`). Scripts are `*.lua` beside this file, loaded once,
+//!   run by EVALSHA; each is one atomic step.
+//! - Leases expire on the server's clock (`TIME`, or Redis's own key expiry), never a
+//!   client's.
+//! - Fencing tokens come from the counter key (the record carries the last token while
+//!   it exists); neither is ever lower than a token given.
 //! - Waiting: each client subscribes once, on one connection, to a channel of its own.
 //!   When a hold or a waiter goes away, the script publishes to the channels of the
 //!   waiters that may now get in (the queue head, readers behind a reading head, permit
@@ -38,6 +48,11 @@
 //! - Tokens survive a restart only if Redis persisted the key: use `appendonly yes` with
 //!   `appendfsync always` to never repeat a token after a crash (`everysec` may lose the
 //!   last second).
+//! - A hold key has an expiry, so a server evicting keys (`maxmemory-policy` other than
+//!   `noeviction`) could evict a held lock. Keep lock keys on a server that does not
+//!   evict.
+//! - Every client of one lock must use this key layout: a client of a release before it
+//!   (a lock as one key) does not see holds in the hold key.
 //! - A client that cannot reach Redis stops being able to renew: its guards fire `lost`
 //!   at their safe deadline. When Redis answers again within that deadline, renewal
 //!   resumes.
@@ -75,16 +90,16 @@ struct Scripts {
 
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    // read.lua reads the lock (an acquire only its first KB at first, a release its
-    // first 3 KB, with the head of the queue); hot.lua serves the commonest calls
-    // (HOT); record.lua parses the record; a fast path may answer the common case;
+    // hot.lua serves the commonest calls (HOT) from the hold key; read.lua reads the
+    // record (an acquire only its first KB at first, a release its first 3 KB, with the
+    // head of the queue); record.lua parses it; a fast path may answer the common case;
     // common.lua defines the general code that the script's own file then runs.
     macro_rules! script {
-        ($prefix:literal; $(hot $hot:literal;)? $($fast:literal,)* => $($file:literal),+) => {
+        ($prefix:literal; $($fast:literal,)* => $($file:literal),+) => {
             Script::new(concat!(
                 $prefix, "\n",
+                include_str!("hot.lua"), "\n",
                 include_str!("read.lua"), "\n",
-                $(include_str!($hot), "\n",)?
                 include_str!("record.lua"), "\n",
                 $(include_str!($fast), "\n",)*
                 include_str!("common.lua"),
@@ -93,13 +108,13 @@ fn scripts() -> &'static Scripts {
         };
     }
     SCRIPTS.get_or_init(|| Scripts {
-        acquire: script!("local PREFIX, HOT = 1024, 'acquire'"; hot "hot.lua"; "acquire_fast.lua", => "acquire.lua"),
-        transfer: script!("local PREFIX, HOT = 1024, 'transfer'"; hot "hot.lua"; "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
-        renew: script!("local PREFIX"; => "renew.lua"),
-        release: script!("local PREFIX, HOT = 3072, 'release'"; hot "hot.lua"; "release_fast.lua", => "release.lua"),
-        force: script!("local PREFIX"; => "force.lua"),
-        held: script!("local PREFIX"; => "held.lua"),
-        describe: script!("local PREFIX"; => "describe.lua"),
+        acquire: script!("local PREFIX, HOT = 1024, 'acquire'"; "acquire_fast.lua", => "acquire.lua"),
+        transfer: script!("local PREFIX, HOT = 1024, 'transfer'"; "acquire_fast.lua", => "transfer.lua", "acquire.lua"),
+        renew: script!("local PREFIX, HOT = nil, 'renew'"; => "renew.lua"),
+        release: script!("local PREFIX, HOT = 3072, 'release'"; "release_fast.lua", => "release.lua"),
+        force: script!("local PREFIX, HOT"; => "force.lua"),
+        held: script!("local PREFIX, HOT = nil, 'held'"; => "held.lua"),
+        describe: script!("local PREFIX, HOT"; => "describe.lua"),
     })
 }
 
@@ -263,7 +278,8 @@ fn cluster_nodes(url: &str) -> Option<std::result::Result<(String, Vec<String>),
     Some(Ok((prefix, nodes)))
 }
 
-/// `lh:{NAME}` with `%`, `{` and `}` escaped, so the whole name is the hash tag.
+/// `lh:{NAME}` with `%`, `{` and `}` escaped, so the whole name is the hash tag: the
+/// lock's record. Its hold key and token counter add `:hold` and `:token` (see hot.lua).
 fn key(name: &LockName) -> String {
     format!("lh:{{{}}}", key_escape(name.as_str()))
 }
@@ -482,11 +498,14 @@ impl RedisStore {
         // EVALSHA built here rather than through redis::ScriptInvocation, which copies
         // every argument twice: this is the hot path of every lock call.
         let command = |resent: bool| {
-            let mut cmd = redis::Cmd::with_capacity(args.len() + 4, 512);
+            let mut cmd = redis::Cmd::with_capacity(args.len() + 6, 512);
+            let record = key(name);
             cmd.arg("EVALSHA")
                 .arg(script.get_hash())
-                .arg(1)
-                .arg(key(name));
+                .arg(3)
+                .arg(&record)
+                .arg(format!("{record}:hold"))
+                .arg(format!("{record}:token"));
             for arg in args {
                 match arg {
                     Arg::Num(n) => cmd.arg(*n),
@@ -891,11 +910,16 @@ impl Store for RedisStore {
         }
         pattern.push('*');
         let keys = self.scan(&pattern).await?;
-        let names = keys.iter().filter_map(|k| {
-            let name = k.strip_prefix("lh:{")?.strip_suffix('}')?;
-            LockName::new(key_unescape(name)).ok()
-        });
-        busy_states(self, names.collect()).await
+        // A lock in use has its record or its hold key (`}` ends the tag: names escape it).
+        let names: std::collections::BTreeSet<_> = keys
+            .iter()
+            .filter_map(|k| {
+                let tagged = k.strip_prefix("lh:{")?;
+                let name = (tagged.strip_suffix('}')).or_else(|| tagged.strip_suffix("}:hold"))?;
+                LockName::new(key_unescape(name)).ok()
+            })
+            .collect();
+        busy_states(self, names.into_iter().collect()).await
     }
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {

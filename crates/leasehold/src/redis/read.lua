@@ -1,8 +1,6 @@
--- The head of every leasehold script: the server's time, and the lock's record (format
--- in record.lua), read once. Scripts with a hot path (hot.lua) take it next; the record
--- is parsed after (record.lua).
+-- After hot.lua: the server's time, and the lock's record (format in record.lua), read
+-- once; record.lua parses it.
 
-local key = KEYS[1]
 local clock = redis.call('TIME')
 -- Milliseconds since the epoch.
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)

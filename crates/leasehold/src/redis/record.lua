@@ -1,16 +1,19 @@
--- The lock's record, parsed, and what every script does with it. A lock is one key, KEYS[1] =
--- lh:{NAME}: a string holding its holds and its queue, so a script reads it once (GET,
--- or GETRANGE of its start) and writes it once (SET, or SETRANGE and APPEND of the
--- parts it changes), one atomic step in one cluster slot.
+-- The lock's record, parsed, and what every script does with it. The record, KEYS[1] =
+-- lh:{NAME}, is a string holding the lock's holds and its queue, so a script reads it
+-- once (GET, or GETRANGE of its start) and writes it once (SET, or SETRANGE and APPEND
+-- of the parts it changes), one atomic step in one cluster slot. It exists only while
+-- it holds anything; a free lock is its token counter, and an exclusive hold with
+-- nobody waiting is the hold key alone (see hot.lua, and take_hot_hold below).
 --
 -- The record: HEADER \29 HOLDS \29 WAITERS. Fields are separated by \31 (owner ids hold
 -- no control characters; the client replaces \29-\31 in the other strings); each hold
 -- and each waiter starts with \30.
---   HEADER  t last fencing token (never decreases; the key is never deleted, so tokens
---           persist), q waiters queued, m and he: no waiter lease (m) or hold (he) ends
---           before this, in ms (lower bounds, 0 when there is none: expired entries are
---           looked for only when one can be), skip: how many bytes at the start of
---           WAITERS are waiters already served (see release_fast.lua)
+--   HEADER  t last fencing token (never decreases; while the record exists it has the
+--           last token, and it gives it back to the counter key when it goes), q waiters
+--           queued, m and he: no waiter lease (m) or hold (he) ends before this, in ms
+--           (lower bounds, 0 when there is none: expired entries are looked for only
+--           when one can be), skip: how many bytes at the start of WAITERS are waiters
+--           already served (see release_fast.lua)
 --   hold    l lease, o owner, k kind, p permits, t token, a acquired ms (the client's
 --           wall clock, for display only), n host, i pid, e expiry ms, c client channel.
 --           A holder is the holds of one owner (more than one after re-entry), which
@@ -70,6 +73,26 @@ if raw then
     end
   end
 end
+-- What the hold key holds: MARKER while the record is not empty (so it is not read
+-- then). With an empty record it may be a hot hold: taken into H here, as a hold like
+-- any other, and the record and MARKER are written only if the script writes (so a
+-- look at a hot hold leaves it hot). The counter has the last token then.
+local hold_value = MARKER
+if H == '' and q == 0 then
+  local got = redis.call('MGET', hold_key, token_key)
+  hold_value = got[1]
+  if got[2] and tonumber(got[2]) > tonumber(ts) then ts = got[2] end
+  if hold_value and hold_value ~= MARKER then
+    local l, o, a, n, pid, c = string.match(hold_value,
+      '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(.*)$')
+    he = now + redis.call('PTTL', hold_key)
+    H = pack_hold({l = l, o = o, k = 'exclusive', p = '1', t = ts, a = a, n = n, i = pid,
+                   e = he, c = c})
+    -- Not as stored: the fast paths, which change the stored record in place, stay off.
+    fixed = false
+  end
+end
+
 -- A hold or a waiter went away: the queue may move.
 local bumped = false
 -- Set by transfer when the hold it hands over was still held; ends acquire replies.
@@ -81,10 +104,22 @@ local function header()
   return string.format('%20s\31%8s\31%13s\31%13s\31%8s\29', ts, q, m, he, skip)
 end
 
--- Writes the whole record (W, the queue, without the waiters already served).
+-- Writes the whole record (W, the queue, without the waiters already served), and keeps
+-- the hold key to it: MARKER while the record holds anything. An empty record goes,
+-- with the hold key, and gives its last token back to the counter.
 local function write()
   skip = 0
-  redis.call('SET', key, header() .. H .. '\29' .. W)
+  if H == '' and q == 0 then
+    redis.call('DEL', key, hold_key)
+    redis.call('SET', token_key, ts)
+    hold_value = false
+  else
+    redis.call('SET', key, header() .. H .. '\29' .. W)
+    if hold_value ~= MARKER then
+      redis.call('SET', hold_key, MARKER)
+      hold_value = MARKER
+    end
+  end
 end
 
 -- Whether the only hold is `lease`, unexpired: the common case that the fast paths
