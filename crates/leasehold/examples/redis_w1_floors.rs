@@ -1,4 +1,4 @@
-//! W1 (one worker, one key, acquire + release) on Redis: leasehold beside three floors,
+//! W1 (one worker, one key, acquire + release) on Redis: leasehold and its store beside three floors,
 //! all driven by the same loop in the same process, in alternating rounds, so their
 //! ratios do not depend on a harness's runner or on which minute of a noisy machine
 //! each one ran in.
@@ -8,6 +8,8 @@
 //!   release: a floor that also issues a fencing token;
 //! - `script`: a two-command script (`SET NX PX`, then `INCR`) returning the token, then
 //!   the same release: the least a token issued inside a script costs;
+//! - `store`: the Redis store's own `Store::acquire` and `Store::release`, without the
+//!   library above it (no guard, renewal or in-process queue): what the store costs;
 //! - `leasehold`: `Lock::try_lock` and `LockGuard::release` on the Redis store.
 //!
 //! ```text
@@ -23,7 +25,7 @@ use redis::aio::MultiplexedConnection;
 const RELEASE: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
 const TOKEN_ACQUIRE: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('incr', KEYS[2]) end return 0";
-const MODES: [&str; 4] = ["floor", "multi", "script", "leasehold"];
+const MODES: [&str; 5] = ["floor", "multi", "script", "store", "leasehold"];
 
 /// Cycles per second of one mode for `cycles` cycles on a key of its own.
 async fn run(
@@ -42,6 +44,26 @@ async fn run(
     let lock = locks.mutex(tag.as_str())?.with_ttl(Duration::from_secs(30));
     let started = Instant::now();
     for i in 0..cycles {
+        if mode == "store" {
+            let req = leasehold::AcquireRequest {
+                name: tag.as_str().try_into()?,
+                lease: leasehold::LeaseId::random(),
+                owner: "o".into(),
+                kind: leasehold::LockKind::Exclusive,
+                ttl: Duration::from_secs(30),
+                fair: false,
+                enqueue: true,
+                waited: Duration::ZERO,
+                requester: leasehold::Requester::this_process(),
+            };
+            let store = locks.store();
+            match store.acquire(&req).await? {
+                leasehold::Attempt::Granted(_) => {}
+                _ => return Err("busy".into()),
+            }
+            store.release(&req.lease()).await?;
+            continue;
+        }
         if mode == "leasehold" {
             let guard = lock.try_lock().await?.ok_or("the lock was busy")?;
             guard.release().await?;
@@ -119,6 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .get_multiplexed_async_connection()
         .await?;
     let locks = Leasehold::connect(&url).await?;
+
     // rates[round][mode]; each round runs every mode once, in a rotating order.
     let mut rates = vec![[0.0; MODES.len()]; rounds];
     for (round, row) in rates.iter_mut().enumerate() {
