@@ -171,13 +171,18 @@ fn etcd_cluster_survives_losing_the_first_member_and_then_the_leader() {
             "echo start {i} >> log; while [ ! -e go{i} ]; do sleep 0.05; done; echo end {i} >> log"
         )
     };
+    // A renewal sent while the cluster has no leader waits on a member for up to its call
+    // timeout (3s) before the next member is tried. The CLI stops the command when the
+    // safe deadline is that near without a renewal (--grace, at most a third of the TTL):
+    // a renewal due at a third of the TTL then has 8s to succeed with a 20s TTL (two call
+    // timeouts), and under 3s with 8s.
     let run = |i: usize| {
         cli.spawn(
             &format!("run{i}"),
             &[
                 "run",
                 "--ttl",
-                "8s",
+                "20s",
                 "--wait",
                 "120s",
                 "k",
