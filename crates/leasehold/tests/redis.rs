@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use leasehold::conformance::{eventually, renews_again_after_a_restart, within};
-use leasehold::{Leasehold, RedisStore};
+use leasehold::{
+    AcquireRequest, Attempt, LeaseId, Leasehold, LockKind, LockState, RedisStore, Released,
+    Requester, Store,
+};
 use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
@@ -275,4 +278,67 @@ async fn a_one_key_record_keeps_its_tokens_and_its_holds() {
     assert!(locks.force_release("held").await.unwrap());
     let guard = locks.mutex("held").unwrap().try_lock().await.unwrap();
     assert_eq!(guard.expect("forced free").token().get(), 8);
+}
+
+/// A requester's text cannot forge a field: the record's separators are replaced by `?`
+/// wherever the store keeps them (a hold on the hold key, a hold or a waiter in the
+/// record), and every other field still reads back as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separators_in_a_requester_s_text_are_replaced_in_every_form() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let request = |owner: &str, pid: u32| AcquireRequest {
+        name: "k".try_into().unwrap(),
+        lease: LeaseId::random(),
+        owner: owner.into(),
+        kind: LockKind::Exclusive,
+        ttl: Duration::from_secs(30),
+        fair: false,
+        enqueue: true,
+        waited: Duration::ZERO,
+        requester: Requester {
+            host: "a\x1fb\x1ec\x1dd".into(),
+            pid,
+        },
+    };
+    let (first, second) = (request("first", 7), request("second", 8));
+    let Attempt::Granted(grant) = store.acquire(&first).await.unwrap() else {
+        panic!("a free lock was not granted");
+    };
+    let holder = |state: &LockState| {
+        let h = &state.holders[0];
+        (h.owner.clone(), h.host.clone(), h.pid, h.token)
+    };
+    let on_hold_key = store.describe(&first.name).await.unwrap();
+    assert_eq!(
+        holder(&on_hold_key),
+        ("first".into(), "a?b?c?d".into(), 7, grant.token)
+    );
+
+    // A waiter brings in the record, which takes the hold from the hold key.
+    assert!(matches!(
+        store.acquire(&second).await.unwrap(),
+        Attempt::Busy(_)
+    ));
+    let in_record = store.describe(&first.name).await.unwrap();
+    assert_eq!(holder(&in_record), holder(&on_hold_key));
+    let waiter = &in_record.waiters[0];
+    assert_eq!(
+        (waiter.owner.as_str(), waiter.host.as_str(), waiter.pid),
+        ("second", "a?b?c?d", 8)
+    );
+
+    assert_eq!(
+        store.release(&first.lease()).await.unwrap(),
+        Released::Released
+    );
+    let Attempt::Granted(next) = store.acquire(&second).await.unwrap() else {
+        panic!("the waiter was not granted the released lock");
+    };
+    assert!(next.token > grant.token);
+    let state = store.describe(&first.name).await.unwrap();
+    assert_eq!(
+        holder(&state),
+        ("second".into(), "a?b?c?d".into(), 8, next.token)
+    );
 }

@@ -1,8 +1,9 @@
--- Acquire. ARGV: lease, owner, kind (exclusive|shared|permit), permits, ttl ms,
--- fair (0|1), enqueue (0|1), host, pid, client channel, wall clock ms (display only),
--- waiter lease ms (how long a place in the queue lasts unless renewed), fresh (1: the
--- first attempt of this acquisition, so not queued; else 0); in a transfer, the hold
--- released first, then how long (ms) the request already waited in its process.
+-- Acquire. ARGV, as hot.lua unpacks the request: lease, owner, kind
+-- (exclusive|shared|permit), permits, ttl ms, fair (0|1), enqueue (0|1), host, pid,
+-- client channel, wall clock ms (display only), waiter lease ms (how long a place in the
+-- queue lasts unless renewed), fresh (1: the first attempt of this acquisition, so not
+-- queued; else 0); in a transfer, the hold released first, then how long (ms) the
+-- request already waited in its process.
 -- Replies: {1, token, holds, released before} when granted;
 --   {0, position, retry_in ms, 0, holder...} when busy (position 0: not queued,
 --   retry_in -1: none; holder: owner, host, pid, token, acquired ms, lease left ms,

@@ -11,13 +11,19 @@
 -- on the hold key succeeds only when the lock is free and nobody waits, and the
 -- commonest calls are served here, as Redis's own commands, without TIME or the record:
 --   acquire   free: take it (SET NX PX), the token is INCR of the counter;
---   transfer  hot hold of ARGV[14]: the request takes it over with the next token;
+--   transfer  hot hold of ARGV[4]: the request takes it over with the next token;
 --   release   hot hold of ARGV[1]: delete it; reply 1;
 --   renew     hot hold of ARGV[1]: PEXPIRE it; reply 1;
 --   held      hot hold of ARGV[1]: reply 1.
 -- A grant here replies with the token alone (one hold; a transfer's released hold was
 -- held). Anything else goes on to the record (read.lua), which takes a hot hold into the
 -- record before it changes anything (record.lua).
+--
+-- An acquire or transfer comes as few arguments (each one costs the call time): ARGV[1]
+-- the hot hold's value as above, ARGV[2] ttl ms, ARGV[3] KIND \31 PERMITS \31 FAIR \31
+-- ENQUEUE \31 WAITER LEASE MS \31 FRESH; a transfer adds ARGV[4] the hold it releases
+-- and ARGV[5] how long (ms) the request waited in its process. The code after this file
+-- reads them unpacked, by the positions acquire.lua lists.
 
 local key, hold_key, token_key = KEYS[1], KEYS[2], KEYS[3]
 local MARKER = '\29'
@@ -28,14 +34,12 @@ local function hot_of(lease)
   return value and string.find(value, lease .. '\31', 1, true) == 1
 end
 
-if (HOT == 'acquire' or HOT == 'transfer') and ARGV[3] == 'exclusive' then
-  local value = ARGV[1] .. '\31' .. ARGV[2] .. '\31' .. ARGV[11] .. '\31' .. ARGV[8] .. '\31' ..
-    ARGV[9] .. '\31' .. ARGV[10]
+if (HOT == 'acquire' or HOT == 'transfer') and string.sub(ARGV[3], 1, 10) == 'exclusive\31' then
   local taken
   if HOT == 'acquire' then
-    taken = redis.call('SET', hold_key, value, 'NX', 'PX', ARGV[5])
+    taken = redis.call('SET', hold_key, ARGV[1], 'NX', 'PX', ARGV[2])
   else
-    taken = hot_of(ARGV[14]) and redis.call('SET', hold_key, value, 'PX', ARGV[5])
+    taken = hot_of(ARGV[4]) and redis.call('SET', hold_key, ARGV[1], 'PX', ARGV[2])
   end
   if taken then
     local t = redis.call('INCR', token_key)
@@ -56,4 +60,17 @@ elseif HOT == 'renew' then
   end
 elseif HOT == 'held' then
   if hot_of(ARGV[1]) then return 1 end
+end
+
+-- The request unpacked, for the code after this file.
+local ARGV = ARGV
+if HOT == 'acquire' or HOT == 'transfer' then
+  local function fields(packed)
+    local list = {}
+    for field in string.gmatch(packed .. '\31', '([^\31]*)\31') do list[#list + 1] = field end
+    return list
+  end
+  local hold, rest = fields(ARGV[1]), fields(ARGV[3])
+  ARGV = {hold[1], hold[2], rest[1], rest[2], ARGV[2], rest[3], rest[4], hold[4], hold[5],
+    hold[6], hold[3], rest[5], rest[6], ARGV[4], ARGV[5]}
 end

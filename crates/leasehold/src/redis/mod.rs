@@ -383,20 +383,25 @@ impl RedisStore {
             LockKind::Permit { permits } => permits,
             _ => 0,
         };
+        // Packed in three arguments (see hot.lua): the value of a hot hold, the TTL, the rest.
         let mut args = vec![
-            Arg::Text(lease),
-            Arg::Text(&req.owner),
-            Arg::Text(req.kind.word()),
-            Arg::Num(permits.into()),
+            Arg::Joined(vec![
+                Arg::Text(lease),
+                Arg::Text(&req.owner),
+                Arg::Num(wall_ms()),
+                Arg::Text(&req.requester.host),
+                Arg::Num(req.requester.pid.into()),
+                Arg::Text(&self.inner.channel),
+            ]),
             Arg::Num(req.ttl.as_millis() as u64),
-            Arg::Num(req.fair.into()),
-            Arg::Num(req.enqueue.into()),
-            Arg::Text(&req.requester.host),
-            Arg::Num(req.requester.pid.into()),
-            Arg::Text(&self.inner.channel),
-            Arg::Num(wall_ms()),
-            Arg::Num(waiter_lease(req.ttl).as_millis() as u64),
-            Arg::Fresh(first),
+            Arg::Joined(vec![
+                Arg::Text(req.kind.word()),
+                Arg::Num(permits.into()),
+                Arg::Num(req.fair.into()),
+                Arg::Num(req.enqueue.into()),
+                Arg::Num(waiter_lease(req.ttl).as_millis() as u64),
+                Arg::Fresh(first),
+            ]),
         ];
         let script = match from {
             Some(from) => {
@@ -509,12 +514,12 @@ impl RedisStore {
             for arg in args {
                 match arg {
                     Arg::Num(n) => cmd.arg(*n),
-                    Arg::Fresh(fresh) => cmd.arg(u8::from(*fresh && !resent)),
-                    // The record separates its fields with these (see record.lua).
-                    Arg::Text(s) if s.contains(['\x1d', '\x1e', '\x1f']) => {
-                        cmd.arg(s.replace(['\x1d', '\x1e', '\x1f'], "?"))
+                    Arg::Text(s) if !s.contains(SEPARATORS) => cmd.arg(*s),
+                    arg => {
+                        let mut text = String::new();
+                        arg.write(&mut text, resent);
+                        cmd.arg(text)
                     }
-                    Arg::Text(s) => cmd.arg(*s),
                 };
             }
             cmd
@@ -667,6 +672,36 @@ enum Arg<'a> {
     /// 1 if nothing was sent for this acquisition before (so it is not queued), else 0;
     /// always 0 when the call is sent again (the first send may have arrived).
     Fresh(bool),
+    /// Several in one argument, separated by \x1f.
+    Joined(Vec<Arg<'a>>),
+}
+
+/// The separators of the record's fields (see record.lua): replaced by `?` in any text
+/// sent, so no text can forge a field.
+const SEPARATORS: [char; 3] = ['\x1d', '\x1e', '\x1f'];
+
+impl Arg<'_> {
+    /// Appends the argument as the script reads it; `resent` when the call is sent again.
+    fn write(&self, out: &mut String, resent: bool) {
+        match self {
+            Arg::Text(s) => {
+                out.extend(
+                    s.chars()
+                        .map(|c| if SEPARATORS.contains(&c) { '?' } else { c }),
+                )
+            }
+            Arg::Num(n) => out.push_str(&n.to_string()),
+            Arg::Fresh(fresh) => out.push(if *fresh && !resent { '1' } else { '0' }),
+            Arg::Joined(args) => {
+                for (i, arg) in args.iter().enumerate() {
+                    if i > 0 {
+                        out.push('\x1f');
+                    }
+                    arg.write(out, resent);
+                }
+            }
+        }
+    }
 }
 
 /// Runs `cmd` (an EVALSHA of `script`), loading the script first if the server lacks it.

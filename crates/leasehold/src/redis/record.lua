@@ -3,7 +3,7 @@
 -- once (GET, or GETRANGE of its start) and writes it once (SET, or SETRANGE and APPEND
 -- of the parts it changes), one atomic step in one cluster slot. It exists only while
 -- it holds anything; a free lock is its token counter, and an exclusive hold with
--- nobody waiting is the hold key alone (see hot.lua, and take_hot_hold below).
+-- nobody waiting is the hold key alone (see hot.lua, and "What the hold key holds" below).
 --
 -- The record: HEADER \29 HOLDS \29 WAITERS. Fields are separated by \31 (owner ids hold
 -- no control characters; the client replaces \29-\31 in the other strings); each hold
@@ -86,7 +86,7 @@ if H == '' and q == 0 then
     local l, o, a, n, pid, c = string.match(hold_value,
       '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(.*)$')
     he = now + redis.call('PTTL', hold_key)
-    H = pack_hold({l = l, o = o, k = 'exclusive', p = '1', t = ts, a = a, n = n, i = pid,
+    H = pack_hold({l = l, o = o, k = 'exclusive', p = '0', t = ts, a = a, n = n, i = pid,
                    e = he, c = c})
     -- Not as stored: the fast paths, which change the stored record in place, stay off.
     fixed = false
