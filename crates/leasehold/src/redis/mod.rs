@@ -525,8 +525,10 @@ impl RedisStore {
             cmd
         };
         let mut cmd = command(false);
-        // Every script is idempotent for its lease id, so a call that met a dropped
-        // connection (a server restart) is sent once more on the reconnected one.
+        // Every script is safe to repeat for its lease id, so a call that met a dropped
+        // connection (a server restart) is sent once more on the reconnected one. (A
+        // release whose first send took effect then answers "not held": the cautious
+        // answer, as the two cannot be told apart.)
         let mut sent = 0;
         loop {
             sent += 1;
