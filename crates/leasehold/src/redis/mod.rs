@@ -686,13 +686,17 @@ impl Arg<'_> {
     /// Appends the argument as the script reads it; `resent` when the call is sent again.
     fn write(&self, out: &mut String, resent: bool) {
         match self {
+            Arg::Text(s) if !s.contains(SEPARATORS) => out.push_str(s),
             Arg::Text(s) => {
                 out.extend(
                     s.chars()
                         .map(|c| if SEPARATORS.contains(&c) { '?' } else { c }),
                 )
             }
-            Arg::Num(n) => out.push_str(&n.to_string()),
+            Arg::Num(n) => {
+                use std::fmt::Write;
+                let _ = write!(out, "{n}");
+            }
             Arg::Fresh(fresh) => out.push(if *fresh && !resent { '1' } else { '0' }),
             Arg::Joined(args) => {
                 for (i, arg) in args.iter().enumerate() {
