@@ -54,7 +54,7 @@ async fn run(
                 fair: false,
                 enqueue: true,
                 waited: Duration::ZERO,
-                requester: leasehold::Requester::this_process(),
+                requester: std::sync::Arc::new(leasehold::Requester::this_process()),
             };
             let store = locks.store();
             match store.acquire(&req).await? {

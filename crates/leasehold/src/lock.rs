@@ -279,7 +279,8 @@ impl Lock {
                 check_owner(owner)?;
                 owner.clone()
             }
-            None => LeaseId::random().0,
+            // Unique to this acquisition, so it cannot re-enter another.
+            None => crate::store::random_hex(&mut [0; 32]).to_string(),
         };
         Ok(AcquireRequest {
             name: self.name.clone(),
@@ -290,7 +291,7 @@ impl Lock {
             fair: self.fair,
             enqueue,
             waited: Duration::ZERO,
-            requester: (*self.requester).clone(),
+            requester: self.requester.clone(),
         })
     }
 

@@ -1,6 +1,7 @@
 //! Validated lock names.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -17,8 +18,10 @@ pub const MAX_NAME_LEN: usize = 256;
 /// let err = LockName::new("").unwrap_err();
 /// assert!(err.to_string().contains("empty"));
 /// ```
+///
+/// Cloning one is cheap (the text is shared), as every acquisition carries its name.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockName(String);
+pub struct LockName(Arc<str>);
 
 impl LockName {
     /// Validates `name`; the error names the rule that failed.
@@ -43,7 +46,7 @@ impl LockName {
                 name: name.escape_debug().to_string(),
                 rule,
             }),
-            None => Ok(LockName(name)),
+            None => Ok(LockName(name.into())),
         }
     }
 

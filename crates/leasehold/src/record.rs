@@ -200,7 +200,7 @@ impl Record {
 
     /// What an attempt of `req` would get, without changing anything.
     fn admit(&self, req: &AcquireRequest) -> Result<Admit> {
-        let lease = req.lease.0.as_str();
+        let lease = req.lease.as_str();
         let mine = |h: &Holder| h.holds.iter().any(|x| x.lease == lease);
         if let Some(i) = self.holders.iter().position(mine) {
             return Ok(Admit::Again(i));
@@ -264,7 +264,7 @@ impl Record {
     /// One attempt. The caller has pruned with the same `now`.
     pub fn acquire(&mut self, req: &AcquireRequest, now: Now) -> Result<Attempt> {
         let hold = Hold {
-            lease: req.lease.0.clone(),
+            lease: req.lease.as_str().to_string(),
             host: req.requester.host.clone(),
             pid: req.requester.pid,
             expires: deadline(now, req.ttl),
@@ -288,7 +288,7 @@ impl Record {
             // Re-entry by the same owner: one more hold, the same token.
             Admit::Reenter(i) => {
                 self.holders[i].holds.push(hold);
-                self.waiters.retain(|w| w.lease != req.lease.0);
+                self.waiters.retain(|w| w.lease != req.lease.as_str());
                 return Ok(granted(&self.holders[i]));
             }
             Admit::Grant => {
@@ -300,7 +300,7 @@ impl Record {
                     since_ms: now.wall_ms,
                     holds: vec![hold],
                 });
-                self.waiters.retain(|w| w.lease != req.lease.0);
+                self.waiters.retain(|w| w.lease != req.lease.as_str());
                 return Ok(granted(&self.holders[self.holders.len() - 1]));
             }
             Admit::Wait { holder, waiter, me } => (holder, waiter, me),
@@ -325,7 +325,7 @@ impl Record {
             }
             (true, None) => {
                 self.waiters.push(Waiter {
-                    lease: req.lease.0.clone(),
+                    lease: req.lease.as_str().to_string(),
                     owner: req.owner.clone(),
                     kind: req.kind,
                     seq: self.next_seq,
@@ -351,7 +351,7 @@ impl Record {
             .holders
             .iter_mut()
             .flat_map(|h| h.holds.iter_mut())
-            .find(|x| x.lease == lease.id.0);
+            .find(|x| x.lease == lease.id.as_str());
         match hold {
             Some(hold) => {
                 hold.expires = deadline(now, ttl);
@@ -365,14 +365,14 @@ impl Record {
         let mut released = Released::NotHeld;
         for h in &mut self.holders {
             let before = h.holds.len();
-            h.holds.retain(|x| x.lease != lease.id.0);
+            h.holds.retain(|x| x.lease != lease.id.as_str());
             if h.holds.len() != before {
                 released = Released::Released;
             }
         }
         self.holders.retain(|h| !h.holds.is_empty());
         let waiters = self.waiters.len();
-        self.waiters.retain(|w| w.lease != lease.id.0);
+        self.waiters.retain(|w| w.lease != lease.id.as_str());
         if released == Released::Released || waiters != self.waiters.len() {
             self.version += 1;
         }
@@ -383,7 +383,7 @@ impl Record {
     pub fn holds(&self, lease: &Lease) -> bool {
         self.holders
             .iter()
-            .any(|h| h.holds.iter().any(|x| x.lease == lease.id.0))
+            .any(|h| h.holds.iter().any(|x| x.lease == lease.id.as_str()))
     }
 
     pub fn force_release(&mut self) -> bool {

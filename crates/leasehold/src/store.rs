@@ -6,6 +6,7 @@
 //! subtly wrong.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -43,13 +44,35 @@ impl LockKind {
 /// answer never arrived can still be found and released.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct LeaseId(pub String);
+pub struct LeaseId(Arc<str>);
 
 impl LeaseId {
-    /// 128 random bits, hex.
+    /// 128 random bits as 32 lowercase hex digits.
     pub fn random() -> Self {
-        LeaseId(format!("{:032x}", rand::random::<u128>()))
+        LeaseId(random_hex(&mut [0; 32]).into())
     }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Looks up maps keyed by lease id with the id's text (`Hash` and `Eq` agree with `str`'s).
+impl std::borrow::Borrow<str> for LeaseId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// 128 random bits as 32 lowercase hex digits, written in `out`.
+pub(crate) fn random_hex(out: &mut [u8; 32]) -> &str {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = rand::random::<u128>();
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = HEX[(bits >> (124 - 4 * i)) as usize & 15];
+    }
+    std::str::from_utf8(out).unwrap_or_default()
 }
 
 impl Debug for LeaseId {
@@ -100,8 +123,8 @@ pub struct AcquireRequest {
     /// [`Capabilities::queues_by_wait`] is set queues a fair request as if it had arrived
     /// that long ago; others ignore it.
     pub waited: Duration,
-    /// Shown to others.
-    pub requester: Requester,
+    /// Shown to others (shared by every request of a [`Leasehold`](crate::Leasehold)).
+    pub requester: Arc<Requester>,
 }
 
 impl AcquireRequest {

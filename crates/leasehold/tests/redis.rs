@@ -296,10 +296,10 @@ async fn separators_in_a_requester_s_text_are_replaced_in_every_form() {
         fair: false,
         enqueue: true,
         waited: Duration::ZERO,
-        requester: Requester {
+        requester: std::sync::Arc::new(Requester {
             host: "a\x1fb\x1ec\x1dd".into(),
             pid,
-        },
+        }),
     };
     let (first, second) = (request("first", 7), request("second", 8));
     let Attempt::Granted(grant) = store.acquire(&first).await.unwrap() else {

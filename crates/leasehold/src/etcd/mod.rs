@@ -224,7 +224,7 @@ struct Entry {
     /// Client wall clock, ms since the epoch.
     since: u64,
     /// Acquisition ids holding through this key (several after re-entry).
-    holds: Vec<String>,
+    holds: Vec<LeaseId>,
 }
 
 impl Entry {
@@ -702,7 +702,7 @@ impl EtcdStore {
     /// acquisitions this client does not know: made by another client, or unanswered).
     async fn find(&self, name: &LockName, id: &LeaseId) -> Result<Option<Member>> {
         let (queue, _) = self.queue(name).await?;
-        Ok(queue.into_iter().find(|m| m.entry.holds.contains(&id.0)))
+        Ok(queue.into_iter().find(|m| m.entry.holds.contains(id)))
     }
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -741,7 +741,7 @@ impl EtcdStore {
             pid: req.requester.pid,
             kind: req.kind,
             since: now_ms(),
-            holds: vec![req.lease.0.clone()],
+            holds: vec![req.lease.clone()],
         };
         let puts = vec![
             put_on(lease.id, &key, &entry.value()),
@@ -863,7 +863,7 @@ impl EtcdStore {
             self.withdraw(&req.lease, &key, &marker, create, lease)
                 .await?;
         }
-        let mine = queue[at].entry.holds.contains(&req.lease.0);
+        let mine = queue[at].entry.holds.contains(&req.lease);
         let here = standing(&queue, at);
         if !mine {
             // Our owner is already here: re-enter if it holds.
@@ -1120,7 +1120,7 @@ impl EtcdStore {
         started: Instant,
     ) -> Result<Attempt> {
         let mut entry = member.entry.clone();
-        entry.holds.push(req.lease.0.clone());
+        entry.holds.push(req.lease.clone());
         let put = rewrite(&member.kv.key, &entry);
         let borrowed = borrowed(member.kv.lease);
         let (answer, alive) = tokio::join!(
@@ -1424,7 +1424,7 @@ impl Store for EtcdStore {
         let Some(kv) = current.kvs.into_iter().next().filter(|kv| {
             kv.create_revision == create
                 && serde_json::from_slice::<Entry>(&kv.value)
-                    .is_ok_and(|e| e.holds.contains(&lease.id.0))
+                    .is_ok_and(|e| e.holds.contains(&lease.id))
         }) else {
             self.forget(&lease.id);
             return Ok(Renewal::Lost);
@@ -1504,7 +1504,7 @@ impl Store for EtcdStore {
                 return Ok(Released::NotHeld);
             };
             let before = entry.holds.len();
-            entry.holds.retain(|h| h != &lease.id.0);
+            entry.holds.retain(|h| h != &lease.id);
             if entry.holds.len() == before {
                 return Ok(Released::NotHeld);
             }
@@ -1801,7 +1801,7 @@ mod tests {
             fair: true,
             enqueue: true,
             waited: Duration::ZERO,
-            requester: crate::store::Requester::this_process(),
+            requester: Arc::new(crate::store::Requester::this_process()),
         }
     }
 
@@ -1834,7 +1834,7 @@ mod tests {
             pid: 1,
             kind: LockKind::Exclusive,
             since: now_ms(),
-            holds: vec![retried.lease.0.clone()],
+            holds: vec![retried.lease.clone()],
         };
         store
             .call_txn(txn(
@@ -1890,7 +1890,7 @@ mod tests {
                     pid: 1,
                     kind,
                     since: 0,
-                    holds: vec![format!("l{i}")],
+                    holds: vec![LeaseId::random()],
                 },
             })
             .collect()

@@ -72,8 +72,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::options::waiter_lease;
 use crate::store::{
-    busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LockKind,
-    LockState, Released, Renewal, Store, WaiterInfo, Watermark,
+    busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId,
+    LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
 use crate::Locked;
 use crate::{Error, FencingToken, LockName, Result};
@@ -152,7 +152,7 @@ enum Conn {
 
 /// This client's waiting acquisitions, by lease id, woken by messages naming them.
 #[derive(Debug, Default)]
-struct Waiters(Mutex<HashMap<String, Arc<Slot>>>);
+struct Waiters(Mutex<HashMap<LeaseId, Arc<Slot>>>);
 
 /// One waiting acquisition: woken, and told its token if the lock was handed to it.
 #[derive(Debug, Default)]
@@ -167,11 +167,11 @@ struct Slot {
 }
 
 impl Waiters {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Slot>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Arc<Slot>>> {
         self.0.locked()
     }
-    fn register(&self, lease: &str) -> Arc<Slot> {
-        self.map().entry(lease.to_string()).or_default().clone()
+    fn register(&self, lease: &LeaseId) -> Arc<Slot> {
+        self.map().entry(lease.clone()).or_default().clone()
     }
     fn forget(&self, lease: &str) {
         self.map().remove(lease);
@@ -281,7 +281,13 @@ fn cluster_nodes(url: &str) -> Option<std::result::Result<(String, Vec<String>),
 /// `lh:{NAME}` with `%`, `{` and `}` escaped, so the whole name is the hash tag: the
 /// lock's record. Its hold key and token counter add `:hold` and `:token` (see hot.lua).
 fn key(name: &LockName) -> String {
-    format!("lh:{{{}}}", key_escape(name.as_str()))
+    // Room for the longest suffix (`:token`) and a request's packed text, which `run`
+    // writes into the same buffer.
+    let mut key = String::with_capacity(name.as_str().len() + 256);
+    key.push_str("lh:{");
+    key.push_str(&key_escape(name.as_str()));
+    key.push('}');
+    key
 }
 
 impl RedisStore {
@@ -375,43 +381,49 @@ impl RedisStore {
         req: &AcquireRequest,
         from: Option<&Lease>,
     ) -> Result<(Released, Attempt)> {
-        let lease = req.lease.0.as_str();
+        let lease = req.lease.as_str();
         // Registered before the attempt, so a wake-up sent right after it is not missed.
-        let first =
-            req.enqueue && !(self.inner.waiters.register(lease).sent).swap(true, Ordering::SeqCst);
+        let first = req.enqueue
+            && !(self.inner.waiters.register(&req.lease).sent).swap(true, Ordering::SeqCst);
         let permits = match req.kind {
             LockKind::Permit { permits } => permits,
             _ => 0,
         };
         // Packed in three arguments (see hot.lua): the value of a hot hold, the TTL, the rest.
-        let mut args = vec![
-            Arg::Joined(vec![
-                Arg::Text(lease),
-                Arg::Text(&req.owner),
-                Arg::Num(wall_ms()),
-                Arg::Text(&req.requester.host),
-                Arg::Num(req.requester.pid.into()),
-                Arg::Text(&self.inner.channel),
-            ]),
-            Arg::Num(req.ttl.as_millis() as u64),
-            Arg::Joined(vec![
-                Arg::Text(req.kind.word()),
-                Arg::Num(permits.into()),
-                Arg::Num(req.fair.into()),
-                Arg::Num(req.enqueue.into()),
-                Arg::Num(waiter_lease(req.ttl).as_millis() as u64),
-                Arg::Fresh(first),
-            ]),
+        let hold = [
+            Arg::Text(lease),
+            Arg::Text(&req.owner),
+            Arg::Num(wall_ms()),
+            Arg::Text(&req.requester.host),
+            Arg::Num(req.requester.pid.into()),
+            Arg::Text(&self.inner.channel),
         ];
-        let script = match from {
-            Some(from) => {
-                args.push(Arg::Text(&from.id.0));
-                args.push(Arg::Num(req.waited.as_millis() as u64));
-                &scripts().transfer
-            }
-            None => &scripts().acquire,
+        let rest = [
+            Arg::Text(req.kind.word()),
+            Arg::Num(permits.into()),
+            Arg::Num(req.fair.into()),
+            Arg::Num(req.enqueue.into()),
+            Arg::Num(waiter_lease(req.ttl).as_millis() as u64),
+            Arg::Fresh(first),
+        ];
+        let ttl = Arg::Num(req.ttl.as_millis() as u64);
+        let (script, args) = match from {
+            Some(from) => (
+                &scripts().transfer,
+                &[
+                    Arg::Joined(&hold),
+                    ttl,
+                    Arg::Joined(&rest),
+                    Arg::Text(from.id.as_str()),
+                    Arg::Num(req.waited.as_millis() as u64),
+                ][..],
+            ),
+            None => (
+                &scripts().acquire,
+                &[Arg::Joined(&hold), ttl, Arg::Joined(&rest)][..],
+            ),
         };
-        let reply: Value = self.run(script, &req.name, &args).await?;
+        let reply: Value = self.run(script, &req.name, args).await?;
         // A grant by hot.lua is its token alone: one hold, and a transfer's hold was held.
         let (granted, released, reply) = match reply {
             Value::Int(token) => {
@@ -504,21 +516,24 @@ impl RedisStore {
         // every argument twice: this is the hot path of every lock call.
         let command = |resent: bool| {
             let mut cmd = redis::Cmd::with_capacity(args.len() + 6, 512);
-            let record = key(name);
-            cmd.arg("EVALSHA")
-                .arg(script.get_hash())
-                .arg(3)
-                .arg(&record)
-                .arg(format!("{record}:hold"))
-                .arg(format!("{record}:token"));
+            // The record's key, then its hold key and token counter (see hot.lua), then
+            // the packed arguments, each made in one buffer.
+            let mut text = key(name);
+            let record = text.len();
+            cmd.arg("EVALSHA").arg(script.get_hash()).arg(3).arg(&text);
+            text.push_str(":hold");
+            cmd.arg(&text);
+            text.truncate(record);
+            text.push_str(":token");
+            cmd.arg(&text);
             for arg in args {
                 match arg {
                     Arg::Num(n) => cmd.arg(*n),
                     Arg::Text(s) if !s.contains(SEPARATORS) => cmd.arg(*s),
                     arg => {
-                        let mut text = String::new();
+                        text.clear();
                         arg.write(&mut text, resent);
-                        cmd.arg(text)
+                        cmd.arg(&text)
                     }
                 };
             }
@@ -675,7 +690,7 @@ enum Arg<'a> {
     /// always 0 when the call is sent again (the first send may have arrived).
     Fresh(bool),
     /// Several in one argument, separated by \x1f.
-    Joined(Vec<Arg<'a>>),
+    Joined(&'a [Arg<'a>]),
 }
 
 /// The separators of the record's fields (see record.lua): replaced by `?` in any text
@@ -836,7 +851,7 @@ impl Store for RedisStore {
             .run(
                 &scripts().renew,
                 &lease.name,
-                &[Arg::Text(&lease.id.0), Arg::Num(ttl_ms)],
+                &[Arg::Text(lease.id.as_str()), Arg::Num(ttl_ms)],
             )
             .await?;
         Ok(if renewed == 1 {
@@ -847,13 +862,13 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        let args = [Arg::Text(&lease.id.0), Arg::Text(&self.inner.channel)];
+        let args = [Arg::Text(lease.id.as_str()), Arg::Text(&self.inner.channel)];
         let reply: Value = self.run(&scripts().release, &lease.name, &args).await?;
         let (released, own) = match &reply {
             Value::Array(items) if items.len() == 2 => (int(&items[0]), text(&items[1])),
             other => (int(other), String::new()),
         };
-        self.inner.waiters.forget(&lease.id.0);
+        self.inner.waiters.forget(lease.id.as_str());
         // A hand-over to a waiter of this client: no need to wait for a message.
         own.split(',')
             .filter(|item| !item.is_empty())
@@ -867,7 +882,7 @@ impl Store for RedisStore {
 
     async fn changed(&self, req: &AcquireRequest, _since: Watermark) -> Result<Option<Grant>> {
         // A message naming this acquisition (kept if it came before we got here).
-        let slot = self.inner.waiters.register(&req.lease.0);
+        let slot = self.inner.waiters.register(&req.lease);
         slot.wake.notified().await;
         let token = slot.granted.locked().take();
         if self.inner.replicas.is_some() {
@@ -876,7 +891,7 @@ impl Store for RedisStore {
             return Ok(None);
         }
         Ok(token.map(|(token, lease_ms)| {
-            self.inner.waiters.forget(&req.lease.0);
+            self.inner.waiters.forget(req.lease.as_str());
             Grant {
                 token: FencingToken(token),
                 holds: 1,
@@ -886,12 +901,16 @@ impl Store for RedisStore {
     }
 
     async fn ended(&self, lease: &Lease) -> Result<()> {
-        let slot = self.inner.waiters.register(&lease.id.0);
+        let slot = self.inner.waiters.register(&lease.id);
         let gone = slot.gone.notified();
         tokio::pin!(gone);
         gone.as_mut().enable();
         let held: i64 = self
-            .run(&scripts().held, &lease.name, &[Arg::Text(&lease.id.0)])
+            .run(
+                &scripts().held,
+                &lease.name,
+                &[Arg::Text(lease.id.as_str())],
+            )
             .await?;
         if held == 1 {
             gone.await;
