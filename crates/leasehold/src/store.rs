@@ -58,6 +58,13 @@ impl LeaseId {
     }
 }
 
+/// A lease id read back from a store's own records.
+impl From<&str> for LeaseId {
+    fn from(id: &str) -> Self {
+        LeaseId(id.into())
+    }
+}
+
 /// Looks up maps keyed by lease id with the id's text (`Hash` and `Eq` agree with `str`'s).
 impl std::borrow::Borrow<str> for LeaseId {
     fn borrow(&self) -> &str {
@@ -72,7 +79,7 @@ pub(crate) fn random_hex(out: &mut [u8; 32]) -> &str {
     for (i, digit) in out.iter_mut().enumerate() {
         *digit = HEX[(bits >> (124 - 4 * i)) as usize & 15];
     }
-    std::str::from_utf8(out).unwrap_or_default()
+    std::str::from_utf8(out).expect("hex digits are ASCII")
 }
 
 impl Debug for LeaseId {

@@ -1890,7 +1890,7 @@ mod tests {
                     pid: 1,
                     kind,
                     since: 0,
-                    holds: vec![LeaseId::random()],
+                    holds: vec![format!("l{i}").as_str().into()],
                 },
             })
             .collect()

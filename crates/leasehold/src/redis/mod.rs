@@ -281,13 +281,16 @@ fn cluster_nodes(url: &str) -> Option<std::result::Result<(String, Vec<String>),
 /// `lh:{NAME}` with `%`, `{` and `}` escaped, so the whole name is the hash tag: the
 /// lock's record. Its hold key and token counter add `:hold` and `:token` (see hot.lua).
 fn key(name: &LockName) -> String {
-    // Room for the longest suffix (`:token`) and a request's packed text, which `run`
-    // writes into the same buffer.
-    let mut key = String::with_capacity(name.as_str().len() + 256);
-    key.push_str("lh:{");
-    key.push_str(&key_escape(name.as_str()));
-    key.push('}');
+    let mut key = String::new();
+    push_key(&mut key, name);
     key
+}
+
+/// Appends [`key`]`(name)` to `out`.
+fn push_key(out: &mut String, name: &LockName) {
+    out.push_str("lh:{");
+    out.push_str(&key_escape(name.as_str()));
+    out.push('}');
 }
 
 impl RedisStore {
@@ -518,7 +521,9 @@ impl RedisStore {
             let mut cmd = redis::Cmd::with_capacity(args.len() + 6, 512);
             // The record's key, then its hold key and token counter (see hot.lua), then
             // the packed arguments, each made in one buffer.
-            let mut text = key(name);
+            // Room for the longest suffix (`:token`) and a request's packed text.
+            let mut text = String::with_capacity(name.as_str().len() + 256);
+            push_key(&mut text, name);
             let record = text.len();
             cmd.arg("EVALSHA").arg(script.get_hash()).arg(3).arg(&text);
             text.push_str(":hold");
