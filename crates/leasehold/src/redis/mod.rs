@@ -520,8 +520,7 @@ impl RedisStore {
         let command = |resent: bool| {
             let mut cmd = redis::Cmd::with_capacity(args.len() + 6, 512);
             // The record's key, then its hold key and token counter (see hot.lua), then
-            // the packed arguments, each made in one buffer.
-            // Room for the longest suffix (`:token`) and a request's packed text.
+            // the packed arguments, each made in one buffer sized for them.
             let mut text = String::with_capacity(name.as_str().len() + 256);
             push_key(&mut text, name);
             let record = text.len();
