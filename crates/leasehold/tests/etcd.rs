@@ -1,7 +1,8 @@
 //! What only the etcd store promises, against a real etcd: a waiter whose own lease ends
 //! stops with a clear error, renewal across a member restart, `lost` when etcd stays
 //! away, non-fair waiting, extending past the lease etcd granted, re-entry by an owner
-//! that queued first, a waiter moving off a paused member.
+//! that queued first, a waiter moving off a paused member, a short lease renewed through
+//! another member while its own is paused.
 #![cfg(feature = "etcd")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -203,4 +204,38 @@ async fn a_waiter_moves_off_a_paused_member() {
     assert!(guard.check().is_ok());
     guard.release().await.unwrap();
     cluster.members[0].resume();
+}
+
+/// A holder whose member stops answering (paused) renews a short lease through another
+/// member before it runs out: each member gets a sixth of the TTL, not the 3 s a call
+/// otherwise waits, which is longer than the whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lease_is_renewed_through_another_member_while_its_member_is_paused() {
+    let cluster = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .unwrap();
+    // The client calls a follower first: pausing the leader would add an election.
+    let leader = tokio::task::block_in_place(|| cluster.wait_for_leader());
+    let first = (leader + 1) % cluster.members.len();
+    let endpoints: Vec<String> = (0..cluster.members.len())
+        .map(|i| cluster.members[(first + i) % cluster.members.len()].endpoint())
+        .collect();
+    let url = format!("etcd://{}", endpoints.join(","));
+    let locks = Leasehold::new(EtcdStore::connect(&url).await.unwrap());
+    let ttl = Duration::from_secs(2);
+    let guard = (locks.mutex("k").unwrap().with_ttl(ttl))
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let paused_at = Instant::now();
+    cluster.members[first].pause();
+    // Held past the end of every lease granted before the pause: renewed since.
+    eventually("a renewal through another member", || async {
+        guard.valid_until() > paused_at + ttl || guard.check().is_err()
+    })
+    .await;
+    assert!(guard.check().is_ok(), "{:?}", guard.check());
+    cluster.members[first].resume();
+    guard.release().await.unwrap();
 }

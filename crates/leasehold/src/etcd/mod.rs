@@ -12,8 +12,9 @@
 //!
 //! URLs: `etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET]`, and `etcds://` for
 //! TLS (rustls; the CA must be trusted by the system store or `SSL_CERT_FILE`). Calls go to
-//! one member and fail over to the next when it is down, paused (no answer within 3 s) or
-//! has no leader.
+//! one member and fail over to the next when it is down, paused (no answer within 3 s, or
+//! a sixth of the TTL for a renewal, so that a short lease is renewed through another
+//! member in time) or has no leader.
 //!
 //! # How it works
 //! - Every acquisition of lock `NAME` is the key `leasehold\0NAME\0L`, `L` its etcd lease
@@ -653,6 +654,49 @@ impl EtcdStore {
             Err(status) if status.message().contains("not found") => Ok(()),
             Err(status) => Err(self.unavailable(status)),
         }
+    }
+
+    /// [`Store::renew`]: keeps the etcd lease alive and checks that the key still holds ours.
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        let (key, etcd_lease, create) = match self.acquisition(&lease.id) {
+            Some(Acquisition {
+                key,
+                lease: Some(etcd_lease),
+                state: State::Held { create, .. },
+                ..
+            }) => (key, etcd_lease, create),
+            Some(_) => return Ok(Renewal::Lost),
+            None => match self.find(&lease.name, &lease.id).await? {
+                Some(m) => (m.kv.key, borrowed(m.kv.lease), m.kv.create_revision),
+                None => return Ok(Renewal::Lost),
+            },
+        };
+        // The key is checked too: a force-release deletes it but leaves the lease.
+        let (alive, current) =
+            tokio::join!(self.keep_alive(etcd_lease), self.range(range_key(&key)));
+        let (alive, current) = (alive?, current?);
+        let Some(kv) = current.kvs.into_iter().next().filter(|kv| {
+            kv.create_revision == create
+                && serde_json::from_slice::<Entry>(&kv.value)
+                    .is_ok_and(|e| e.holds.contains(&lease.id))
+        }) else {
+            self.forget(&lease.id);
+            return Ok(Renewal::Lost);
+        };
+        if kv.lease != etcd_lease.id {
+            // Another hold of our owner moved the key to a longer lease: follow it.
+            self.set_lease(&lease.id, borrowed(kv.lease), None);
+            return Box::pin(self.renew_lease(lease, ttl)).await;
+        }
+        let Some(renewed) = alive else {
+            self.forget(&lease.id);
+            return Ok(Renewal::Lost);
+        };
+        self.set_lease(&lease.id, renewed, None);
+        if renewed.ttl() < ttl {
+            return self.move_to_longer_lease(lease, &kv, renewed, ttl).await;
+        }
+        Ok(Renewal::Renewed)
     }
 
     /// One LeaseKeepAlive: the lease's new bound, or `None` if etcd no longer has it.
@@ -1404,45 +1448,9 @@ impl Store for EtcdStore {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
-        let (key, etcd_lease, create) = match self.acquisition(&lease.id) {
-            Some(Acquisition {
-                key,
-                lease: Some(etcd_lease),
-                state: State::Held { create, .. },
-                ..
-            }) => (key, etcd_lease, create),
-            Some(_) => return Ok(Renewal::Lost),
-            None => match self.find(&lease.name, &lease.id).await? {
-                Some(m) => (m.kv.key, borrowed(m.kv.lease), m.kv.create_revision),
-                None => return Ok(Renewal::Lost),
-            },
-        };
-        // The key is checked too: a force-release deletes it but leaves the lease.
-        let (alive, current) =
-            tokio::join!(self.keep_alive(etcd_lease), self.range(range_key(&key)));
-        let (alive, current) = (alive?, current?);
-        let Some(kv) = current.kvs.into_iter().next().filter(|kv| {
-            kv.create_revision == create
-                && serde_json::from_slice::<Entry>(&kv.value)
-                    .is_ok_and(|e| e.holds.contains(&lease.id))
-        }) else {
-            self.forget(&lease.id);
-            return Ok(Renewal::Lost);
-        };
-        if kv.lease != etcd_lease.id {
-            // Another hold of our owner moved the key to a longer lease: follow it.
-            self.set_lease(&lease.id, borrowed(kv.lease), None);
-            return Box::pin(self.renew(lease, ttl)).await;
-        }
-        let Some(renewed) = alive else {
-            self.forget(&lease.id);
-            return Ok(Renewal::Lost);
-        };
-        self.set_lease(&lease.id, renewed, None);
-        if renewed.ttl() < ttl {
-            return self.move_to_longer_lease(lease, &kv, renewed, ttl).await;
-        }
-        Ok(Renewal::Renewed)
+        // A renewal starts with two thirds of the TTL left: room for a try on a member
+        // that does not answer, a retry after the guard's back-off, and a healthy member.
+        rpc::trying_each_for(ttl / 6, self.renew_lease(lease, ttl)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {

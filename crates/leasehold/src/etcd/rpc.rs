@@ -24,6 +24,20 @@ use tonic_prost::ProstCodec;
 /// member must not stall the client for longer than this.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
+tokio::task_local! {
+    /// Set by [`trying_each_for`]: how long a call may wait for one member while another
+    /// is left to try.
+    static TRY_TIMEOUT: Duration;
+}
+
+/// Runs `calls` with each member tried for at most `limit` (and [`CALL_TIMEOUT`]) while
+/// another member is left to try; the last one tried keeps [`CALL_TIMEOUT`]. For calls
+/// that must be answered within a lease's TTL: a renewal of a 2 s lease cannot wait 3 s
+/// on a paused member before trying a healthy one.
+pub async fn trying_each_for<F: std::future::Future>(limit: Duration, calls: F) -> F::Output {
+    TRY_TIMEOUT.scope(limit.min(CALL_TIMEOUT), calls).await
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseHeader {
     #[prost(int64, tag = "3")]
@@ -575,21 +589,27 @@ impl Client {
     }
 
     /// Runs `call` on the current member, then on the others in turn while the error is
-    /// one another member may not have. Each try is bounded by [`CALL_TIMEOUT`].
+    /// one another member may not have. Each try is bounded by [`CALL_TIMEOUT`], or less
+    /// inside [`trying_each_for`].
     async fn failover<'a, T, F, Fut>(&'a self, call: F) -> Result<T, Status>
     where
         F: Fn(&'a Member) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let start = self.current.load(Ordering::Relaxed);
+        let tighter = TRY_TIMEOUT.try_with(|limit| *limit).ok();
         let mut last = None;
         for i in 0..self.members.len() {
             let index = (start + i) % self.members.len();
             let member = &self.members[index];
-            let result = match tokio::time::timeout(CALL_TIMEOUT, call(member)).await {
+            let limit = match tighter {
+                Some(limit) if i + 1 < self.members.len() => limit,
+                _ => CALL_TIMEOUT,
+            };
+            let result = match tokio::time::timeout(limit, call(member)).await {
                 Ok(result) => result,
                 Err(_) => Err(Status::deadline_exceeded(format!(
-                    "{} did not answer within {CALL_TIMEOUT:?}",
+                    "{} did not answer within {limit:?}",
                     member.address
                 ))),
             };
