@@ -167,22 +167,9 @@ fn usage(message: impl Into<String>) -> Failure {
 
 /// Seconds as a plain number (`5`, `0.25`) or a duration (`250ms`, `2s`).
 fn seconds(flag: &str, text: &str) -> Result<f64, Failure> {
-    let text = text.trim();
-    let secs = match text.parse::<f64>() {
-        Ok(secs) => secs,
-        Err(_) => humantime::parse_duration(text)
-            .map(|d| d.as_secs_f64())
-            .map_err(|_| {
-                usage(format!(
-                    "--{flag} {text:?} is not a number of seconds (e.g. 5, 0.5 or 500ms)"
-                ))
-            })?,
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(usage(format!(
-            "--{flag} {text}: must be a number of seconds, 0 or more"
-        )));
-    }
+    let secs = crate::parse_duration(text)
+        .map_err(|e| usage(format!("--{flag} {text:?}: {e}")))?
+        .as_secs_f64();
     if secs > MAX_SECONDS {
         return Err(usage(format!(
             "--{flag} {text}: at most {MAX_SECONDS} seconds (24 h)"

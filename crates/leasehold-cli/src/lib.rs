@@ -20,8 +20,9 @@ use crate::exit::Failure;
 
 const STORE_HELP: &str =
     "Store URL: local:DIR, local: (the default directory: $LEASEHOLD_HOME, else \
-$XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold); redis://[user:password@]host:port[/db], \
-rediss://... (TLS), redis+cluster://h1:p1,h2:p2 (add ?replicas=N to wait for N replicas); \
+$XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold); \
+redis://[user:password@]host:port[/db][?replicas=N[&replica_timeout=DUR]] (wait for N replicas \
+to confirm each grant), rediss://... (TLS), redis+cluster://h1:p1,h2:p2; \
 etcd://h1:2379[,h2:2379...][?user=NAME&password=SECRET], etcds://... (TLS); \
 memory: (this process only; for bench)";
 
@@ -66,14 +67,16 @@ pub enum Command {
 }
 
 const RUN_AFTER_HELP: &str = "\
-The command gets LEASEHOLD_NAME, LEASEHOLD_TOKEN (the fencing token, decimal) and
-LEASEHOLD_OWNER. A nested `leasehold run` of the same NAME inside it re-enters the lock
+The command gets LEASEHOLD_NAME, LEASEHOLD_TOKEN (the fencing token, decimal),
+LEASEHOLD_OWNER and, with --store, LEASEHOLD_STORE. A nested `leasehold run` of the same NAME inside it re-enters the lock
 (same owner from LEASEHOLD_OWNER) instead of waiting for itself.
 
 SIGINT, SIGTERM and SIGHUP are passed to the command's process group; the lock is
-released after the command exits. If the lock is lost (force-released, or renewals fail
-until the safe deadline) the command's process group gets SIGTERM, then SIGKILL after
---grace, and leasehold exits with 76.
+released after the command exits (what it left running in the background is left
+alone). If the lock is lost (force-released, or renewals fail until the safe deadline)
+the command's process group gets SIGTERM, then SIGKILL after --grace, and leasehold
+exits with 76. If leasehold itself is killed (SIGKILL), a watchdog kills the command's
+process group.
 
 Examples:
   leasehold run nightly -- ./nightly-report.sh
@@ -96,11 +99,11 @@ pub struct LockArgs {
     pub name: String,
 
     /// Lease length; renewed at about a third of it while held (100ms to 24h)
-    #[arg(long, value_name = "DUR", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Duration,
 
     /// Give up after waiting this long [default: wait without limit]
-    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
 
     /// Do not wait: give up at once if the lock is busy (exit 75)
@@ -118,7 +121,12 @@ pub struct LockArgs {
     pub no_fair: bool,
 
     /// Make it a semaphore with N permits (everyone must use the same N)
-    #[arg(long, value_name = "N", conflicts_with = "shared")]
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "shared",
+        allow_hyphen_values = true
+    )]
     pub permits: Option<u32>,
 
     /// Take a shared (read) lock; plain holders are writers
@@ -146,6 +154,26 @@ impl LockArgs {
         };
         Ok(lock.with_ttl(self.ttl).with_owner(owner))
     }
+}
+
+/// The longest duration a flag takes: far beyond any sensible TTL, wait or grace, and
+/// short enough that no deadline counted from now can overflow.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A duration flag: `500ms`, `1m30s`, `2h` (humantime), or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    const EXAMPLES: &str = "give e.g. 30s, 500ms, 1m30s or 2h";
+    if text.trim_start().starts_with('-') {
+        return Err(format!("a duration cannot be negative; {EXAMPLES}"));
+    }
+    let duration = match text.trim().parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|e| format!("{e}; {EXAMPLES}"))?,
+        Err(_) => humantime::parse_duration(text).map_err(|e| format!("{e}; {EXAMPLES}"))?,
+    };
+    if duration > MAX_DURATION {
+        return Err(format!("at most {}d", MAX_DURATION.as_secs() / 86_400));
+    }
+    Ok(duration)
 }
 
 /// `pid-random`: unique, and readable in `status`.
@@ -211,7 +239,8 @@ pub fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
-    let store = cli.store.as_deref();
+    // An empty LEASEHOLD_STORE means the default, as if it were not set.
+    let store = cli.store.as_deref().filter(|url| !url.trim().is_empty());
     match cli.command {
         Command::Run(args) => run::run(store, args).await,
         Command::Hold(args) => run::hold(store, args).await,
@@ -221,5 +250,31 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Bench(args) => bench::bench(store, args).await,
         Command::Torture(args) => torture::torture(store, args).await,
         Command::TortureWorker(args) => torture::worker::worker(store, args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_humantime_or_seconds_and_bounded() {
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("365d"), Ok(MAX_DURATION));
+        for bad in [
+            "-5s",
+            "-1",
+            "nan",
+            "inf",
+            "soon",
+            "",
+            "366d",
+            "18000000000000000000s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} was taken");
+        }
     }
 }

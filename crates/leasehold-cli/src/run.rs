@@ -21,7 +21,7 @@ pub struct RunArgs {
     pub lock: LockArgs,
 
     /// Time the command gets between SIGTERM and SIGKILL once the lock is lost
-    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = crate::parse_duration, allow_hyphen_values = true)]
     pub grace: Duration,
 
     /// The command to run, after `--`
@@ -149,6 +149,88 @@ fn take_terminal_back() {
     unsafe { libc::tcsetpgrp(0, libc::getpgrp()) };
 }
 
+/// How long a lost lock's release may take before `run` exits without its answer.
+const LOST_RELEASE_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Kills the command's process group if `leasehold` dies without standing it down
+/// (SIGKILL, the OOM killer): `PR_SET_PDEATHSIG` reaches the command's first process
+/// only, not what it started. A forked process, in a process group of its own, waits on
+/// a pipe whose only writer is us; the end of the pipe without a word means we are gone.
+struct Watchdog {
+    pid: libc::pid_t,
+    /// Closed with us; the command does not inherit it (close-on-exec).
+    pipe: std::fs::File,
+    armed: bool,
+}
+
+impl Watchdog {
+    fn start() -> std::io::Result<Watchdog> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let mut fds = [0; 2];
+        // SAFETY: plain syscall filling a local array.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors were just made and are owned here alone.
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: between fork and _exit the child makes only async-signal-safe calls.
+        match unsafe { libc::fork() } {
+            -1 => Err(std::io::Error::last_os_error()),
+            0 => unsafe {
+                // Out of our process group and deaf to the signals meant for us or the
+                // command (a terminal's Ctrl-C); it ends when we do.
+                libc::setpgid(0, 0);
+                for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                    libc::signal(signal, libc::SIG_IGN);
+                }
+                libc::close(write_end.as_raw_fd());
+                let read = |buf: &mut [u8]| -> usize {
+                    let mut got = 0;
+                    while got < buf.len() {
+                        let n = libc::read(
+                            read_end.as_raw_fd(),
+                            buf[got..].as_mut_ptr().cast(),
+                            buf.len() - got,
+                        );
+                        match n {
+                            n if n > 0 => got += n as usize,
+                            -1 if *libc::__errno_location() == libc::EINTR => {}
+                            _ => break,
+                        }
+                    }
+                    got
+                };
+                let mut pgid = [0u8; 4];
+                if read(&mut pgid) == 4 && read(&mut [0u8]) == 0 {
+                    libc::kill(-i32::from_ne_bytes(pgid), libc::SIGKILL);
+                }
+                libc::_exit(0)
+            },
+            pid => Ok(Watchdog {
+                pid,
+                pipe: write_end.into(),
+                armed: false,
+            }),
+        }
+    }
+
+    /// Watch over the process group `pgid` from now on.
+    fn arm(&mut self, pgid: i32) {
+        self.armed = self.pipe.write_all(&pgid.to_ne_bytes()).is_ok();
+    }
+
+    /// We are still here: the watchdog leaves the command's group alone and exits.
+    fn stand_down(mut self) {
+        if self.armed {
+            let _ = self.pipe.write_all(&[0]);
+        }
+        drop(self.pipe);
+        // SAFETY: plain syscall on our own child, which exits at once.
+        unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
+    }
+}
+
 fn spawn(
     args: &RunArgs,
     store: Option<&str>,
@@ -180,12 +262,27 @@ fn spawn(
     cmd.spawn().map_err(|e| {
         let what = args.command[0].to_string_lossy();
         match e.kind() {
+            std::io::ErrorKind::NotFound if on_disk(&args.command[0]) => Failure::new(
+                exit::CANNOT_EXECUTE,
+                format!("cannot run {what}: its interpreter (the #! line) or loader was not found"),
+            ),
             std::io::ErrorKind::NotFound => {
                 Failure::new(exit::NOT_FOUND, format!("command not found: {what}"))
             }
             _ => Failure::new(exit::CANNOT_EXECUTE, format!("cannot run {what}: {e}")),
         }
     })
+}
+
+/// Whether `command` names a file, as a path or found on `PATH`: when exec says "not
+/// found" for a file that is there, what is missing is its interpreter.
+fn on_disk(command: &OsString) -> bool {
+    let path = std::path::Path::new(command);
+    if command.as_encoded_bytes().contains(&b'/') {
+        return path.is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|dirs| std::env::split_paths(&dirs).any(|dir| dir.join(path).is_file()))
 }
 
 enum Ended {
@@ -218,14 +315,20 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
         // SAFETY: plain call; lets us take the terminal back after the command.
         unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     }
-    let mut child = match spawn(&args, store, &guard, foreground) {
-        Ok(child) => child,
+    let spawned = Watchdog::start()
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot start a watchdog: {e}")))
+        .and_then(|watchdog| Ok((spawn(&args, store, &guard, foreground)?, watchdog)));
+    let (mut child, mut watchdog) = match spawned {
+        Ok(spawned) => spawned,
         Err(failure) => {
             let _ = guard.release().await;
             return Err(failure);
         }
     };
     let pgid = child.id().map(|id| id as i32).unwrap_or(0);
+    if pgid > 0 {
+        watchdog.arm(pgid);
+    }
     // Stop the command a little before the safe deadline if renewals keep failing, so it
     // is gone before anyone else can hold the lock.
     let warning = args.grace.min(args.lock.ttl / 3);
@@ -263,14 +366,14 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
             }
         }
     };
-    let code = match ended {
+    let (code, lost) = match ended {
         // Work that finished after the deadline was not protected by the lock.
         Ended::Exited(status) => match guard.check() {
-            Ok(_) => exit_code(status),
+            Ok(_) => (exit_code(status), false),
             Err(lost) => {
                 kill_group(pgid, libc::SIGKILL);
                 eprintln!("leasehold: {lost}; the command ended after that");
-                ExitCode::from(exit::LOST)
+                (ExitCode::from(exit::LOST), true)
             }
         },
         Ended::Lost { kill_at, why } => {
@@ -288,18 +391,32 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
             }
             // Whatever is left in its group must not outlive the lock either.
             kill_group(pgid, libc::SIGKILL);
-            ExitCode::from(exit::LOST)
+            (ExitCode::from(exit::LOST), true)
         }
     };
     if foreground {
         take_terminal_back();
     }
-    if let Err(e) = guard.release().await {
+    // A lost lock is released only to tidy up: if the store is away, do not wait on it.
+    let release = guard.release();
+    let released = if lost {
+        match tokio::time::timeout(LOST_RELEASE_PATIENCE, release).await {
+            Ok(released) => released.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "no answer within {}",
+                humanize(LOST_RELEASE_PATIENCE)
+            )),
+        }
+    } else {
+        release.await.map_err(|e| e.to_string())
+    };
+    if let Err(e) = released {
         eprintln!(
             "leasehold: could not release lock \"{}\" ({e}); it ends with its lease",
             args.lock.name
         );
     }
+    watchdog.stand_down();
     Ok(code)
 }
 

@@ -172,6 +172,19 @@ fn command_not_executable_exits_126_and_releases() {
     cli.assert_all_free("k");
 }
 
+/// A script whose `#!` interpreter is missing exists: exec's "not found" is about the
+/// interpreter, so 126 (as a shell says "bad interpreter"), not 127.
+#[test]
+fn script_with_a_missing_interpreter_exits_126_and_says_so() {
+    let cli = Cli::new("bad-interpreter");
+    cli.script("job", "#!/no/such/interpreter\necho hi\n");
+    let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    fs::set_permissions(cli.path("job"), executable).unwrap();
+    let out = cli.run(&["run", "k", "--", "./job"]).expect(126);
+    assert!(out.stderr.contains("interpreter"), "{out:?}");
+    cli.assert_all_free("k");
+}
+
 #[test]
 fn release_without_force_exits_64_and_keeps_the_lock() {
     let cli = Cli::new("release-noforce");
@@ -701,6 +714,57 @@ fn help_lists_the_exit_codes() {
 fn holder_killed_with_sigkill_frees_the_lock_long_before_its_lease_ends() {
     // A one-hour lease: only the dead-process reclaim can free it within the test.
     killed_holder_is_taken_over_with_a_higher_token(&Cli::new("kill9"), "1h");
+}
+
+/// `leasehold` killed with SIGKILL takes its command's whole process group with it, what
+/// the command started included (the kernel's parent-death signal reaches only the
+/// command's first process): nothing of the job runs on once the lock is free.
+#[test]
+fn holder_killed_with_sigkill_takes_what_its_command_started_with_it() {
+    let cli = Cli::new("kill9-group");
+    let script = "sleep 1000 & echo $! > background.pid; wait";
+    let holder = cli.spawn("holder", &["run", "k", "--", "sh", "-c", script]);
+    let background = PidGuard(read_pid(&cli, "background.pid"));
+    holder.signal(libc::SIGKILL);
+    wait_for("the command's background process to be killed", || {
+        !pid_alive(background.0)
+    });
+    cli.run(&["run", "--no-wait", "k", "--", "true"]).expect(0);
+    drop(holder);
+}
+
+/// After a command that ends normally, `leasehold` exits and leaves alone what the command
+/// left running in the background (as `flock` does); only a `leasehold` that dies without
+/// exiting has its command's group killed.
+#[test]
+fn a_normal_exit_leaves_the_commands_background_processes_alone() {
+    let cli = Cli::new("leftover");
+    let script = "sleep 1000 > /dev/null 2>&1 & echo $! > background.pid";
+    let name = "a-lock-only-this-test-uses";
+    cli.run(&["run", name, "--", "sh", "-c", script]).expect(0);
+    let background = PidGuard(read_pid(&cli, "background.pid"));
+    // The watchdog is a fork of `leasehold`, with its command line; once it is gone it
+    // can no longer kill anything.
+    wait_for("no leasehold process of this test to be left", || {
+        processes_whose_command_line_has(name).is_empty()
+    });
+    assert!(pid_alive(background.0), "the background process was killed");
+    drop(background);
+}
+
+/// Pids of live processes whose command line contains `text`.
+fn processes_whose_command_line_has(text: &str) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid_alive(pid))
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|line| String::from_utf8_lossy(&line).contains(text))
+        })
+        .collect()
 }
 
 #[test]

@@ -261,6 +261,18 @@ fn bad_replica_options_are_rejected_with_64() {
     );
     let out = cli.run(&["run", "k", "--", "true"]).expect(64);
     assert!(out.stderr.contains("replicas=0"), "{}", out.stderr);
+    // A misspelt option is refused, not ignored (which would skip the replica check).
+    let cli = Cli::with_store(
+        "redis-replicas-misspelt",
+        Some("redis://127.0.0.1:1/0?replica=1".into()),
+    );
+    let out = cli.run(&["run", "k", "--", "touch", "ran"]).expect(64);
+    assert!(
+        out.stderr.contains("unknown URL parameter \"replica\""),
+        "{}",
+        out.stderr
+    );
+    assert!(!cli.exists("ran"));
 }
 
 /// `rediss://`: TLS with rustls, verifying the server against a CA given by

@@ -80,7 +80,9 @@ impl Lifeline {
             if s.lost.is_some() {
                 return false;
             }
-            tracing::warn!(lock = %self.lease.name, reason, "lock lost");
+            // Info, not warn: the guard's owner hears of it from `lost()` and `check()`, and
+            // says it in its own words (the CLI does).
+            tracing::info!(lock = %self.lease.name, reason, "lock lost");
             s.lost = Some(reason.to_string());
             true
         });

@@ -44,6 +44,7 @@
 //! - [`LocalStore`] (feature `local`, on by default): the processes of one host; nothing
 //!   to install. The `leasehold` CLI's default.
 //! - `RedisStore` (feature `redis`): a Redis server or Redis Cluster.
+//! - `EtcdStore` (feature `etcd`): an etcd cluster; fair queues by create revision.
 //! - Any [`Store`] you implement; run the [`conformance`] suite against it.
 //!
 //! # Release
@@ -53,7 +54,8 @@
 //!
 //! # Features
 //! - `local` (default): the local store (Linux).
-//! - `redis`: the Redis store (TLS with rustls).
+//! - `redis`: the Redis store, one server or a Cluster (TLS with rustls).
+//! - `etcd`: the etcd store (gRPC with tonic, TLS with rustls; no `protoc` needed).
 
 #![warn(missing_docs)]
 

@@ -51,7 +51,7 @@ pub(crate) fn check_owner(owner: &str) -> Result<()> {
     };
     Err(Error::option(
         "owner",
-        format!("owner id {:?} {rule}", owner.escape_debug().to_string()),
+        format!("owner id \"{}\" {rule}", owner.escape_debug()),
     ))
 }
 

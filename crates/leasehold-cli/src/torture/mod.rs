@@ -47,11 +47,11 @@ pub struct TortureArgs {
     pub workers: u32,
 
     /// How long the nemesis runs (then the workers finish their cycle)
-    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = crate::parse_duration)]
     pub duration: Duration,
 
     /// The lock's lease; pauses and delays are multiples of it
-    #[arg(long, value_name = "DUR", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "1s", value_parser = crate::parse_duration)]
     pub ttl: Duration,
 
     /// How the counter checks tokens: all (reads and writes; stale ones are refused),

@@ -217,7 +217,8 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// Takes leasehold's own `replicas` and `replica_timeout` out of the URL's query.
+/// Takes leasehold's own `replicas` and `replica_timeout` out of the URL's query, and
+/// refuses parameters nobody reads (a misspelt `replicas` must not pass unnoticed).
 fn replica_option(url: &str) -> std::result::Result<(String, Option<(u32, Duration)>), String> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_string(), None));
@@ -235,7 +236,14 @@ fn replica_option(url: &str) -> std::result::Result<(String, Option<(u32, Durati
                     format!("replica_timeout={t}: give a duration like 100ms or 1s")
                 })?
             }
-            _ => rest.push(pair),
+            // The one the redis crate reads from a server URL: passed on.
+            Some(("protocol", _)) => rest.push(pair),
+            _ => {
+                let key = pair.split_once('=').map_or(pair, |(key, _)| key);
+                return Err(format!(
+                    "unknown URL parameter {key:?}: a Redis URL takes replicas=N, replica_timeout=DUR and protocol=resp2|resp3"
+                ));
+            }
         }
     }
     let url = if rest.is_empty() {
