@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use clap::Args;
-use leasehold::{humanize, Leasehold, LockState};
+use leasehold::{humanize, Leasehold, LockKind, LockState};
 
 use crate::exit::{self, Failure};
 
@@ -63,7 +63,7 @@ fn print_state(s: &LockState) {
             h.host,
             h.pid,
             h.token,
-            h.kind.word(),
+            kind(h.kind),
             ago(h.since),
             humanize(h.lease_left)
         );
@@ -75,9 +75,17 @@ fn print_state(s: &LockState) {
             w.owner,
             w.host,
             w.pid,
-            w.kind.word(),
+            kind(w.kind),
             ago(w.since)
         );
+    }
+}
+
+/// `exclusive`, `shared`, or `permit of N` (a semaphore's size).
+fn kind(kind: LockKind) -> String {
+    match kind {
+        LockKind::Permit { permits } => format!("permit of {permits}"),
+        other => other.word().to_string(),
     }
 }
 

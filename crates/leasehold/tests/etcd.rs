@@ -54,6 +54,11 @@ async fn a_waiter_whose_own_lease_ends_stops_with_a_clear_error() {
         locks.describe("k").await.unwrap().waiters.len() == 1
     })
     .await;
+    // The waiter's key has its token already, but the last token issued is the holder's.
+    assert_eq!(
+        locks.describe("k").await.unwrap().last_token,
+        holder.token()
+    );
     // What a pause longer than its TTL does to a waiter: etcd ends its lease.
     let leases = queue_leases(&server);
     assert_eq!(leases.len(), 2);

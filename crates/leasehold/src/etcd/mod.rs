@@ -71,8 +71,9 @@
 //! - etcd is linearizable: with a majority of members up, a lock has at most one holder
 //!   and tokens never repeat, across leader changes and member restarts.
 //! - Holder times (`since`) are the clients' wall clocks; etcd keeps no time of its own.
-//! - `describe().last_token` is the newest token among current holders and waiters (etcd
-//!   keeps no per-name counter; tokens come from the cluster revision).
+//! - `describe().last_token` is the newest token among current holders, and 0 while
+//!   nobody holds the lock (etcd keeps no per-name counter; tokens come from the cluster
+//!   revision). A waiter's key has its token already, but it is not issued before it holds.
 
 mod line;
 mod rpc;
@@ -1612,13 +1613,7 @@ impl Store for EtcdStore {
         let (queue, _) = self.queue(name).await?;
         let mut state = LockState {
             name: name.to_string(),
-            last_token: FencingToken(
-                queue
-                    .iter()
-                    .map(|m| m.kv.create_revision as u64)
-                    .max()
-                    .unwrap_or(0),
-            ),
+            last_token: FencingToken(0),
             holders: Vec::new(),
             waiters: Vec::new(),
         };
@@ -1647,6 +1642,11 @@ impl Store for EtcdStore {
                     since: UNIX_EPOCH + Duration::from_millis(member.entry.since),
                 });
             }
+        }
+        // A waiter's key already has the revision that will be its token, but it is not
+        // issued until the waiter holds.
+        if let Some(newest) = state.holders.iter().map(|h| h.token).max() {
+            state.last_token = newest;
         }
         Ok(state)
     }
