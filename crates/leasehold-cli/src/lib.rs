@@ -163,8 +163,15 @@ const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A duration flag: `500ms`, `1m30s`, `2h` (humantime), or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     const EXAMPLES: &str = "give e.g. 30s, 500ms, 1m30s or 2h";
-    if text.trim_start().starts_with('-') {
-        return Err(format!("a duration cannot be negative; {EXAMPLES}"));
+    // Flags take values that start with '-' so that `--ttl -5s` gets this message rather
+    // than clap's advice to write `-- -5s`; a flag or `--` in the value's place too.
+    if let Some(rest) = text.trim_start().strip_prefix('-') {
+        if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+            return Err(format!("a duration cannot be negative; {EXAMPLES}"));
+        }
+        return Err(format!(
+            "the duration is missing ({text:?} is not one); {EXAMPLES}"
+        ));
     }
     let duration = match text.trim().parse::<f64>() {
         Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|e| format!("{e}; {EXAMPLES}"))?,
@@ -267,6 +274,8 @@ mod tests {
         for bad in [
             "-5s",
             "-1",
+            "--",
+            "--no-wait",
             "nan",
             "inf",
             "soon",

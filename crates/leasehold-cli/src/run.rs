@@ -174,16 +174,34 @@ impl Watchdog {
         // SAFETY: both descriptors were just made and are owned here alone.
         let (read_end, write_end) =
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // Signals stay blocked across the fork, so none runs our handlers in the child
+        // before it has set its own.
+        // SAFETY: plain calls on signal sets of this thread, kept on the stack.
+        let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+        let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
+        unsafe {
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+        }
         // SAFETY: between fork and _exit the child makes only async-signal-safe calls.
-        match unsafe { libc::fork() } {
-            -1 => Err(std::io::Error::last_os_error()),
-            0 => unsafe {
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            unsafe {
                 // Out of our process group and deaf to the signals meant for us or the
-                // command (a terminal's Ctrl-C); it ends when we do.
+                // command (a terminal's Ctrl-C); it ends when we do. None of our handlers
+                // (the runtime's) may run here. (SIGKILL and SIGSTOP refuse; no matter.)
                 libc::setpgid(0, 0);
-                for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-                    libc::signal(signal, libc::SIG_IGN);
+                let deaf = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+                for signal in 1..libc::SIGRTMIN() {
+                    let action = match deaf.contains(&signal) {
+                        true => libc::SIG_IGN,
+                        false => libc::SIG_DFL,
+                    };
+                    libc::signal(signal, action);
                 }
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
                 libc::close(write_end.as_raw_fd());
                 let read = |buf: &mut [u8]| -> usize {
                     let mut got = 0;
@@ -206,7 +224,12 @@ impl Watchdog {
                     libc::kill(-i32::from_ne_bytes(pgid), libc::SIGKILL);
                 }
                 libc::_exit(0)
-            },
+            }
+        }
+        // SAFETY: restores this thread's own mask.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
+        match pid {
+            -1 => Err(std::io::Error::last_os_error()),
             pid => Ok(Watchdog {
                 pid,
                 pipe: write_end.into(),
@@ -217,7 +240,12 @@ impl Watchdog {
 
     /// Watch over the process group `pgid` from now on.
     fn arm(&mut self, pgid: i32) {
-        self.armed = self.pipe.write_all(&pgid.to_ne_bytes()).is_ok();
+        match self.pipe.write_all(&pgid.to_ne_bytes()) {
+            Ok(()) => self.armed = true,
+            Err(e) => {
+                tracing::warn!(error = %e, "the watchdog could not be told the command's process group")
+            }
+        }
     }
 
     /// We are still here: the watchdog leaves the command's group alone and exits.
@@ -226,8 +254,10 @@ impl Watchdog {
             let _ = self.pipe.write_all(&[0]);
         }
         drop(self.pipe);
-        // SAFETY: plain syscall on our own child, which exits at once.
-        unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
+        // Reaped if it has exited already; else it exits at once and, once we are gone,
+        // is reaped by init. Never waited for: a stopped watchdog must not hold us.
+        // SAFETY: plain syscall on our own child.
+        unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) };
     }
 }
 
@@ -315,18 +345,20 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
         // SAFETY: plain call; lets us take the terminal back after the command.
         unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     }
-    let spawned = Watchdog::start()
-        .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot start a watchdog: {e}")))
-        .and_then(|watchdog| Ok((spawn(&args, store, &guard, foreground)?, watchdog)));
-    let (mut child, mut watchdog) = match spawned {
-        Ok(spawned) => spawned,
+    let mut watchdog = Watchdog::start()
+        .inspect_err(|e| {
+            eprintln!("leasehold: warning: cannot start the watchdog ({e}); if leasehold is killed, what the command started may outlive the lock");
+        })
+        .ok();
+    let mut child = match spawn(&args, store, &guard, foreground) {
+        Ok(child) => child,
         Err(failure) => {
             let _ = guard.release().await;
             return Err(failure);
         }
     };
     let pgid = child.id().map(|id| id as i32).unwrap_or(0);
-    if pgid > 0 {
+    if let (Some(watchdog), true) = (&mut watchdog, pgid > 0) {
         watchdog.arm(pgid);
     }
     // Stop the command a little before the safe deadline if renewals keep failing, so it
@@ -357,7 +389,7 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
                 let valid_until = guard.valid_until();
                 if Instant::now() + warning >= valid_until {
                     let why = format!(
-                        "lock \"{}\" could not be renewed and ends in {}",
+                        "lock \"{}\" is about to be lost: it could not be renewed and ends in {}",
                         args.lock.name,
                         humanize(valid_until.saturating_duration_since(Instant::now()))
                     );
@@ -394,6 +426,11 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
             (ExitCode::from(exit::LOST), true)
         }
     };
+    // The command is reaped (and its group killed if the lock was lost): from here on a
+    // killed leasehold must not touch the group, whose id may even be reused.
+    if let Some(watchdog) = watchdog {
+        watchdog.stand_down();
+    }
     if foreground {
         take_terminal_back();
     }
@@ -416,7 +453,6 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
             args.lock.name
         );
     }
-    watchdog.stand_down();
     Ok(code)
 }
 

@@ -256,7 +256,8 @@ pub struct WaiterInfo {
 pub struct LockState {
     /// The lock's name.
     pub name: String,
-    /// The highest fencing token issued so far (0: never held).
+    /// The highest fencing token issued so far (0: never held). On etcd, which keeps no
+    /// counter per name: the newest among current holders (0: nobody holds it).
     pub last_token: FencingToken,
     /// Current holders, oldest first.
     pub holders: Vec<HolderInfo>,

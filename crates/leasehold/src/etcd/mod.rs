@@ -13,8 +13,8 @@
 //! URLs: `etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET]`, and `etcds://` for
 //! TLS (rustls; the CA must be trusted by the system store or `SSL_CERT_FILE`). Calls go to
 //! one member and fail over to the next when it is down, paused (no answer within 3 s, or
-//! a sixth of the TTL for a renewal, so that a short lease is renewed through another
-//! member in time) or has no leader.
+//! a sixth of the lease, at least 250 ms, for a renewal, so that a short lease is renewed
+//! through another member in time) or has no leader.
 //!
 //! # How it works
 //! - Every acquisition of lock `NAME` is the key `leasehold\0NAME\0L`, `L` its etcd lease
@@ -102,6 +102,10 @@ use rpc::{
 const ROOT: &[u8] = b"leasehold\0";
 /// Owner markers: outside every range under [`ROOT`].
 const MARKERS: &[u8] = b"leasehold\x01";
+
+/// The least time a renewal's call gives one member before trying the next: a healthy
+/// member under load can take this long, and a failed-over call restarts the watches.
+const MIN_TRY_PER_MEMBER: Duration = Duration::from_millis(250);
 
 /// The etcd store. Cheap to clone; clones share the connections.
 #[derive(Clone)]
@@ -655,49 +659,6 @@ impl EtcdStore {
             Err(status) if status.message().contains("not found") => Ok(()),
             Err(status) => Err(self.unavailable(status)),
         }
-    }
-
-    /// [`Store::renew`]: keeps the etcd lease alive and checks that the key still holds ours.
-    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
-        let (key, etcd_lease, create) = match self.acquisition(&lease.id) {
-            Some(Acquisition {
-                key,
-                lease: Some(etcd_lease),
-                state: State::Held { create, .. },
-                ..
-            }) => (key, etcd_lease, create),
-            Some(_) => return Ok(Renewal::Lost),
-            None => match self.find(&lease.name, &lease.id).await? {
-                Some(m) => (m.kv.key, borrowed(m.kv.lease), m.kv.create_revision),
-                None => return Ok(Renewal::Lost),
-            },
-        };
-        // The key is checked too: a force-release deletes it but leaves the lease.
-        let (alive, current) =
-            tokio::join!(self.keep_alive(etcd_lease), self.range(range_key(&key)));
-        let (alive, current) = (alive?, current?);
-        let Some(kv) = current.kvs.into_iter().next().filter(|kv| {
-            kv.create_revision == create
-                && serde_json::from_slice::<Entry>(&kv.value)
-                    .is_ok_and(|e| e.holds.contains(&lease.id))
-        }) else {
-            self.forget(&lease.id);
-            return Ok(Renewal::Lost);
-        };
-        if kv.lease != etcd_lease.id {
-            // Another hold of our owner moved the key to a longer lease: follow it.
-            self.set_lease(&lease.id, borrowed(kv.lease), None);
-            return Box::pin(self.renew_lease(lease, ttl)).await;
-        }
-        let Some(renewed) = alive else {
-            self.forget(&lease.id);
-            return Ok(Renewal::Lost);
-        };
-        self.set_lease(&lease.id, renewed, None);
-        if renewed.ttl() < ttl {
-            return self.move_to_longer_lease(lease, &kv, renewed, ttl).await;
-        }
-        Ok(Renewal::Renewed)
     }
 
     /// One LeaseKeepAlive: the lease's new bound, or `None` if etcd no longer has it.
@@ -1449,9 +1410,51 @@ impl Store for EtcdStore {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
-        // A renewal starts with two thirds of the TTL left: room for a try on a member
+        let (key, etcd_lease, create) = match self.acquisition(&lease.id) {
+            Some(Acquisition {
+                key,
+                lease: Some(etcd_lease),
+                state: State::Held { create, .. },
+                ..
+            }) => (key, etcd_lease, create),
+            Some(_) => return Ok(Renewal::Lost),
+            None => match self.find(&lease.name, &lease.id).await? {
+                Some(m) => (m.kv.key, borrowed(m.kv.lease), m.kv.create_revision),
+                None => return Ok(Renewal::Lost),
+            },
+        };
+        // The key is checked too: a force-release deletes it but leaves the lease.
+        // A renewal starts with two thirds of the lease left: room for a try on a member
         // that does not answer, a retry after the guard's back-off, and a healthy member.
-        rpc::trying_each_for(ttl / 6, self.renew_lease(lease, ttl)).await
+        // (Only these two calls, which may be repeated anywhere; not the writes below.)
+        let per_member = (ttl.min(etcd_lease.ttl()) / 6).max(MIN_TRY_PER_MEMBER);
+        let (alive, current) = tokio::join!(
+            rpc::trying_each_for(per_member, self.keep_alive(etcd_lease)),
+            rpc::trying_each_for(per_member, self.range(range_key(&key)))
+        );
+        let (alive, current) = (alive?, current?);
+        let Some(kv) = current.kvs.into_iter().next().filter(|kv| {
+            kv.create_revision == create
+                && serde_json::from_slice::<Entry>(&kv.value)
+                    .is_ok_and(|e| e.holds.contains(&lease.id))
+        }) else {
+            self.forget(&lease.id);
+            return Ok(Renewal::Lost);
+        };
+        if kv.lease != etcd_lease.id {
+            // Another hold of our owner moved the key to a longer lease: follow it.
+            self.set_lease(&lease.id, borrowed(kv.lease), None);
+            return Box::pin(self.renew(lease, ttl)).await;
+        }
+        let Some(renewed) = alive else {
+            self.forget(&lease.id);
+            return Ok(Renewal::Lost);
+        };
+        self.set_lease(&lease.id, renewed, None);
+        if renewed.ttl() < ttl {
+            return self.move_to_longer_lease(lease, &kv, renewed, ttl).await;
+        }
+        Ok(Renewal::Renewed)
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {

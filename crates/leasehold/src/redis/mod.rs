@@ -220,8 +220,13 @@ fn redact(url: &str) -> String {
 /// Takes leasehold's own `replicas` and `replica_timeout` out of the URL's query, and
 /// refuses parameters nobody reads (a misspelt `replicas` must not pass unnoticed).
 fn replica_option(url: &str) -> std::result::Result<(String, Option<(u32, Duration)>), String> {
+    // A fragment (`#insecure`, read by the redis crate) follows the query: set it aside.
+    let (url, fragment) = match url.split_once('#') {
+        Some((url, fragment)) => (url, format!("#{fragment}")),
+        None => (url, String::new()),
+    };
     let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_string(), None));
+        return Ok((format!("{url}{fragment}"), None));
     };
     let (mut want, mut timeout, mut rest) = (None, Duration::from_millis(100), Vec::new());
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -247,9 +252,9 @@ fn replica_option(url: &str) -> std::result::Result<(String, Option<(u32, Durati
         }
     }
     let url = if rest.is_empty() {
-        base.to_string()
+        format!("{base}{fragment}")
     } else {
-        format!("{base}?{}", rest.join("&"))
+        format!("{base}?{}{fragment}", rest.join("&"))
     };
     Ok((url, want.map(|w| (w, timeout))))
 }
