@@ -606,13 +606,17 @@ impl Client {
                 Some(limit) if i + 1 < self.members.len() => limit,
                 _ => CALL_TIMEOUT,
             };
-            let result = match tokio::time::timeout(limit, call(member)).await {
-                Ok(result) => result,
-                Err(_) => Err(Status::deadline_exceeded(format!(
-                    "{} did not answer within {limit:?}",
-                    member.address
-                ))),
+            let bounded = || async {
+                tokio::time::timeout(limit, call(member))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Status::deadline_exceeded(format!(
+                            "{} did not answer within {limit:?}",
+                            member.address
+                        )))
+                    })
             };
+            let result = bounded().await;
             match result {
                 Ok(value) => {
                     self.current.store(index, Ordering::Relaxed);
@@ -633,7 +637,7 @@ impl Client {
                 {
                     // An expired or foreign token: authenticate again, once, on this member.
                     *member.token.locked() = None;
-                    return call(member).await;
+                    return bounded().await;
                 }
                 Err(status) => return Err(status),
             }
