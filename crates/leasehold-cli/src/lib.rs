@@ -68,8 +68,9 @@ pub enum Command {
 
 const RUN_AFTER_HELP: &str = "\
 The command gets LEASEHOLD_NAME, LEASEHOLD_TOKEN (the fencing token, decimal),
-LEASEHOLD_OWNER and, with --store, LEASEHOLD_STORE. A nested `leasehold run` of the same NAME inside it re-enters the lock
-(same owner from LEASEHOLD_OWNER) instead of waiting for itself.
+LEASEHOLD_OWNER and, with --store, LEASEHOLD_STORE. A nested `leasehold run` of the
+same NAME inside it re-enters the lock (same owner from LEASEHOLD_OWNER) instead of
+waiting for itself.
 
 SIGINT, SIGTERM and SIGHUP are passed to the command's process group; the lock is
 released after the command exits (what it left running in the background is left

@@ -154,6 +154,26 @@ fn volatile_redis_restart_makes_the_holder_stop_its_command_and_exit_76() {
     cli.run(&["run", "--no-wait", "k", "--", "true"]).expect(0);
 }
 
+/// A server that stops answering (paused) under a holder: the holder stops its command
+/// and exits 76, and does not wait on the server for the release of the lost lock.
+#[test]
+fn paused_redis_makes_the_holder_exit_76_without_waiting_to_release() {
+    let server = RedisServer::start();
+    let cli = world("redis-paused-store", &server);
+    let script = "echo $$ > child.pid; exec sleep 1000";
+    let mut holder = cli.spawn(
+        "holder",
+        &["run", "--ttl", "1s", "k", "--", "sh", "-c", script],
+    );
+    let child = PidGuard(read_pid(&cli, "child.pid"));
+    server.pause();
+    holder.expect_exit(76);
+    server.resume();
+    wait_for("the holder's command to be stopped", || !pid_alive(child.0));
+    let stderr = holder.stderr();
+    assert!(stderr.contains("no answer within 1s"), "{stderr}");
+}
+
 #[test]
 fn run_status_and_list_work_on_a_redis_cluster_with_a_password() {
     let cluster = leasehold_testkit::RedisCluster::start_with_password(Some("cluster-secret"));

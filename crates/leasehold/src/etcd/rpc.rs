@@ -616,8 +616,7 @@ impl Client {
                         )))
                     })
             };
-            let result = bounded().await;
-            match result {
+            match bounded().await {
                 Ok(value) => {
                     self.current.store(index, Ordering::Relaxed);
                     if index != start {

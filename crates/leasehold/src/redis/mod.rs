@@ -1033,3 +1033,30 @@ fn key_unescape(s: &str) -> String {
         .replace("%7D", "}")
         .replace("%25", "%")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_options_are_taken_out_and_unknown_ones_refused() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            replica_option("rediss://h:1/0?replicas=2&protocol=resp3#insecure"),
+            Ok((
+                "rediss://h:1/0?protocol=resp3#insecure".into(),
+                Some((2, ms(100)))
+            ))
+        );
+        assert_eq!(
+            replica_option("redis://h:1?replica_timeout=2s&replicas=1"),
+            Ok(("redis://h:1".into(), Some((1, ms(2000)))))
+        );
+        assert_eq!(
+            replica_option("rediss://h:1/#insecure"),
+            Ok(("rediss://h:1/#insecure".into(), None))
+        );
+        let misspelt = replica_option("redis://h:1?replica=1").unwrap_err();
+        assert!(misspelt.contains("\"replica\""), "{misspelt}");
+    }
+}
