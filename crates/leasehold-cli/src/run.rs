@@ -362,13 +362,10 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
         watchdog.arm(pgid);
     }
     // Stop the command a little before the safe deadline if renewals keep failing, so it
-    // is gone before anyone else can hold the lock.
+    // is gone before anyone else can hold the lock. Only failing renewals count: a lock
+    // handed over on a short lease is renewed to the full TTL at once.
     let warning = args.grace.min(args.lock.ttl / 3);
     let ended = loop {
-        let warn_at = guard
-            .valid_until()
-            .checked_sub(warning)
-            .unwrap_or_else(Instant::now);
         let [int, term, hup] = &mut signals;
         tokio::select! {
             status = child.wait() => match status {
@@ -378,23 +375,21 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
             _ = int.recv() => kill_group(pgid, libc::SIGINT),
             _ = term.recv() => kill_group(pgid, libc::SIGTERM),
             _ = hup.recv() => kill_group(pgid, libc::SIGHUP),
-            _ = guard.lost() => {
-                let why = guard.check().err().map(|e| e.to_string()).unwrap_or_default();
-                // Past the safe deadline someone else may hold the lock: no grace then.
+            // Lost (the store said so, or the safe deadline passed), or about to be.
+            _ = async { tokio::select! { _ = guard.lost() => {}, _ = guard.at_risk(warning) => {} } } => {
                 let now = Instant::now();
-                let kill_at = (now + args.grace).min(guard.valid_until().max(now));
-                break Ended::Lost { kill_at, why };
-            }
-            _ = sleep_until(warn_at) => {
                 let valid_until = guard.valid_until();
-                if Instant::now() + warning >= valid_until {
-                    let why = format!(
+                let why = match guard.check() {
+                    Err(lost) => lost.to_string(),
+                    Ok(_) => format!(
                         "lock \"{}\" is about to be lost: it could not be renewed and ends in {}",
                         args.lock.name,
-                        humanize(valid_until.saturating_duration_since(Instant::now()))
-                    );
-                    break Ended::Lost { kill_at: valid_until.max(Instant::now()), why };
-                }
+                        humanize(valid_until.saturating_duration_since(now))
+                    ),
+                };
+                // Past the safe deadline someone else may hold the lock: no grace then.
+                let kill_at = (now + args.grace).min(valid_until.max(now));
+                break Ended::Lost { kill_at, why };
             }
         }
     };

@@ -234,6 +234,60 @@ fn dead_fair_waiter_blocks_the_queue_only_for_its_waiter_lease() {
     drop(dead);
 }
 
+/// Waiters queued behind a holder with default flags (`--ttl 15s`, `--grace 5s`) are
+/// handed the lock one after another by the store, each first on a short waiter lease:
+/// every command runs to its end in arrival order and exits 0. (The CLI used to take the
+/// short lease for one about to be lost and stop each command with exit 76.)
+fn handed_over_commands_run_to_their_end(label: &str, holder: &[&str], flags: &[&str]) {
+    let server = RedisServer::start();
+    let cli = world(label, &server);
+    let hold: Vec<&str> = holder.iter().copied().chain(["k"]).collect();
+    let (mut holder, _) = cli.hold("holder", &hold);
+    let mut waiters = Vec::new();
+    for i in 1..=3 {
+        let script = format!("echo {i} >> order; sleep 1");
+        let args: Vec<&str> = ["run"]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .chain(["k", "--", "sh", "-c", &script])
+            .collect();
+        waiters.push(cli.spawn(&format!("waiter-{i}"), &args));
+        cli.wait_waiters("k", i);
+    }
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
+    for waiter in &mut waiters {
+        waiter.expect_exit(0);
+    }
+    let order: Vec<String> = cli.read("order").lines().map(str::to_string).collect();
+    if flags == ["--fair"] {
+        assert_eq!(order, ["1", "2", "3"], "served out of arrival order");
+    } else {
+        assert_eq!(order.len(), 3, "{order:?}");
+    }
+}
+
+#[test]
+fn fair_hand_offs_run_every_command_to_its_end() {
+    handed_over_commands_run_to_their_end("redis-fair-handoff", &["--fair"], &["--fair"]);
+}
+
+#[test]
+fn permit_hand_offs_run_every_command_to_its_end() {
+    let flags = ["--fair", "--permits", "1"];
+    handed_over_commands_run_to_their_end("redis-permit-handoff", &flags, &flags);
+}
+
+#[test]
+fn shared_hand_offs_run_every_command_to_its_end() {
+    // Readers queued behind a writer are let in together when it leaves.
+    handed_over_commands_run_to_their_end(
+        "redis-shared-handoff",
+        &["--fair"],
+        &["--fair", "--shared"],
+    );
+}
+
 /// `?replicas=1`: a grant counts once a replica has it; with the replica stopped the
 /// grant is given back and `run` exits 69 without running anything.
 #[test]

@@ -162,6 +162,47 @@ impl LockGuard {
         }
     }
 
+    /// Whether the last renewal attempt failed (an error, or no answer within its
+    /// budget) with none confirmed since: the lock may be lost at its safe deadline.
+    pub fn renewal_failing(&self) -> bool {
+        self.held().status.borrow().failing
+    }
+
+    /// Resolves once renewals are failing and the lock can be proven held for less than
+    /// `margin` more (or it is lost): the moment to stop work that must end before anyone
+    /// else can hold the lock, with `margin` left to stop it. A lease that is short only
+    /// because it was just handed over, or that is being renewed normally, is not at risk.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only watches.
+    pub async fn at_risk(&self, margin: Duration) {
+        let mut status = self.held().status.clone();
+        loop {
+            let (failing, valid_until) = {
+                let s = status.borrow_and_update();
+                if s.is_lost(Instant::now()) {
+                    return;
+                }
+                (s.failing, s.valid_until)
+            };
+            let warn_at = valid_until.checked_sub(margin).unwrap_or(valid_until);
+            if failing && Instant::now() >= warn_at {
+                return;
+            }
+            tokio::select! {
+                _ = sleep_until(warn_at), if failing => {}
+                _ = sleep_until(valid_until) => return,
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        // The renewal task is gone; nothing will move the deadline.
+                        sleep_until(valid_until.min(warn_at)).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
     /// Resolves at the safe deadline, or once a renewal found the lease gone.
     async fn deadline_or_known_loss(&self) {
         let mut status = self.held().status.clone();

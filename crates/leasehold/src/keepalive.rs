@@ -30,6 +30,9 @@ pub(crate) struct Status {
     pub renewed_at: Instant,
     pub ttl: Duration,
     pub lost: Option<String>,
+    /// The last renewal attempt failed (an error, or no answer within its budget) and
+    /// none has succeeded since: the lease may run out.
+    pub failing: bool,
 }
 
 impl Status {
@@ -65,6 +68,7 @@ impl Lifeline {
             renewed_at: sent,
             ttl,
             lost: None,
+            failing: false,
         });
         Arc::new(Lifeline {
             store,
@@ -109,6 +113,7 @@ impl Lifeline {
                         s.valid_until = safe_deadline(sent, ttl);
                         s.renewed_at = sent;
                         s.ttl = ttl;
+                        s.failing = false;
                     }
                 });
                 tracing::debug!(lock = %self.lease.name, ttl = ?ttl, "renewed");
@@ -130,8 +135,22 @@ impl Lifeline {
         if self.is_closed() {
             return None;
         }
-        let ttl = self.status.borrow().ttl;
-        match self.renew(ttl).await {
+        let (ttl, valid_until) = {
+            let status = self.status.borrow();
+            (status.ttl, status.valid_until)
+        };
+        // An attempt without an answer within a third of the time left counts as failed,
+        // so a store that hangs is noticed (and retried) well before the safe deadline.
+        let budget = (valid_until.saturating_duration_since(Instant::now()) / 3)
+            .max(Duration::from_millis(50));
+        let outcome = match tokio::time::timeout(budget, self.renew(ttl)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(crate::Error::Unavailable {
+                store: self.store.describe_store(),
+                source: format!("no answer to a renewal within {}", crate::humanize(budget)).into(),
+            }),
+        };
+        match outcome {
             Ok(Renewal::Renewed) => {
                 let status = self.status.borrow();
                 Some(status.renewed_at + status.ttl / 3)
@@ -140,6 +159,8 @@ impl Lifeline {
             Err(_) if self.is_closed() => None,
             Err(error) => {
                 tracing::warn!(lock = %self.lease.name, %error, "renewal failed; retrying until the safe deadline");
+                self.status
+                    .send_if_modified(|s| !std::mem::replace(&mut s.failing, true));
                 let backoff = jitter(ttl.div_f64(10.0).min(Duration::from_millis(500)));
                 let valid_until = self.status.borrow().valid_until;
                 // At the deadline the next step finds the lease lost and says so.
@@ -183,8 +204,14 @@ impl Renewals {
     /// Schedules the first renewal of a new guard's lease.
     pub fn add(self: &Arc<Self>, line: &Arc<Lifeline>) {
         let status = line.status.borrow().clone();
-        // A third of the way to the safe deadline (a third of the TTL for a full lease).
-        let first = status.renewed_at + (status.valid_until - status.renewed_at) / 3;
+        // A third of the way to the safe deadline (a third of the TTL for a full lease);
+        // at once for a lease shorter than asked for (a lock handed to a queued waiter
+        // runs on its short waiter lease until renewed to the full TTL).
+        let full = safe_deadline(status.renewed_at, status.ttl);
+        let first = match status.valid_until < full {
+            true => Instant::now(),
+            false => status.renewed_at + (status.valid_until - status.renewed_at) / 3,
+        };
         self.schedule(Arc::downgrade(line), first);
     }
 
