@@ -525,6 +525,51 @@ pub async fn fifo_when_fair(store: Arc<dyn Store>) {
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
 }
 
+/// A lock handed to a queued waiter (by stores that hand over inside the release, on the
+/// waiter's short lease) is renewed to its full TTL at once, not a third of the way into
+/// the short lease: code that stops work when the lease left runs low must not see a
+/// hand-over as a lock about to be lost.
+pub async fn hand_over_renews_to_the_full_ttl(store: Arc<dyn Store>) {
+    // Two clients, as two processes: tasks of one client hand over in the client.
+    let (locks, other) = (
+        Leasehold::from_store(store.clone()),
+        Leasehold::from_store(store),
+    );
+    let name = unique("handover");
+    let ttl = Duration::from_secs(60);
+    let fair = |locks: &Leasehold| {
+        let lock = locks.mutex(name.as_str()).unwrap();
+        lock.with_fair(true).with_ttl(ttl)
+    };
+    let holder = fair(&other).try_lock().await.unwrap().unwrap();
+    let waiting = tokio::spawn({
+        let lock = fair(&locks);
+        async move { lock.lock().await.unwrap() }
+    });
+    eventually("the waiter to queue", || async {
+        locks.describe(name.as_str()).await.unwrap().waiters.len() == 1
+    })
+    .await;
+    holder.release().await.unwrap();
+    let guard = within("the hand-over", waiting).await.unwrap();
+    let granted = Instant::now();
+    // More than a waiter lease (at most 5 s) ahead: renewed to the TTL asked for.
+    eventually("a renewal to the full TTL", || async {
+        guard.valid_until() > Instant::now() + ttl / 2
+    })
+    .await;
+    // When that renewal was sent (its safe deadline counts from then): at once, not a
+    // third of the way into the short lease (about 1.7 s in).
+    let sent = guard.valid_until() - (crate::keepalive::safe_deadline(granted, ttl) - granted);
+    assert!(
+        sent < granted + Duration::from_secs(1),
+        "the first renewal was sent {:?} after the hand-over",
+        sent.saturating_duration_since(granted)
+    );
+    assert!(!guard.renewal_failing());
+    guard.release().await.unwrap();
+}
+
 /// A semaphore admits at most its permits, each holder with its own token.
 pub async fn semaphore_limit(store: Arc<dyn Store>) {
     let locks = Leasehold::from_store(store);
@@ -800,7 +845,7 @@ macro_rules! conformance_suite {
             mutual_exclusion, drop_releases, try_and_bounded_waits, expiry_after_holder_dies,
             renewal_keeps_lock, lost_fires_before_takeover, missed_release_is_sent_again,
             tokens_and_reentry,
-            fifo_when_fair, semaphore_limit, read_write_rules, release_is_idempotent,
+            fifo_when_fair, hand_over_renews_to_the_full_ttl, semaphore_limit, read_write_rules, release_is_idempotent,
             force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace, bad_input_rejected);
     };
     (@cases $make:expr; $($case:ident),*) => {
