@@ -694,6 +694,102 @@ pub async fn read_write_rules(store: Arc<dyn Store>) {
         .unwrap();
 }
 
+/// The lock rules (see the crate docs) give the same answer on every store: a reader may
+/// not re-enter as a writer (alone or beside other readers); a writer re-enters as a
+/// reader with its token; a name is one primitive, and a semaphore one size, whether the
+/// holder is another owner or the same one; a reader, fair or not, does not pass a
+/// waiting writer.
+pub async fn lock_rules(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("rules");
+    let name = name.as_str();
+    let conflict = |outcome: Result<Option<crate::LockGuard>>, what: &str| match outcome {
+        Err(Error::Conflict { .. }) => {}
+        Err(e) => panic!("{what}: {e}"),
+        Ok(g) => panic!("{what}: granted={}, not refused", g.is_some()),
+    };
+    let read = |owner: &str| locks.read(name).unwrap().with_owner(owner);
+    let write = |owner: &str| locks.write(name).unwrap().with_owner(owner);
+
+    // Shared, then exclusive, by one owner: refused, alone and beside another reader.
+    let x_reads = read("x").try_lock().await.unwrap().expect("a free lock");
+    conflict(write("x").try_lock().await, "an upgrade of a lone reader");
+    let y_reads = read("y").try_lock().await.unwrap().expect("readers share");
+    conflict(write("x").try_lock().await, "an upgrade beside a reader");
+    conflict(
+        write("x").try_lock_for(Duration::from_millis(200)).await,
+        "a waiting upgrade",
+    );
+    let state = locks.describe(name).await.unwrap();
+    assert_eq!(state.holders.len(), 2, "{state:?}");
+    assert!(
+        state.waiters.is_empty(),
+        "a refused request stays queued: {state:?}"
+    );
+    // Not a semaphore either, whoever asks.
+    conflict(
+        locks.semaphore(name, 2).unwrap().try_lock().await,
+        "a semaphore on a rwlock",
+    );
+    let as_semaphore = locks.semaphore(name, 2).unwrap().with_owner("x");
+    conflict(as_semaphore.try_lock().await, "the reader's own semaphore");
+    x_reads.release().await.unwrap();
+    y_reads.release().await.unwrap();
+
+    // Exclusive, then shared, by one owner: one more hold, the same token.
+    let x_writes = write("x").try_lock().await.unwrap().expect("a free lock");
+    let again = read("x")
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("a writer re-enters to read");
+    assert_eq!((again.token(), again.holds()), (x_writes.token(), 2));
+    assert!(
+        read("y").try_lock().await.unwrap().is_none(),
+        "a reader beside a writer"
+    );
+    again.release().await.unwrap();
+    x_writes.release().await.unwrap();
+
+    // A semaphore: not a mutex, and not another size.
+    let permit = locks.semaphore(name, 2).unwrap().try_lock().await.unwrap();
+    let permit = permit.expect("a free semaphore");
+    conflict(
+        locks.mutex(name).unwrap().try_lock().await,
+        "a mutex on a semaphore",
+    );
+    conflict(
+        locks.semaphore(name, 3).unwrap().try_lock().await,
+        "a semaphore of another size",
+    );
+    permit.release().await.unwrap();
+
+    // Readers, fair or not, do not pass a waiting writer.
+    let reader = read("r").try_lock().await.unwrap().expect("a free lock");
+    let waiting = tokio::spawn({
+        let writer = write("w").with_fair(true);
+        async move { writer.lock().await.unwrap() }
+    });
+    eventually("the writer to queue", || async {
+        locks.describe(name).await.unwrap().waiters.len() == 1
+    })
+    .await;
+    for fair in [false, true] {
+        let passed = read("s").with_fair(fair).try_lock().await.unwrap();
+        assert!(
+            passed.is_none(),
+            "a reader (fair: {fair}) passed a waiting writer"
+        );
+    }
+    reader.release().await.unwrap();
+    within("the writer", waiting)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
 /// Releasing twice is harmless, and a release never touches another holder's lease.
 pub async fn release_is_idempotent(store: Arc<dyn Store>) {
     let locks = Leasehold::from_store(store.clone());
@@ -845,7 +941,7 @@ macro_rules! conformance_suite {
             mutual_exclusion, drop_releases, try_and_bounded_waits, expiry_after_holder_dies,
             renewal_keeps_lock, lost_fires_before_takeover, missed_release_is_sent_again,
             tokens_and_reentry,
-            fifo_when_fair, hand_over_renews_to_the_full_ttl, semaphore_limit, read_write_rules, release_is_idempotent,
+            fifo_when_fair, hand_over_renews_to_the_full_ttl, semaphore_limit, read_write_rules, lock_rules, release_is_idempotent,
             force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace, bad_input_rejected);
     };
     (@cases $make:expr; $($case:ident),*) => {

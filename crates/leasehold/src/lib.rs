@@ -39,6 +39,28 @@
 //!   [`Leasehold::write`]), [`Leasehold::describe`], [`Leasehold::list`],
 //!   [`Leasehold::force_release`].
 //!
+//! # The lock rules
+//! Every store gives the same answer to the same request (one decision table in the
+//! library; the conformance suite checks each store against it). For a request of an
+//! owner asking for a kind of hold:
+//!
+//! | the name is held or awaited as… | request | answer |
+//! |---|---|---|
+//! | a mutex or read-write lock | a semaphore | refused ([`Error::Conflict`]): a name is one kind of lock at a time |
+//! | a semaphore of N permits | a mutex, read or write lock | refused |
+//! | a semaphore of N permits | a semaphore of M ≠ N | refused: use the same count everywhere |
+//! | held by the same owner, as a writer | write or read | re-entered: one more hold, the same token |
+//! | held by the same owner, as a reader | read | re-entered |
+//! | held by the same owner, as a reader | write | refused: two readers upgrading would wait for each other forever; release the read hold first |
+//! | held by the same owner, a permit | a permit (same N) | re-entered: still one permit |
+//! | held by others | — | readers share with readers; permit holders with permit holders, one permit per owner up to N; a writer or mutex holder with nobody |
+//!
+//! Waiters: a fair request ([`Lock::with_fair`]) waits behind everyone queued before it,
+//! except that readers behind readers are let in together; a non-fair request may pass
+//! queued waiters, except that a reader never passes a waiting writer (writers do not
+//! starve). A re-entry is granted whatever waits. A refused request leaves nothing in
+//! the store.
+//!
 //! # Choosing a store
 //! - [`MemoryStore`]: the tasks of one process.
 //! - [`LocalStore`] (feature `local`, on by default): the processes of one host; nothing
@@ -69,6 +91,7 @@ mod memory;
 mod name;
 mod options;
 mod record;
+mod rules;
 mod store;
 mod sys;
 mod url;

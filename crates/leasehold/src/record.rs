@@ -13,7 +13,7 @@ use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, HolderInfo, Lease, LockKind, LockState, Released,
     Renewal, WaiterInfo, Watermark,
 };
-use crate::{Error, FencingToken, Result};
+use crate::{rules, Error, FencingToken, Result};
 
 /// Says whether the process `pid` on `host` may still be running.
 pub(crate) type Alive<'a> = &'a dyn Fn(&str, u32) -> bool;
@@ -143,15 +143,6 @@ fn deadline(now: Now, ttl: Duration) -> u64 {
         .saturating_add(ttl.as_nanos().min(u64::MAX as u128) as u64)
 }
 
-/// Whether a holder of `held` admits a new holder of `want` beside it.
-fn compatible(held: LockKind, want: LockKind) -> bool {
-    matches!((held, want), (LockKind::Shared, LockKind::Shared))
-        || matches!(
-            (held, want),
-            (LockKind::Permit { .. }, LockKind::Permit { .. })
-        )
-}
-
 impl Record {
     pub fn new(name: &str, epoch: &str) -> Self {
         Record {
@@ -198,66 +189,46 @@ impl Record {
         self.holders.is_empty() && self.waiters.is_empty()
     }
 
-    /// What an attempt of `req` would get, without changing anything.
+    /// What an attempt of `req` would get, without changing anything: the lock rules
+    /// ([`rules::decide`]) on this record.
     fn admit(&self, req: &AcquireRequest) -> Result<Admit> {
         let lease = req.lease.as_str();
         let mine = |h: &Holder| h.holds.iter().any(|x| x.lease == lease);
         if let Some(i) = self.holders.iter().position(mine) {
             return Ok(Admit::Again(i));
         }
-        if let Some(i) = self.holders.iter().position(|h| h.owner == req.owner) {
-            let h = &self.holders[i];
-            let reenterable = h.kind == req.kind
-                || (h.kind == LockKind::Exclusive && req.kind == LockKind::Shared);
-            if !reenterable {
-                return Err(Error::Conflict {
-                    name: self.name.clone(),
-                    reason: format!(
-                        "owner {:?} already holds it as {} and asked for {}; upgrading a shared hold would deadlock, release it first",
-                        req.owner,
-                        h.kind.word(),
-                        req.kind.word()
-                    ),
-                });
-            }
-            return Ok(Admit::Reenter(i));
-        }
-        if let LockKind::Permit { permits } = req.kind {
-            let other = self.holders.iter().find_map(|h| match h.kind {
-                LockKind::Permit { permits } => Some(permits),
-                _ => None,
-            });
-            if let Some(other) = other.filter(|&other| other != permits) {
-                return Err(Error::Conflict {
-                    name: self.name.clone(),
-                    reason: format!(
-                        "it is held as a semaphore with {other} permits; asked with {permits}; use the same count everywhere"
-                    ),
-                });
-            }
-        }
-        let holder = match req.kind {
-            LockKind::Permit { permits } if self.holders.len() >= permits as usize => Some(0),
-            _ => self
-                .holders
-                .iter()
-                .position(|h| !compatible(h.kind, req.kind)),
-        };
-        let me = self.waiters.iter().position(|w| w.lease == lease);
-        // Fair: nobody ahead, except readers who are let in together. Non-fair: barge,
-        // except that a reader does not pass a waiting writer (no writer starvation).
-        let waiter = self.waiters[..me.unwrap_or(self.waiters.len())]
+        let holders: Vec<rules::Holder> = self
+            .holders
             .iter()
-            .position(|w| {
-                if req.fair {
-                    !(w.kind == LockKind::Shared && req.kind == LockKind::Shared)
-                } else {
-                    req.kind == LockKind::Shared && w.kind == LockKind::Exclusive
-                }
-            });
-        Ok(match (holder, waiter) {
-            (None, None) => Admit::Grant,
-            (holder, waiter) => Admit::Wait { holder, waiter, me },
+            .map(|h| rules::Holder {
+                owner: &h.owner,
+                kind: h.kind,
+            })
+            .collect();
+        let waiters: Vec<rules::Waiter> = self
+            .waiters
+            .iter()
+            .map(|w| rules::Waiter {
+                owner: &w.owner,
+                kind: w.kind,
+            })
+            .collect();
+        let me = self.waiters.iter().position(|w| w.lease == lease);
+        let ask = rules::Ask {
+            owner: &req.owner,
+            kind: req.kind,
+            fair: req.fair,
+        };
+        Ok(match rules::decide(&holders, &waiters, me, &ask) {
+            rules::Decision::Reenter(i) => Admit::Reenter(i),
+            rules::Decision::Grant => Admit::Grant,
+            rules::Decision::Wait { holder, waiter } => Admit::Wait { holder, waiter, me },
+            rules::Decision::Refuse(refusal) => {
+                return Err(Error::Conflict {
+                    name: self.name.clone(),
+                    reason: refusal.message(),
+                })
+            }
         })
     }
 

@@ -91,7 +91,7 @@ use crate::store::{
     LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
 use crate::Locked;
-use crate::{Error, FencingToken, LockName, Result};
+use crate::{rules, Error, FencingToken, LockName, Result};
 use line::{Joined, Lines, Turn};
 use rpc::{
     prefix_end, Client, Compare, DeleteRangeRequest, KeyValue, LeaseGrantRequest,
@@ -294,6 +294,9 @@ fn writer_waiting(at: usize, key: impl Fn(usize) -> Vec<u8>) -> Option<Waiting> 
 }
 
 /// The standing of `queue[at]`, by the rules of its kind. `queue` is in create order.
+/// This is the lock rules ([`rules::decide`]) for a fair queue, read by position (a
+/// test checks that they agree): linear in the queue, where folding `decide` over it
+/// would be quadratic.
 fn standing(queue: &[Member], at: usize) -> Standing {
     let granted = |i: usize| match queue[i].entry.kind {
         LockKind::Exclusive => i == 0,
@@ -330,16 +333,6 @@ fn standing(queue: &[Member], at: usize) -> Standing {
         }),
     };
     Standing { waiting, position }
-}
-
-/// Whether `kind` can share a queue with `other`: read and write locks mix; a semaphore
-/// only with the same number of permits.
-fn compatible(kind: LockKind, other: LockKind) -> bool {
-    match (kind, other) {
-        (LockKind::Permit { permits: a }, LockKind::Permit { permits: b }) => a == b,
-        (LockKind::Permit { .. }, _) | (_, LockKind::Permit { .. }) => false,
-        _ => true,
-    }
 }
 
 fn queue_prefix(name: &LockName) -> Vec<u8> {
@@ -832,7 +825,10 @@ impl EtcdStore {
             .iter()
             .find(|m| m.kv.key == key)
             .map(|m| m.kv.create_revision);
-        if let Some(other) = queue.iter().find(|m| !compatible(req.kind, m.entry.kind)) {
+        let refused = queue
+            .iter()
+            .find_map(|m| rules::same_primitive(m.entry.kind, req.kind).err());
+        if let Some(refusal) = refused {
             if let Some(create) = ours {
                 self.withdraw(&req.lease, &key, &marker, create, lease)
                     .await?;
@@ -840,7 +836,7 @@ impl EtcdStore {
                 self.forget(&req.lease);
                 self.spare(lease);
             }
-            return Err(conflict(req, other));
+            return Err(conflict(req, refusal));
         }
         // An owner has one key per queue (its marker sees to that): ours, or the one we
         // re-enter.
@@ -877,6 +873,9 @@ impl EtcdStore {
                 self.spare(lease);
             }
             if here.waiting.is_none() {
+                if let Err(refusal) = rules::reentry(queue[at].entry.kind, req.kind, &req.owner) {
+                    return Err(conflict(req, refusal));
+                }
                 return self.reenter(req, &queue[at], started).await;
             }
             return Ok(self.outside(req, &queue, &prefix, revision));
@@ -923,15 +922,18 @@ impl EtcdStore {
             // Our owner holds through a key put into an empty queue: re-enter it.
             self.withdraw(&req.lease, key, &marker, create, lease)
                 .await?;
+            if let Err(refusal) = rules::reentry(first.entry.kind, req.kind, &req.owner) {
+                return Err(conflict(req, refusal));
+            }
             return self.reenter(req, first, started).await;
         }
-        if let Some(first) = first
+        let refused = first
             .as_ref()
-            .filter(|f| !compatible(req.kind, f.entry.kind))
-        {
+            .and_then(|f| rules::same_primitive(f.entry.kind, req.kind).err());
+        if let Some(refusal) = refused {
             self.withdraw(&req.lease, key, &marker, create, lease)
                 .await?;
-            return Err(conflict(req, first));
+            return Err(conflict(req, refusal));
         }
         let Some(waiting) = writer_waiting(at, |i| keys[i].key.clone()) else {
             return Ok(self.granted(req, key, lease, create, modified, 1, started));
@@ -1345,22 +1347,10 @@ impl EtcdStore {
     }
 }
 
-fn conflict(req: &AcquireRequest, other: &Member) -> Error {
+fn conflict(req: &AcquireRequest, refusal: rules::Refusal) -> Error {
     Error::Conflict {
         name: req.name.to_string(),
-        reason: format!(
-            "it is used as a {} ({}), not as a {}: everyone must use the same kind and permits",
-            other.entry.kind.word(),
-            describe_kind(other.entry.kind),
-            describe_kind(req.kind),
-        ),
-    }
-}
-
-fn describe_kind(kind: LockKind) -> String {
-    match kind {
-        LockKind::Permit { permits } => format!("a semaphore of {permits}"),
-        LockKind::Shared | LockKind::Exclusive => "a mutex or read-write lock".into(),
+        reason: refusal.message(),
     }
 }
 
@@ -1942,9 +1932,43 @@ mod tests {
         let third = standing(&q, 2);
         assert_eq!(third.waiting, waits_for(&[0, 1], 1));
         assert_eq!(third.position, 1);
-        assert!(!compatible(sem, LockKind::Permit { permits: 3 }));
-        assert!(!compatible(sem, W));
-        assert!(compatible(R, W));
+    }
+
+    /// `standing` is the lock rules (rules.rs) for a fair queue, read by position: each
+    /// key, in create order, is granted exactly when the rules grant a fair request of
+    /// its kind against the keys before it (granted ones as holders, the rest as
+    /// waiters). Every queue of up to 7 keys of one primitive is checked.
+    #[test]
+    fn standing_is_the_lock_rules_for_a_fair_queue() {
+        let sem = LockKind::Permit { permits: 3 };
+        for kinds in [[W, R], [sem, sem]] {
+            for len in 1..=7 {
+                for bits in 0..1u32 << len {
+                    let kinds: Vec<_> = (0..len).map(|i| kinds[(bits >> i & 1) as usize]).collect();
+                    let q = queue(&kinds);
+                    let (mut holders, mut waiters) = (Vec::new(), Vec::new());
+                    for (at, m) in q.iter().enumerate() {
+                        let ask = rules::Ask {
+                            owner: &m.entry.owner,
+                            kind: m.entry.kind,
+                            fair: true,
+                        };
+                        let granted =
+                            rules::decide(&holders, &waiters, None, &ask) == rules::Decision::Grant;
+                        assert_eq!(
+                            standing(&q, at).waiting.is_none(),
+                            granted,
+                            "{kinds:?} at {at}"
+                        );
+                        let (owner, kind) = (ask.owner, ask.kind);
+                        match granted {
+                            true => holders.push(rules::Holder { owner, kind }),
+                            false => waiters.push(rules::Waiter { owner, kind }),
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

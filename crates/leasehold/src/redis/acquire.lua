@@ -9,7 +9,8 @@
 --   retry_in -1: none; holder: owner, host, pid, token, acquired ms, lease left ms,
 --   holds, kind, permits — owner '' when no holder is in the way — then released
 --   before: 1 if transfer.lua released a hold first, else 0);
---   an error starting with LHCONFLICT when the request cannot be served as asked.
+--   an error LHCONFLICT CODE KIND PERMITS when the lock rules refuse the request (CODE
+--   as Refusal::code in rules.rs; KIND and PERMITS of the holder or waiter it met).
 local lease, owner, kind, permits = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local fair, enqueue = ARGV[6] == '1', ARGV[7] == '1'
 local host, pid, channel, wall = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
@@ -31,14 +32,30 @@ if at then
   return granted(h.t, (holds_of(owner)))
 end
 
--- Re-entry by the same owner: one more hold, the same token.
+-- The lock rules (rules.rs), which Rust also states: a refusal answers with its code and
+-- the kind it met, and Rust writes the message.
+local function refuse(code, used)
+  save()
+  return redis.error_reply('LHCONFLICT ' .. code .. ' ' .. used.k .. ' ' .. used.p)
+end
+
+-- 1. One primitive per name, held or awaited. Every holder and waiter was admitted by
+-- this rule, so the first hold and the first other waiter speak for all of them.
+local me = find_waiter(lease)
+if not me then
+  local used = H ~= '' and hold_at(1) or nil
+  if not used and q > 0 then used = waiter_at(1) end
+  if used then
+    if (used.k == 'permit') ~= (kind == 'permit') then return refuse('primitive', used) end
+    if kind == 'permit' and used.p ~= permits then return refuse('permits', used) end
+  end
+end
+
+-- 2. Re-entry by the same owner: one more hold, the same token; but a reader may not
+-- upgrade.
 for _, h in ipairs(holds()) do
   if h.o == owner then
-    if not (h.k == kind or (h.k == 'exclusive' and kind == 'shared')) then
-      save()
-      return redis.error_reply('LHCONFLICT owner ' .. owner .. ' already holds it as ' .. h.k ..
-        ' and asked for ' .. kind .. '; upgrading a shared hold would deadlock, release it first')
-    end
+    if h.k == 'shared' and kind == 'exclusive' then return refuse('upgrade', h) end
     add_hold(pack_hold({l = lease, o = owner, k = h.k, p = h.p, t = h.t, a = h.a, n = host,
                         i = pid, e = expires, c = channel}), expires)
     if remove_waiter(lease) then bumped = true end
@@ -46,19 +63,8 @@ for _, h in ipairs(holds()) do
   end
 end
 
-if kind == 'permit' then
-  for _, h in ipairs(holds()) do
-    if h.k == 'permit' and h.p ~= permits then
-      save()
-      return redis.error_reply('LHCONFLICT it is held as a semaphore with ' .. h.p ..
-        ' permits; asked with ' .. permits .. '; use the same count everywhere')
-    end
-  end
-end
-
+-- 3 and 4: holders in the way, waiters ahead that may not be passed.
 local blocking_holder = holder_in_the_way(kind, tonumber(permits))
--- Our place in the queue, if queued (where our entry starts).
-local me = find_waiter(lease)
 
 -- How many waiters are before us (all of them when we are not queued); only writers
 -- when `writers`.

@@ -28,7 +28,8 @@ if ARGV[6] == '1' and ARGV[7] == '1' and ARGV[3] == 'exclusive' and not ARGV[14]
     queued = string.find(raw, '\30' .. ARGV[1] .. '\31', 1, true)
   end
   local h = hold_at(1)
-  if not queued and h.o ~= ARGV[2] then
+  -- (Behind a semaphore's permit the rules refuse it: acquire.lua says so.)
+  if not queued and h.o ~= ARGV[2] and h.k ~= 'permit' then
     q = q + 1
     if m == 0 or waiter_expires < m then m = waiter_expires end
     redis.call('SETRANGE', key, 0, header())

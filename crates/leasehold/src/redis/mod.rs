@@ -76,7 +76,7 @@ use crate::store::{
     LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
 use crate::Locked;
-use crate::{Error, FencingToken, LockName, Result};
+use crate::{rules, Error, FencingToken, LockName, Result};
 
 struct Scripts {
     acquire: Script,
@@ -439,7 +439,15 @@ impl RedisStore {
                 &[Arg::Joined(&hold), ttl, Arg::Joined(&rest)][..],
             ),
         };
-        let reply: Value = self.run(script, &req.name, args).await?;
+        let reply: Value = match self.run(script, &req.name, args).await {
+            Err(Error::Conflict { name, reason }) => {
+                return Err(Error::Conflict {
+                    name,
+                    reason: refusal(&reason, req),
+                })
+            }
+            reply => reply?,
+        };
         // A grant by hot.lua is its token alone: one hold, and a transfer's hold was held.
         let (granted, released, reply) = match reply {
             Value::Int(token) => {
@@ -708,6 +716,28 @@ enum Arg<'a> {
     Fresh(bool),
     /// Several in one argument, separated by \x1f.
     Joined(&'a [Arg<'a>]),
+}
+
+/// The message for a refusal by acquire.lua ("CODE KIND PERMITS", see its header): the
+/// lock rules' own words (rules.rs), or the script's text if it is not one of them.
+fn refusal(answer: &str, req: &AcquireRequest) -> String {
+    let mut words = answer.split(' ');
+    let (code, kind, permits) = (words.next(), words.next(), words.next());
+    let permits = permits.and_then(|p| p.parse().ok()).unwrap_or(0);
+    let used = match kind {
+        Some("exclusive") => LockKind::Exclusive,
+        Some("shared") => LockKind::Shared,
+        _ => LockKind::Permit { permits },
+    };
+    let ask = rules::Ask {
+        owner: &req.owner,
+        kind: req.kind,
+        fair: req.fair,
+    };
+    match code.and_then(|code| rules::Refusal::from_code(code, &ask, used)) {
+        Some(refusal) => refusal.message(),
+        None => answer.to_string(),
+    }
 }
 
 /// The separators of the record's fields (see record.lua): replaced by `?` in any text
