@@ -121,6 +121,7 @@ impl Refusal {
 
     /// The refusal `code` names, with the kinds or owner it concerns (a store's script
     /// answers with the code only; the request and the kind it met fill in the rest).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_code(code: &str, ask: &Ask<'_>, used: LockKind) -> Option<Refusal> {
         Some(match (code, used, ask.kind) {
             ("upgrade", _, _) => Refusal::Upgrade {

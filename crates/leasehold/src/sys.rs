@@ -73,4 +73,29 @@ mod local {
         // SAFETY: fd is a fresh descriptor returned by the kernel.
         Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
     }
+
+    /// The process holding a `flock` on the file `(dev, ino)`, and its user id, from
+    /// `/proc/locks` (blocked requests, marked `->`, are not holders).
+    pub(crate) fn flock_holder(dev: u64, ino: u64) -> Option<(u32, u32)> {
+        let wanted = format!(
+            "{:02x}:{:02x}:{ino}",
+            libc::major(dev as libc::dev_t),
+            libc::minor(dev as libc::dev_t)
+        );
+        let locks = std::fs::read_to_string("/proc/locks").ok()?;
+        let pid = locks.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            match fields.as_slice() {
+                [_, "FLOCK", _, _, pid, file, ..] if *file == wanted => pid.parse::<u32>().ok(),
+                _ => None,
+            }
+        })?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse().ok())?;
+        Some((pid, uid))
+    }
 }

@@ -25,6 +25,7 @@ use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,6 +64,8 @@ pub struct LocalStore {
 struct Inner {
     dir: PathBuf,
     locks_dir: PathBuf,
+    /// Mode of new lock files: this user's, and the group's if the store is shared.
+    file_mode: u32,
     boot: String,
     host: String,
     files: Mutex<HashMap<LockName, Arc<LockFile>>>,
@@ -172,6 +175,22 @@ fn file_name(name: &LockName) -> OsString {
     out.into()
 }
 
+/// Gives a directory or file of the store that we own exactly the access bits `bits`
+/// (keeping setgid, which a shared directory passes on), through `set`.
+fn set_mode(
+    meta: &std::fs::Metadata,
+    bits: u32,
+    set: impl FnOnce(std::fs::Permissions) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    // SAFETY: plain query.
+    let mine = meta.uid() == unsafe { libc::geteuid() };
+    let mode = (meta.mode() & 0o7000) | bits;
+    match mine && meta.mode() & 0o7777 != mode {
+        true => set(std::fs::Permissions::from_mode(mode)),
+        false => Ok(()),
+    }
+}
+
 fn unusable(dir: &Path, what: &str, e: std::io::Error) -> Error {
     Error::InvalidStore {
         store: format!("local:{}", dir.display()),
@@ -183,11 +202,55 @@ fn unusable(dir: &Path, what: &str, e: std::io::Error) -> Error {
 
 impl LocalStore {
     /// Opens (creating if needed) the store in `dir`.
+    ///
+    /// Directories it creates are private to this user (0700). Its `locks` directory and
+    /// lock files get the group's access when the group may write to `dir` (a directory
+    /// shared on purpose: `chgrp` it to the group and `chmod 2770` it before the first
+    /// use), and never anyone else's: a user who can open a lock file can hold its file
+    /// lock and stall every user of the lock.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref().to_path_buf();
+        Self::open_with(dir.as_ref(), false)
+    }
+
+    fn open_with(dir: &Path, private: bool) -> Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = dir.to_path_buf();
         let locks_dir = dir.join("locks");
-        std::fs::create_dir_all(&locks_dir)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| unusable(&dir, "cannot create it", e))?;
+        // The default directory is this user's alone, even if an older version made it
+        // readable by others.
+        let meta = std::fs::metadata(&dir).map_err(|e| unusable(&dir, "cannot read it", e))?;
+        // SAFETY: plain query.
+        let me = unsafe { libc::geteuid() };
+        if private && meta.uid() == me && meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| unusable(&dir, "cannot make it private", e))?;
+        }
+        // A store directory its group may write to is shared with the group on purpose
+        // (a plain `mkdir` gives the group read access only): the group gets the locks
+        // too. Others get nothing.
+        let group = match !private && meta.mode() & 0o020 != 0 {
+            true => 0o070,
+            false => 0,
+        };
+        std::fs::DirBuilder::new()
+            .mode(0o700 | group)
+            .create(&locks_dir)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Ok(()),
+                _ => Err(e),
+            })
             .map_err(|e| unusable(&dir, "cannot create its locks directory", e))?;
+        let locks_meta = std::fs::metadata(&locks_dir)
+            .map_err(|e| unusable(&dir, "cannot read its locks directory", e))?;
+        set_mode(&locks_meta, 0o700 | group, |p| {
+            std::fs::set_permissions(&locks_dir, p)
+        })
+        .map_err(|e| unusable(&dir, "cannot set the mode of its locks directory", e))?;
         std::fs::read_dir(&locks_dir)
             .map_err(|e| unusable(&dir, "cannot read its locks directory", e))?;
         let probe = locks_dir.join(".probe");
@@ -195,12 +258,14 @@ impl LocalStore {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&probe)
             .map_err(|e| unusable(&dir, "cannot write in its locks directory", e))?;
         Ok(LocalStore {
             inner: Arc::new(Inner {
                 dir,
                 locks_dir,
+                file_mode: 0o600 | (group & 0o060),
                 boot: sys::boot_id(),
                 host: sys::hostname(),
                 files: Mutex::default(),
@@ -210,9 +275,12 @@ impl LocalStore {
         })
     }
 
-    /// The default store (see [`default_dir`]).
+    /// The default store (see [`default_dir`]), private to this user unless
+    /// `LEASEHOLD_HOME` names it (then it is treated as [`open`](Self::open) treats a
+    /// directory given).
     pub fn open_default() -> Result<Self> {
-        Self::open(default_dir()?)
+        let named = std::env::var_os("LEASEHOLD_HOME").is_some_and(|v| !v.is_empty());
+        Self::open_with(&default_dir()?, !named)
     }
 
     /// Where it keeps its files.
@@ -237,15 +305,20 @@ impl LocalStore {
             return Ok(f.clone());
         }
         let path = self.inner.locks_dir.join(file_name(name));
+        let cannot =
+            |e| self.io_error(name.as_str(), &format!("cannot open {}", path.display()), e);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(self.inner.file_mode)
             .open(&path)
-            .map_err(|e| {
-                self.io_error(name.as_str(), &format!("cannot open {}", path.display()), e)
-            })?;
+            .map_err(cannot)?;
+        // Made by an older version (readable by others), or under a umask that took the
+        // group's access away: the store's mode.
+        let meta = file.metadata().map_err(cannot)?;
+        set_mode(&meta, self.inner.file_mode, |p| file.set_permissions(p)).map_err(cannot)?;
         let f = Arc::new(LockFile {
             file,
             turn: tokio::sync::Mutex::new(None),
@@ -264,9 +337,12 @@ impl LocalStore {
     async fn with<T>(&self, name: &LockName, f: impl FnOnce(&mut Record, Now) -> T) -> Result<T> {
         let lf = self.lock_file(name)?;
         let mut cache = lf.turn.lock().await;
-        let _flock = flock(&lf)
-            .await
-            .map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?;
+        let _flock = match tokio::time::timeout(FLOCK_PATIENCE, flock(&lf)).await {
+            Ok(flock) => {
+                flock.map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?
+            }
+            Err(_) => return Err(self.file_lock_stuck(name, &lf)),
+        };
         let now = Now {
             mono: sys::boottime_ns(),
             wall_ms: Now::wall_ms(),
@@ -318,6 +394,30 @@ impl LocalStore {
         Ok(out)
     }
 
+    /// Our processes hold a lock file's `flock` for microseconds; one held longer than
+    /// [`FLOCK_PATIENCE`] is held by a process that is stuck, or that is not leasehold.
+    fn file_lock_stuck(&self, name: &LockName, lf: &LockFile) -> Error {
+        let path = self.inner.locks_dir.join(file_name(name));
+        let holder = lf
+            .file
+            .metadata()
+            .ok()
+            .and_then(|m| sys::flock_holder(m.dev(), m.ino()));
+        let who = match holder {
+            Some((pid, uid)) => format!("process {pid} (user id {uid})"),
+            None => "another process".into(),
+        };
+        Error::Unavailable {
+            store: self.store_name(),
+            source: format!(
+                "{who} has held the file lock of {} for over {}; leasehold holds it only for microseconds, so that process is stopped or is not leasehold",
+                path.display(),
+                crate::humanize(FLOCK_PATIENCE)
+            )
+            .into(),
+        }
+    }
+
     fn corrupt(&self, name: &LockName, why: &str) -> Error {
         let path = self.inner.locks_dir.join(file_name(name));
         Error::Corrupt {
@@ -352,6 +452,11 @@ impl LocalStore {
     }
 }
 
+/// How long a store call waits for a lock file's `flock` before giving up: far longer
+/// than any update of ours holds it, short enough that a stranger holding it cannot
+/// stretch a bounded wait by much.
+const FLOCK_PATIENCE: Duration = Duration::from_secs(1);
+
 /// Holds a file's `flock` until dropped.
 struct Flock(Arc<LockFile>);
 
@@ -363,7 +468,8 @@ impl Drop for Flock {
 }
 
 /// Takes the file lock: at once if free, else on a blocking thread, so a process stopped
-/// in the middle of its few-microsecond update cannot stall this runtime.
+/// in the middle of its few-microsecond update cannot stall this runtime. (A caller that
+/// stops waiting leaves the thread to take the lock and let it go at once.)
 async fn flock(lf: &Arc<LockFile>) -> std::io::Result<Flock> {
     let fd = lf.file.as_raw_fd();
     // SAFETY: valid fd; non-blocking attempt.

@@ -1,0 +1,114 @@
+//! Who can touch the local store: the default store is its user's alone, a store shared
+//! on purpose keeps its group's access and nobody else's, and a file lock held by a
+//! stranger cannot stall `leasehold` past a bound.
+
+mod support;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use support::*;
+
+fn mode(path: &Path) -> u32 {
+    fs::metadata(path).unwrap().mode() & 0o7777
+}
+
+/// Whether the user `nobody` can open `path` for reading.
+fn nobody_can_read(path: &Path) -> bool {
+    Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "cat"])
+        .arg(path)
+        .output()
+        .expect("setpriv (util-linux)")
+        .status
+        .success()
+}
+
+#[test]
+fn the_default_store_is_private_to_its_user() {
+    let cli = Cli::new("default-private");
+    let state = cli.home.join("state");
+    let store = state.join("leasehold");
+    // As an older version left it: readable by everyone.
+    fs::create_dir_all(store.join("locks")).unwrap();
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&store, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(store.join("locks"), fs::Permissions::from_mode(0o755)).unwrap();
+    let old = store.join("locks/old.lock");
+    fs::write(&old, "").unwrap();
+    fs::set_permissions(&old, fs::Permissions::from_mode(0o644)).unwrap();
+    let run = |name: &str| {
+        let mut cmd = cli.bare(&["run", name, "--", "true"]);
+        cmd.env_remove("LEASEHOLD_HOME")
+            .env("XDG_STATE_HOME", &state);
+        Out::from(cmd.output().unwrap()).expect(0);
+    };
+    run("new");
+    run("old");
+    assert_eq!(mode(&store), 0o700);
+    assert_eq!(mode(&store.join("locks")) & 0o077, 0);
+    assert_eq!(mode(&store.join("locks/new.lock")), 0o600);
+    assert_eq!(
+        mode(&old) & 0o077,
+        0,
+        "an old lock file stays readable by others"
+    );
+    // Everything above the store lets others pass: the store's own modes must stop them.
+    for dir in [cli.home.parent().unwrap(), &cli.home] {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    assert!(nobody_can_read(Path::new("/etc/hostname")), "setpriv works");
+    assert!(!nobody_can_read(&store.join("locks/new.lock")));
+    assert!(!nobody_can_read(&old));
+}
+
+#[test]
+fn a_store_shared_with_a_group_keeps_the_group_and_nobody_else() {
+    let cli = Cli::new("group-shared");
+    let shared = cli.home.join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o2770)).unwrap();
+    let url = format!("local:{}", shared.display());
+    let mut cmd = cli.bare(&["--store", &url, "run", "k", "--", "true"]);
+    Out::from(cmd.output().unwrap()).expect(0);
+    assert_eq!(mode(&shared.join("locks")) & 0o777, 0o770);
+    assert_eq!(mode(&shared.join("locks/k.lock")), 0o660);
+
+    // A directory its group may only read (as `mkdir` makes it) is not shared.
+    let own = cli.home.join("own");
+    fs::create_dir(&own).unwrap();
+    fs::set_permissions(&own, fs::Permissions::from_mode(0o755)).unwrap();
+    let url = format!("local:{}", own.display());
+    let mut cmd = cli.bare(&["--store", &url, "run", "k", "--", "true"]);
+    Out::from(cmd.output().unwrap()).expect(0);
+    assert_eq!(mode(&own.join("locks")) & 0o777, 0o700);
+    assert_eq!(mode(&own.join("locks/k.lock")), 0o600);
+}
+
+/// Another process holds the lock file's `flock` for a minute (a stranger, or anything
+/// that opened the file): `leasehold` gives up after about a second, exit 69, and names
+/// that process, instead of blocking for as long as the stranger likes. (Without the
+/// bound it ran after the minute, exit 0.)
+#[test]
+fn a_file_lock_held_by_a_stranger_cannot_stall_a_bounded_wait() {
+    let cli = Cli::new("stuck-flock");
+    cli.run(&["run", "k", "--", "true"]).expect(0);
+    let file = cli.store.strip_prefix("local:").unwrap().to_string() + "/locks/k.lock";
+    let mut stranger = Command::new("flock");
+    stranger
+        .args(["-x", &file, "sh", "-c", "touch locked; exec sleep 60"])
+        .current_dir(&cli.work);
+    let stranger = cli.start("stranger", stranger);
+    cli.wait_file("locked");
+    let out = cli
+        .run(&["run", "--wait", "2s", "k", "--", "true"])
+        .expect(69);
+    assert!(
+        out.stderr.contains(&format!("process {}", stranger.pid()))
+            && out.stderr.contains("file lock"),
+        "{}",
+        out.stderr
+    );
+}
