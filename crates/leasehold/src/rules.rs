@@ -141,6 +141,7 @@ impl Refusal {
 
 fn primitive(kind: LockKind) -> String {
     match kind {
+        LockKind::Permit { permits: 1 } => "a semaphore of 1 permit".into(),
         LockKind::Permit { permits } => format!("a semaphore of {permits} permits"),
         LockKind::Exclusive | LockKind::Shared => "a mutex or read-write lock".into(),
     }
