@@ -153,14 +153,33 @@ fn take_terminal_back() {
 const LOST_RELEASE_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Kills the command's process group if `leasehold` dies without standing it down
-/// (SIGKILL, the OOM killer): `PR_SET_PDEATHSIG` reaches the command's first process
-/// only, not what it started. A forked process, in a process group of its own, waits on
-/// a pipe whose only writer is us; the end of the pipe without a word means we are gone.
+/// (SIGKILL, the OOM killer), or stalls past the lease (SIGSTOP, a frozen VM):
+/// `PR_SET_PDEATHSIG` reaches the command's first process only, not what it started, and
+/// nothing at all while we are stopped. A forked process, in a process group of its own,
+/// reads from a pipe whose only writer is us: the command's group, then each new safe
+/// deadline as renewals confirm it. The end of the pipe without a word to stand down
+/// means we are gone; a deadline passed without a later one means we are stuck.
 struct Watchdog {
     pid: libc::pid_t,
     /// Closed with us; the command does not inherit it (close-on-exec).
     pipe: std::fs::File,
     armed: bool,
+}
+
+/// What we tell the watchdog: a tag and a number, in one write (atomic on a pipe).
+const GROUP: u8 = b'G';
+const DEADLINE: u8 = b'D';
+const STAND_DOWN: u8 = b'S';
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock the watchdog and we share.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; async-signal-safe (the watchdog calls it).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl Watchdog {
@@ -219,9 +238,40 @@ impl Watchdog {
                     }
                     got
                 };
-                let mut pgid = [0u8; 4];
-                if read(&mut pgid) == 4 && read(&mut [0u8]) == 0 {
-                    libc::kill(-i32::from_ne_bytes(pgid), libc::SIGKILL);
+                let (mut pgid, mut deadline) = (0i32, None::<u64>);
+                loop {
+                    let mut wait_ms = -1;
+                    if let (true, Some(deadline)) = (pgid > 0, deadline) {
+                        let now = monotonic_ns();
+                        if now >= deadline {
+                            // Stuck past the lease: the command must not run on unlocked.
+                            libc::kill(-pgid, libc::SIGKILL);
+                            break;
+                        }
+                        wait_ms = ((deadline - now) / 1_000_000 + 1).min(i32::MAX as u64) as i32;
+                    }
+                    let mut poll = libc::pollfd {
+                        fd: read_end.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    if libc::poll(&mut poll, 1, wait_ms) <= 0 {
+                        continue; // the deadline, or EINTR: look again
+                    }
+                    let mut message = [0u8; 9];
+                    if read(&mut message) < message.len() {
+                        // We are gone without standing it down.
+                        if pgid > 0 {
+                            libc::kill(-pgid, libc::SIGKILL);
+                        }
+                        break;
+                    }
+                    let value = u64::from_ne_bytes(message[1..].try_into().unwrap_or_default());
+                    match message[0] {
+                        GROUP => pgid = value as i32,
+                        DEADLINE => deadline = Some(value),
+                        _ => break,
+                    }
                 }
                 libc::_exit(0)
             }
@@ -238,20 +288,36 @@ impl Watchdog {
         }
     }
 
-    /// Watch over the process group `pgid` from now on.
-    fn arm(&mut self, pgid: i32) {
-        match self.pipe.write_all(&pgid.to_ne_bytes()) {
+    fn tell(&mut self, tag: u8, value: u64) -> std::io::Result<()> {
+        let mut message = [tag; 9];
+        message[1..].copy_from_slice(&value.to_ne_bytes());
+        self.pipe.write_all(&message)
+    }
+
+    /// Watch over the process group `pgid` from now on, until `valid_until`.
+    fn arm(&mut self, pgid: i32, valid_until: Instant) {
+        match self.tell(GROUP, pgid as u64) {
             Ok(()) => self.armed = true,
             Err(e) => {
                 tracing::warn!(error = %e, "the watchdog could not be told the command's process group")
             }
+        }
+        self.deadline(valid_until);
+    }
+
+    /// The lease is provably ours until `valid_until` (a renewal confirmed it).
+    fn deadline(&mut self, valid_until: Instant) {
+        let left = valid_until.saturating_duration_since(Instant::now());
+        let at = monotonic_ns().saturating_add(left.as_nanos().min(u64::MAX as u128) as u64);
+        if self.armed {
+            let _ = self.tell(DEADLINE, at);
         }
     }
 
     /// We are still here: the watchdog leaves the command's group alone and exits.
     fn stand_down(mut self) {
         if self.armed {
-            let _ = self.pipe.write_all(&[0]);
+            let _ = self.tell(STAND_DOWN, 0);
         }
         drop(self.pipe);
         // Reaped if it has exited already; else it exits at once and, once we are gone,
@@ -359,8 +425,10 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
     };
     let pgid = child.id().map(|id| id as i32).unwrap_or(0);
     if let (Some(watchdog), true) = (&mut watchdog, pgid > 0) {
-        watchdog.arm(pgid);
+        watchdog.arm(pgid, guard.valid_until());
     }
+    let mut deadlines = guard.deadlines();
+    let mut renewing = true;
     // Stop the command a little before the safe deadline if renewals keep failing, so it
     // is gone before anyone else can hold the lock. Only failing renewals count: a lock
     // handed over on a short lease is renewed to the full TTL at once.
@@ -375,6 +443,11 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
             _ = int.recv() => kill_group(pgid, libc::SIGINT),
             _ = term.recv() => kill_group(pgid, libc::SIGTERM),
             _ = hup.recv() => kill_group(pgid, libc::SIGHUP),
+            valid_until = deadlines.next(), if renewing => match (valid_until, &mut watchdog) {
+                (Some(valid_until), Some(watchdog)) => watchdog.deadline(valid_until),
+                (Some(_), None) => {}
+                (None, _) => renewing = false,
+            },
             // Lost (the store said so, or the safe deadline passed), or about to be.
             _ = async { tokio::select! { _ = guard.lost() => {}, _ = guard.at_risk(warning) => {} } } => {
                 let now = Instant::now();

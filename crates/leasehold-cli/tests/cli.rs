@@ -733,6 +733,31 @@ fn holder_killed_with_sigkill_takes_what_its_command_started_with_it() {
     drop(holder);
 }
 
+/// `leasehold run` itself stopped (SIGSTOP: a stalled host, a frozen VM), its command
+/// not: the watchdog knows the lease's safe deadline and kills the command's group then,
+/// so it is gone before the next holder starts. Resumed, `leasehold` finds the lock lost
+/// and exits 76. (Before, the command ran on beside the next holder.)
+#[test]
+fn a_stalled_leasehold_has_its_command_stopped_at_the_safe_deadline() {
+    let cli = Cli::new("stalled");
+    let script = "echo $$ > child.pid; exec sleep 1000";
+    let mut holder = cli.spawn(
+        "holder",
+        &["run", "--ttl", "2s", "k", "--", "sh", "-c", script],
+    );
+    let child = PidGuard(read_pid(&cli, "child.pid"));
+    holder.signal(libc::SIGSTOP);
+    // Once it has the lock: is the first command still running? (A zombie, waiting for
+    // the stopped `leasehold` to reap it, is not.)
+    let verdict = r#"state=$(cut -d' ' -f3 "/proc/$(cat child.pid)/stat" 2>/dev/null)
+        case "$state" in ""|Z) echo gone ;; *) echo "running ($state)" ;; esac > verdict"#;
+    cli.run(&["run", "k", "--", "sh", "-c", verdict]).expect(0);
+    assert_eq!(cli.read("verdict").trim(), "gone");
+    holder.signal(libc::SIGCONT);
+    holder.expect_exit(76);
+    drop(child);
+}
+
 /// After a command that ends normally, `leasehold` exits and leaves alone what the command
 /// left running in the background (as `flock` does); only a `leasehold` that dies without
 /// exiting has its command's group killed.
