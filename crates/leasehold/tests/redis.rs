@@ -9,7 +9,7 @@ use leasehold::{
     AcquireRequest, Attempt, LeaseId, Leasehold, LockKind, LockState, RedisStore, Released,
     Requester, Store,
 };
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 
 async fn locks(server: &RedisServer) -> Leasehold {
@@ -341,4 +341,68 @@ async fn separators_in_a_requester_s_text_are_replaced_in_every_form() {
         holder(&state),
         ("second".into(), "a?b?c?d".into(), 8, next.token)
     );
+}
+
+/// The last token of a mutex (the hot path) and of a semaphore (the record's path), after
+/// three acquisitions each.
+async fn tokens_so_far(locks: &Leasehold) -> [u64; 2] {
+    let mut last = [0; 2];
+    for _ in 0..3 {
+        let mutex = locks
+            .mutex("forgotten")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .unwrap();
+        let sem = locks.semaphore("forgotten-sem", 2).unwrap();
+        let permit = sem.try_lock().await.unwrap().unwrap();
+        assert!(mutex.token().get() > last[0] && permit.token().get() > last[1]);
+        last = [mutex.token().get(), permit.token().get()];
+        mutex.release().await.unwrap();
+        permit.release().await.unwrap();
+    }
+    last
+}
+
+/// Redis that forgets its data (a restart without persistence, a failover) does not give
+/// out tokens again: a counter that is missing starts from the server's clock, above every
+/// token issued before.
+async fn tokens_rise_across_a_wipe(url: &str, wipe: impl FnOnce()) {
+    let locks = Leasehold::new(RedisStore::connect(url).await.unwrap());
+    let before = tokens_so_far(&locks).await;
+    wipe();
+    within("the store to answer again", async {
+        // The client reconnects after a restart.
+        while let Err(error) = locks.mutex("forgotten").unwrap().try_lock().await {
+            assert!(error.is_retryable(), "{error}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let after = tokens_so_far(&locks).await;
+    assert!(
+        after[0] > before[0] && after[1] > before[1],
+        "tokens went back: {before:?} before the wipe, {after:?} after"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_after_a_restart_that_lost_every_key() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    tokens_rise_across_a_wipe(&url, || server.restart()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_after_a_cluster_lost_every_key() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    tokens_rise_across_a_wipe(&cluster.url(), || {
+        for node in &cluster.nodes {
+            node.cli(&["FLUSHALL"]);
+        }
+    })
+    .await;
 }

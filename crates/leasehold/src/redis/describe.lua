@@ -1,12 +1,13 @@
--- Describe. Reply: {server time ms, the lock as JSON: t last token, h holders (o owner,
--- k kind, p permits, t token, a acquired ms, d holds: {n host, i pid, e expiry ms}),
+-- Describe. Reply: {server time ms, the lock as JSON: t last token (as text: cjson
+-- writes numbers with 14 digits, tokens have up to 16), h holders (o owner,
+-- k kind, p permits, t token (text), a acquired ms, d holds: {n host, i pid, e expiry ms}),
 -- w waiters in queue order (o, k, p, n, i, a since ms)}.
 save()
 local holders, by_owner = {}, {}
 for _, h in ipairs(holds()) do
   local holder = by_owner[h.o]
   if not holder then
-    holder = {o = h.o, k = h.k, p = tonumber(h.p), t = tonumber(h.t), a = tonumber(h.a), d = {}}
+    holder = {o = h.o, k = h.k, p = tonumber(h.p), t = h.t, a = tonumber(h.a), d = {}}
     by_owner[h.o] = holder
     holders[#holders + 1] = holder
   end
@@ -20,4 +21,4 @@ while s <= #W do
   s = next
 end
 -- cjson writes an empty list as {}; the client reads either.
-return {tostring(now), cjson.encode({t = tonumber(ts), h = holders, w = waiters})}
+return {tostring(now), cjson.encode({t = string.format('%d', tonumber(ts)), h = holders, w = waiters})}

@@ -28,6 +28,15 @@
 local key, hold_key, token_key = KEYS[1], KEYS[2], KEYS[3]
 local MARKER = '\29'
 
+-- The first token of a name whose counter is missing (a new name, or one that Redis
+-- forgot in a restart without persistence): the server's clock in microseconds, so it
+-- exceeds every token issued before as long as that clock does not step back. As text
+-- (a Lua number would be written as 1.7e+15).
+local function seed_token()
+  local clock = redis.call('TIME')
+  return clock[1] .. string.format('%06d', tonumber(clock[2]))
+end
+
 -- Whether the hold key is a hot hold of `lease`.
 local function hot_of(lease)
   local value = redis.call('GET', hold_key)
@@ -43,9 +52,15 @@ if (HOT == 'acquire' or HOT == 'transfer') and string.sub(ARGV[3], 1, 10) == 'ex
   end
   if taken then
     local t = redis.call('INCR', token_key)
-    -- A new counter beside an existing record (written before the counter existed):
-    -- undo, and let the record decide (its last token, its holds).
-    if t ~= 1 or HOT ~= 'acquire' or redis.call('EXISTS', key) == 0 then return t end
+    if t ~= 1 or HOT ~= 'acquire' then return t end
+    -- A new counter: beside an existing record (written before the counter existed),
+    -- undo and let the record decide (its last token, its holds); else the name is new,
+    -- or Redis lost its data: start from the server's clock (see seed_token).
+    if redis.call('EXISTS', key) == 0 then
+      t = seed_token()
+      redis.call('SET', token_key, t)
+      return tonumber(t)
+    end
     redis.call('DEL', hold_key, token_key)
   end
 elseif HOT == 'release' then

@@ -45,9 +45,11 @@
 //! - One Redis server is one point of truth. With replicas, a failover to a replica that
 //!   had not received the latest writes can hand a held lock to a second holder and
 //!   repeat fencing tokens; keep the fencing check at the resource.
-//! - Tokens survive a restart only if Redis persisted the key: use `appendonly yes` with
-//!   `appendfsync always` to never repeat a token after a crash (`everysec` may lose the
-//!   last second).
+//! - A name's token counter that is missing (a new name, or one Redis forgot in a
+//!   restart without persistence) starts from the server's clock (`TIME`, in
+//!   microseconds), so tokens rise across such a restart as long as the server's clock
+//!   does not step back. A counter that is there but behind (a failover to a replica that
+//!   missed writes) can still repeat tokens: see the replica option.
 //! - A hold key has an expiry, so a server evicting keys (`maxmemory-policy` other than
 //!   `noeviction`) could evict a held lock. Keep lock keys on a server that does not
 //!   evict.
@@ -833,7 +835,8 @@ fn wall_ms() -> u64 {
 /// as `{}`, so lists are read leniently.
 #[derive(Deserialize)]
 struct State {
-    t: f64,
+    #[serde(deserialize_with = "token_text")]
+    t: u64,
     #[serde(default, deserialize_with = "lenient_list")]
     h: Vec<StateHolder>,
     #[serde(default, deserialize_with = "lenient_list")]
@@ -845,7 +848,8 @@ struct StateHolder {
     o: String,
     k: String,
     p: f64,
-    t: f64,
+    #[serde(deserialize_with = "token_text")]
+    t: u64,
     a: f64,
     #[serde(deserialize_with = "lenient_list")]
     d: Vec<StateHold>,
@@ -866,6 +870,15 @@ struct StateWaiter {
     n: String,
     i: f64,
     a: f64,
+}
+
+/// A token, which describe.lua writes as text: cjson writes numbers with 14 digits, and
+/// tokens seeded from the clock have 16.
+fn token_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+    String::deserialize(d)?
+        .trim()
+        .parse()
+        .map_err(serde::de::Error::custom)
 }
 
 fn lenient_list<'de, D, T>(d: D) -> std::result::Result<Vec<T>, D::Error>
@@ -974,7 +987,7 @@ impl Store for RedisStore {
         })?;
         Ok(LockState {
             name: name.to_string(),
-            last_token: FencingToken(state.t as u64),
+            last_token: FencingToken(state.t),
             holders: state
                 .h
                 .iter()
@@ -985,7 +998,7 @@ impl Store for RedisStore {
                         owner: h.o.clone(),
                         host: first.n.clone(),
                         pid: first.i as u32,
-                        token: FencingToken(h.t as u64),
+                        token: FencingToken(h.t),
                         kind: kind(&h.k, h.p as i64),
                         since: since(h.a as i64),
                         lease_left: Duration::from_millis((expires - now).max(0) as u64),

@@ -129,9 +129,14 @@ local function only_hold(lease)
     and not string.find(H, '\30', 2, true)
 end
 
--- A new fencing token.
+-- A new fencing token: the next, or the first of a name that never had one (new, or
+-- forgotten by Redis: see seed_token in hot.lua).
 local function next_token()
-  ts = string.format('%d', tonumber(ts) + 1)
+  if tonumber(ts) == 0 then
+    ts = seed_token()
+  else
+    ts = string.format('%d', tonumber(ts) + 1)
+  end
   return ts
 end
 
