@@ -248,10 +248,13 @@ fn check_log(log: &str, limit: usize) -> Vec<String> {
                     !entered.iter().any(|e| e == id),
                     "{id} entered twice:\n{log}"
                 );
-                let clash = inside.iter().find(|(_, &other)| match (kind, other) {
-                    (Kind::Reader, Kind::Reader) | (Kind::Permit, Kind::Permit) => false,
-                    _ => true,
-                });
+                let shares = |other: Kind| {
+                    matches!(
+                        (kind, other),
+                        (Kind::Reader, Kind::Reader) | (Kind::Permit, Kind::Permit)
+                    )
+                };
+                let clash = inside.iter().find(|(_, &other)| !shares(other));
                 assert!(
                     clash.is_none(),
                     "{id} ({kind:?}) entered beside {clash:?}:\n{log}"
