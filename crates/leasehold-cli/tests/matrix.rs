@@ -427,6 +427,32 @@ fn interrupted_waiter_leaves(store: StoreKind, fairness: Fairness) {
     world.cli.assert_all_free(NAME);
 }
 
+/// A queued waiter killed with SIGKILL (it cannot leave the queue itself) with a long
+/// `--ttl` stops blocking the queue once its short waiter lease ends, not its lock lease:
+/// the waiter behind it runs, well within the test's patience and long before the dead
+/// waiter's 10-minute lease could end.
+fn killed_waiter_stops_blocking(store: StoreKind, fairness: Fairness) {
+    let label = format!("{store:?}-kill9-{fairness:?}").to_lowercase();
+    let world = World::new(store, &label);
+    let flags = fairness.flags();
+    let mut holder = world.hold("h", Kind::Writer, flags);
+    let long: Vec<&str> = [flags, &["--ttl", "10m"]].concat();
+    let mut listed = 0;
+    let mut dead = world.queue("w0", Kind::Writer, &long, &mut listed);
+    let mut next = world.queue("w1", Kind::Writer, flags, &mut listed);
+    dead.signal(libc::SIGKILL);
+    let status = dead.child.wait().unwrap();
+    assert_eq!(status.code(), None, "w0 was to die of SIGKILL: {status}");
+    world.release("h", Kind::Writer, &mut holder);
+    expect_exit(&mut next, 0);
+    wait_for("the killed waiter to be dropped from the queue", || {
+        world.cli.waiters(NAME).is_empty()
+    });
+    let log = world.read_log();
+    assert_eq!(check_log(&log, usize::MAX), ["h", "w1"], "{log}");
+    world.cli.assert_all_free(NAME);
+}
+
 /// The outer command of the re-entry test: nested runs of the same name (the owner comes
 /// from LEASEHOLD_OWNER), each with --no-wait so that waiting shows as 75, not a hang.
 /// `sh reenter.sh KIND` where KIND is the nested run's flag (`--shared` or `--exclusive`).
@@ -510,6 +536,8 @@ cells! { local:
     rwlock_fair => hand_offs(Local, ReadWrite, Fair);
     sigint => interrupted_waiter_leaves(Local, Default);
     sigint_fair => interrupted_waiter_leaves(Local, Fair);
+    kill9 => killed_waiter_stops_blocking(Local, Default);
+    kill9_fair => killed_waiter_stops_blocking(Local, Fair);
     reentry => nested_runs(Local);
 }
 
@@ -522,6 +550,8 @@ cells! { redis:
     rwlock_fair => hand_offs(Redis, ReadWrite, Fair);
     sigint => interrupted_waiter_leaves(Redis, Default);
     sigint_fair => interrupted_waiter_leaves(Redis, Fair);
+    kill9 => killed_waiter_stops_blocking(Redis, Default);
+    kill9_fair => killed_waiter_stops_blocking(Redis, Fair);
     reentry => nested_runs(Redis);
 }
 
@@ -534,6 +564,8 @@ cells! { cluster:
     rwlock_fair => hand_offs(Cluster, ReadWrite, Fair);
     sigint => interrupted_waiter_leaves(Cluster, Default);
     sigint_fair => interrupted_waiter_leaves(Cluster, Fair);
+    kill9 => killed_waiter_stops_blocking(Cluster, Default);
+    kill9_fair => killed_waiter_stops_blocking(Cluster, Fair);
     reentry => nested_runs(Cluster);
 }
 
@@ -549,6 +581,7 @@ cells! { etcd:
     rwlock_no_fair => hand_offs(Etcd, ReadWrite, NoFair);
     sigint => interrupted_waiter_leaves(Etcd, Default);
     sigint_no_fair => interrupted_waiter_leaves(Etcd, NoFair);
+    kill9 => killed_waiter_stops_blocking(Etcd, Default);
     reentry => nested_runs(Etcd);
 }
 
