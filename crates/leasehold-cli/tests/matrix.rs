@@ -453,62 +453,74 @@ fn killed_waiter_stops_blocking(store: StoreKind, fairness: Fairness) {
     world.cli.assert_all_free(NAME);
 }
 
-/// The outer command of the re-entry test: nested runs of the same name (the owner comes
-/// from LEASEHOLD_OWNER), each with --no-wait so that waiting shows as 75, not a hang.
-/// `sh reenter.sh KIND` where KIND is the nested run's flag (`--shared` or `--exclusive`).
+/// The outer command of the re-entry test: `sh reenter.sh FLAGS...` runs a nested
+/// `leasehold run FLAGS k` (its owner from LEASEHOLD_OWNER unless FLAGS name one) with
+/// --no-wait, so that waiting shows as 75, not a hang.
 const REENTER: &str = r#"echo "$LEASEHOLD_TOKEN" > outer.token
-if [ "$1" = --shared ]; then set -- --shared; else set --; fi
 "$LH" run "$@" k --no-wait -- sh -c 'echo "$LEASEHOLD_TOKEN" > inner.token'
 echo $? > inner.code
 "#;
 
-/// Runs `leasehold run OUTER --owner x k -- sh reenter.sh INNER`; the nested run's exit
-/// code and whether it got the outer token.
-fn nested(world: &World, outer: &[&str], inner: &str) -> (i32, bool) {
+/// Runs `leasehold run --owner x OUTER k -- sh reenter.sh INNER` and says what the nested
+/// run got: "re-entered" (exit 0, the outer token), "refused" (64, did not run), "busy"
+/// (75, did not run), or what else happened.
+fn nested(world: &World, outer: &[&str], inner: &[&str]) -> String {
     for file in ["outer.token", "inner.token", "inner.code"] {
         let _ = std::fs::remove_file(world.cli.path(file));
     }
     let mut args = vec!["run", "--owner", "x"];
     args.extend_from_slice(outer);
-    args.extend_from_slice(&[NAME, "--", "sh", "reenter.sh", inner]);
+    args.extend_from_slice(&[NAME, "--", "sh", "reenter.sh"]);
+    args.extend_from_slice(inner);
     world.cli.run(&args).expect(0);
-    let code = world.cli.read("inner.code").trim().parse().unwrap();
-    let same = world.cli.exists("inner.token")
-        && world.cli.read("inner.token") == world.cli.read("outer.token");
-    (code, same)
+    let code: i32 = world.cli.read("inner.code").trim().parse().unwrap();
+    let outer = world.cli.read("outer.token");
+    let inner = world
+        .cli
+        .exists("inner.token")
+        .then(|| world.cli.read("inner.token"));
+    match (code, inner) {
+        (0, Some(inner)) if inner == outer => "re-entered".into(),
+        (64, None) => "refused".into(),
+        (75, None) => "busy".into(),
+        (code, inner) => format!("exit {code}, ran with token {inner:?} (outer {outer:?})"),
+    }
 }
 
+/// The re-entry rules through nested runs of the same name and owner.
 fn nested_runs(store: StoreKind) {
     let world = World::new(store, &format!("{store:?}-reentry").to_lowercase());
     world.cli.script("reenter.sh", REENTER);
-    assert_eq!(
-        nested(&world, &[], "--exclusive"),
-        (0, true),
-        "exclusive inside exclusive must re-enter with the same token"
-    );
-    assert_eq!(
-        nested(&world, &["--shared"], "--shared"),
-        (0, true),
-        "shared inside shared must re-enter with the same token"
-    );
-    let (code, _) = nested(&world, &["--shared"], "--exclusive");
-    assert_eq!(
-        code, 64,
-        "exclusive inside a shared hold of the same owner must be refused with 64"
-    );
-    assert!(!world.cli.exists("inner.token"), "the upgrade was granted");
-    // The same beside another reader.
+    let permits: &[&str] = &["--permits", "2"];
+    let cases: [(&str, &[&str], &[&str], &str); 6] = [
+        ("exclusive in exclusive", &[], &[], "re-entered"),
+        ("shared in exclusive", &[], &["--shared"], "re-entered"),
+        (
+            "shared in shared",
+            &["--shared"],
+            &["--shared"],
+            "re-entered",
+        ),
+        ("permit in permit", permits, permits, "re-entered"),
+        ("exclusive in shared", &["--shared"], &[], "refused"),
+        // Control: another owner's nested run is just another contender.
+        ("owner z in exclusive", &[], &["--owner", "z"], "busy"),
+    ];
+    let mut want = Vec::new();
+    let mut got = Vec::new();
+    for (case, outer, inner, expected) in cases {
+        want.push(format!("{case}: {expected}"));
+        got.push(format!("{case}: {}", nested(&world, outer, inner)));
+    }
+    // The same upgrade beside another owner's reader.
     let mut reader = world.hold("y", Kind::Reader, &["--shared", "--owner", "y"]);
-    let (code, _) = nested(&world, &["--shared"], "--exclusive");
-    assert_eq!(
-        code, 64,
-        "exclusive inside a shared hold of the same owner, beside reader y, must be refused with 64"
-    );
-    assert!(
-        !world.cli.exists("inner.token"),
-        "the upgrade was granted beside reader y"
-    );
+    want.push("exclusive in shared beside reader y: refused".to_string());
+    got.push(format!(
+        "exclusive in shared beside reader y: {}",
+        nested(&world, &["--shared"], &[])
+    ));
     world.release("y", Kind::Reader, &mut reader);
+    assert_eq!(got, want, "nested runs of the same owner");
     world.cli.assert_all_free(NAME);
 }
 
