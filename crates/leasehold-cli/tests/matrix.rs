@@ -13,9 +13,11 @@
 //! order where the lock is fair.
 //!
 //! Per store, also: a waiter interrupted with SIGINT leaves the queue before it exits
-//! and the next waiter runs; and re-entry through a nested `leasehold run` of the same
-//! name with the same owner (exclusive in exclusive re-enters, shared in shared
-//! re-enters, exclusive in shared is refused with 64, alone or beside another reader).
+//! and the next waiter runs; a waiter killed with SIGKILL (with a 10-minute `--ttl`)
+//! stops blocking the queue once its short waiter lease ends; and re-entry through a
+//! nested `leasehold run` of the same name with the same owner (exclusive or shared in
+//! exclusive, shared in shared and permit in permit re-enter with the same token;
+//! exclusive in shared is refused with 64, alone or beside another owner's reader).
 
 mod support;
 
