@@ -61,8 +61,11 @@
 //!   (compared on create/mod revision), so a retried release never deletes a newer lock.
 //!   An acquire whose answer never came (timeout, cancellation) is undone by revoking its
 //!   lease: whatever etcd did with the request, the key goes with it.
-//! - A waiter's key is on its lease too: a waiter that dies leaves the queue when its
-//!   lease ends. A waiter that finds its own key gone (its lease expired while the process
+//! - A waiter's key is on a short lease of its own, the waiter lease
+//!   ([`waiter_lease`]: the TTL, at most 5 s), kept alive by the
+//!   waiter's rechecks: a waiter that dies leaves the queue when that lease ends. When it
+//!   is let in, the key moves to a lease of the full TTL (one Txn) before the grant is
+//!   returned; the short lease is revoked (the key keeps its name, so it is not reused). A waiter that finds its own key gone (its lease expired while the process
 //!   was paused or cut off) stops with [`Error::WaitEnded`].
 //! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
 //!   Renewal checks both the lease and the key.
