@@ -107,8 +107,9 @@ fn signals() -> Result<[Signal; 3], Failure> {
     ])
 }
 
-/// Acquires, unless SIGINT, SIGTERM or SIGHUP arrive first: then stops waiting (the
-/// abandoned acquire leaves the queue) and exits 128+N as if killed by the signal.
+/// Acquires, unless SIGINT, SIGTERM or SIGHUP arrive first: then stops waiting and exits
+/// 128+N as if killed by the signal (the abandoned acquire leaves the queue in the
+/// background, which [`with_locks`] waits for).
 async fn acquire_or_signal(
     locks: &Leasehold,
     args: &LockArgs,
@@ -400,9 +401,37 @@ fn exit_code(status: ExitStatus) -> ExitCode {
     }
 }
 
+/// How long `run` and `hold` wait before exiting for what the library does in the
+/// background: a place in a queue given up on a signal is taken out, a release that met
+/// store trouble is sent again. Left undone, the place would hold up a fair queue until
+/// its waiter lease ends.
+const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Runs `command` with the store's locks, then lets their background work finish.
+async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
+    store: Option<&str>,
+    command: impl FnOnce(Leasehold) -> F,
+) -> Result<ExitCode, Failure> {
+    let locks = connect(store).await?;
+    let outcome = command(locks.clone()).await;
+    if !locks.shutdown(SHUTDOWN_PATIENCE).await {
+        tracing::warn!(
+            "exiting before every release reached the store; those locks end with their leases"
+        );
+    }
+    outcome
+}
+
 /// `leasehold run NAME -- COMMAND...`.
 pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure> {
-    let locks = connect(store).await?;
+    with_locks(store, |locks| run_with(locks, store, args)).await
+}
+
+async fn run_with(
+    locks: Leasehold,
+    store: Option<&str>,
+    args: RunArgs,
+) -> Result<ExitCode, Failure> {
     let mut signals = signals()?;
     let guard = acquire_or_signal(&locks, &args.lock, &mut signals).await?;
     tracing::info!(lock = %args.lock.name, token = guard.token().get(), "running the command");
@@ -527,7 +556,10 @@ pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure
 /// `leasehold hold NAME`: prints the token, holds until SIGINT, SIGTERM or SIGHUP,
 /// releases.
 pub async fn hold(store: Option<&str>, args: HoldArgs) -> Result<ExitCode, Failure> {
-    let locks = connect(store).await?;
+    with_locks(store, |locks| hold_with(locks, args)).await
+}
+
+async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure> {
     let mut signals = signals()?;
     let guard = acquire_or_signal(&locks, &args.lock, &mut signals).await?;
     let [int, term, hup] = &mut signals;

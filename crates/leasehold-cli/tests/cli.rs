@@ -882,3 +882,9 @@ fn fair_waiters_in_separate_processes_get_the_lock_in_arrival_order() {
     }
     assert_eq!(cli.read("order"), "0\n1\n2\n3\n");
 }
+
+#[test]
+fn a_waiter_stopped_by_sigint_leaves_the_fair_queue_before_it_exits() {
+    let cli = Cli::new("interrupted-waiter");
+    interrupted_waiter_leaves_the_queue(&cli, libc::SIGINT, &["--fair"]);
+}

@@ -219,3 +219,17 @@ fn etcd_cluster_survives_losing_the_first_member_and_then_the_leader() {
     }
     assert_eq!(served_in_turn(&cli.read("log")), vec![0, 1, 2, 3]);
 }
+
+#[test]
+fn a_waiter_stopped_by_sigint_leaves_the_etcd_queue_before_it_exits() {
+    let server = EtcdServer::start();
+    let cli = world("etcd-interrupted-waiter", &server);
+    interrupted_waiter_leaves_the_queue(&cli, libc::SIGINT, &[]);
+}
+
+#[test]
+fn a_waiter_stopped_by_sigterm_leaves_the_etcd_queue_before_it_exits() {
+    let server = EtcdServer::start();
+    let cli = world("etcd-terminated-waiter", &server);
+    interrupted_waiter_leaves_the_queue(&cli, libc::SIGTERM, &[]);
+}

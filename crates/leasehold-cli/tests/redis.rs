@@ -430,3 +430,17 @@ fn a_dead_queue_leaves_only_the_token_counter_behind() {
     assert_eq!(server.cli(&["GET", "lh:{k}:token"]).trim(), "1");
     drop((holder, waiter));
 }
+
+#[test]
+fn a_waiter_stopped_by_sigterm_leaves_the_fair_redis_queue_before_it_exits() {
+    let server = RedisServer::start();
+    let cli = world("redis-interrupted-waiter", &server);
+    interrupted_waiter_leaves_the_queue(&cli, libc::SIGTERM, &["--fair"]);
+}
+
+#[test]
+fn a_waiter_stopped_by_sighup_leaves_the_fair_redis_cluster_queue_before_it_exits() {
+    let cluster = leasehold_testkit::RedisCluster::start();
+    let cli = Cli::with_store("cluster-interrupted-waiter", Some(cluster.url()));
+    interrupted_waiter_leaves_the_queue(&cli, libc::SIGHUP, &["--fair"]);
+}

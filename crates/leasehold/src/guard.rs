@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
+use tokio_util::task::TaskTracker;
 
 use crate::gate::Turn;
 use crate::keepalive::{Lifeline, Renewals, Status};
@@ -35,12 +36,15 @@ struct Held {
     /// This process's turn at the lock (see gate.rs): the release hands the lock to the
     /// next task of this process, or passes the turn on after the store release.
     turn: Option<Turn>,
+    /// Where the release runs when the guard is dropped (see `Leasehold::shutdown`).
+    tasks: TaskTracker,
 }
 
 impl LockGuard {
     pub(crate) fn start(
         line: Arc<Lifeline>,
         renewals: &Arc<Renewals>,
+        tasks: &TaskTracker,
         token: FencingToken,
         holds: u32,
         kind: LockKind,
@@ -58,6 +62,7 @@ impl LockGuard {
                 owner,
                 acquired: Instant::now(),
                 turn: None,
+                tasks: tasks.clone(),
             }),
         }
     }
@@ -256,7 +261,7 @@ impl LockGuard {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
         tokio::task::consume_budget().await;
-        let released = release(held.line.clone(), held.turn).await?;
+        let released = release(held.line.clone(), held.turn, &held.tasks).await?;
         tracing::info!(
             lock = %held.line.lease.name,
             token = held.token.0,
@@ -298,23 +303,27 @@ impl Drop for LockGuard {
         let Some(held) = self.held.take() else { return };
         held.line.close();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (line, turn) = (held.line, held.turn);
-            runtime.spawn(async move {
-                let _ = release(line, turn).await;
-            });
+            let (line, turn, tasks) = (held.line, held.turn, held.tasks);
+            let release = {
+                let tasks = tasks.clone();
+                async move {
+                    let _ = release(line, turn, &tasks).await;
+                }
+            };
+            tasks.spawn_on(release, &runtime);
         }
     }
 }
 
 /// Ends a hold: through this process's gate when it has the turn (handing the lock to the
 /// next task in one store step), else by a plain store release.
-async fn release(line: Arc<Lifeline>, turn: Option<Turn>) -> Result<Released> {
+async fn release(line: Arc<Lifeline>, turn: Option<Turn>, tasks: &TaskTracker) -> Result<Released> {
     let ttl = line.status.borrow().ttl;
     let released = match turn {
         Some(turn) => turn.release(line.store.as_ref(), &line.lease).await,
         None => line.store.release(&line.lease).await,
     };
-    again_on_trouble(&released, &line.store, &line.lease, ttl);
+    again_on_trouble(&released, &line.store, &line.lease, ttl, tasks);
     released
 }
 
@@ -324,9 +333,10 @@ pub(crate) async fn release_or_again(
     store: &Arc<dyn Store>,
     lease: &Lease,
     ttl: Duration,
+    tasks: &TaskTracker,
 ) -> Result<Released> {
     let released = store.release(lease).await;
-    again_on_trouble(&released, store, lease, ttl);
+    again_on_trouble(&released, store, lease, ttl, tasks);
     released
 }
 
@@ -338,9 +348,10 @@ fn again_on_trouble(
     store: &Arc<dyn Store>,
     lease: &Lease,
     ttl: Duration,
+    tasks: &TaskTracker,
 ) {
     if matches!(released, Err(e) if e.is_retryable()) {
-        tokio::spawn(release_again(store.clone(), lease.clone(), ttl));
+        tasks.spawn(release_again(store.clone(), lease.clone(), ttl));
     }
 }
 

@@ -74,6 +74,12 @@
 //! makes a best-effort release on the current tokio runtime; the only promise is that
 //! the lease expires within its TTL.
 //!
+//! A dropped acquire (a cancelled [`Lock::lock`] future) leaves the queue the same way,
+//! in the background. Before the process exits, call [`Leasehold::shutdown`]: it waits
+//! (for a bound you choose) for those releases and undos, which would otherwise end with
+//! the runtime. A process that dies without that chance holds up a fair queue for at
+//! most its waiter lease ([`waiter_lease`], at most 5 s), and a lock for its TTL.
+//!
 //! # Features
 //! - `local` (default): the local store (Linux).
 //! - `redis`: the Redis store, one server or a Cluster (TLS with rustls).

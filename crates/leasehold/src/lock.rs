@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{sleep_until, Instant};
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::gate::{Gates, Until};
@@ -39,6 +40,8 @@ pub struct Leasehold {
     requester: Arc<Requester>,
     gates: Arc<Gates>,
     renewals: Arc<Renewals>,
+    /// Releases and undos running in the background, for [`Leasehold::shutdown`].
+    tasks: TaskTracker,
 }
 
 impl fmt::Debug for Leasehold {
@@ -62,12 +65,34 @@ impl Leasehold {
             requester: Arc::new(Requester::this_process()),
             gates: Arc::default(),
             renewals: Arc::default(),
+            tasks: TaskTracker::new(),
         }
     }
 
     /// Opens the store a URL names (see [`open_store`](crate::open_store)).
     pub async fn connect(url: &str) -> Result<Self> {
         Ok(Self::from_store(crate::url::open_store(url).await?))
+    }
+
+    /// Waits, for `patience` at most, for what this `Leasehold`'s locks left to finish in
+    /// the background: the releases of dropped guards, the undos of abandoned acquires (a
+    /// dropped [`Lock::lock`] future leaves its place in the queue this way) and releases
+    /// sent again after store trouble. Returns whether all of it finished in time.
+    ///
+    /// Call it before the process exits, after dropping or releasing its guards: a
+    /// runtime that ends drops its background tasks, and then a lock held by a dropped
+    /// guard stays held until its lease ends, and a place in a fair queue holds up the
+    /// waiters behind it until its waiter lease ([`waiter_lease`](crate::waiter_lease))
+    /// ends. Guards that still live are left alone. The locks stay usable; a later call
+    /// waits for what they leave behind after this one.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only waits; the work goes on in the background.
+    pub async fn shutdown(&self, patience: Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(patience, self.tasks.wait())
+            .await
+            .is_ok()
     }
 
     /// The store.
@@ -81,6 +106,7 @@ impl Leasehold {
             requester: self.requester.clone(),
             gates: self.gates.clone(),
             renewals: self.renewals.clone(),
+            tasks: self.tasks.clone(),
             name,
             kind,
             ttl: DEFAULT_TTL,
@@ -164,6 +190,7 @@ pub struct Lock {
     requester: Arc<Requester>,
     gates: Arc<Gates>,
     renewals: Arc<Renewals>,
+    tasks: TaskTracker,
     name: LockName,
     kind: LockKind,
     ttl: Duration,
@@ -334,6 +361,7 @@ impl Lock {
         LockGuard::start(
             line,
             &self.renewals,
+            &self.tasks,
             grant.token,
             grant.holds,
             req.kind,
@@ -402,7 +430,7 @@ impl Lock {
         wait: Wait,
     ) -> Result<Option<LockGuard>> {
         let started = Instant::now();
-        let mut pending = Pending::new(self.store.clone(), &req);
+        let mut pending = Pending::new(self.store.clone(), &req, &self.tasks);
         // Once the store has answered, a waiter rides out store trouble (a restart, a
         // failover) until its deadline; the same request is retried, so an attempt that
         // was granted unseen is simply granted again.
@@ -507,14 +535,16 @@ struct Pending {
     store: Arc<dyn Store>,
     lease: Option<Lease>,
     ttl: Duration,
+    tasks: TaskTracker,
 }
 
 impl Pending {
-    fn new(store: Arc<dyn Store>, req: &AcquireRequest) -> Self {
+    fn new(store: Arc<dyn Store>, req: &AcquireRequest, tasks: &TaskTracker) -> Self {
         Pending {
             store,
             lease: Some(req.lease()),
             ttl: req.ttl,
+            tasks: tasks.clone(),
         }
     }
 
@@ -524,7 +554,8 @@ impl Pending {
 
     async fn undo(&mut self) {
         if let Some(lease) = self.lease.take() {
-            if let Err(error) = release_or_again(&self.store, &lease, self.ttl).await {
+            let released = release_or_again(&self.store, &lease, self.ttl, &self.tasks).await;
+            if let Err(error) = released {
                 tracing::debug!(%error, "could not undo an unfinished acquire yet");
             }
         }
@@ -536,11 +567,13 @@ impl Drop for Pending {
         let Some(lease) = self.lease.take() else {
             return;
         };
+        // Tracked, so that `Leasehold::shutdown` can wait for it before the process ends.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, ttl) = (self.store.clone(), self.ttl);
-            runtime.spawn(async move {
-                let _ = release_or_again(&store, &lease, ttl).await;
-            });
+            let (store, ttl, tasks) = (self.store.clone(), self.ttl, self.tasks.clone());
+            let undo = async move {
+                let _ = release_or_again(&store, &lease, ttl, &tasks).await;
+            };
+            self.tasks.spawn_on(undo, &runtime);
         }
     }
 }

@@ -5,3 +5,13 @@ leasehold::conformance_suite!(async {
     let store = leasehold::LocalStore::open(dir.path()).unwrap();
     (std::sync::Arc::new(store), dir)
 });
+
+leasehold::conformance_processes!(async {
+    let dir = leasehold_testkit::TempDir::new("conformance-local");
+    let path = dir.path().to_path_buf();
+    let open = leasehold::conformance::opener(move || {
+        let path = path.clone();
+        async move { leasehold::LocalStore::open(&path) }
+    });
+    (open, dir)
+});

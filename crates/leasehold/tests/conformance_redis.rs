@@ -6,3 +6,13 @@ leasehold::conformance_suite!(async {
     let store = leasehold::RedisStore::connect(&server.url()).await.unwrap();
     (std::sync::Arc::new(store), server)
 });
+
+leasehold::conformance_processes!(async {
+    let server = leasehold_testkit::RedisServer::start();
+    let url = server.url();
+    let open = leasehold::conformance::opener(move || {
+        let url = url.clone();
+        async move { leasehold::RedisStore::connect(&url).await }
+    });
+    (open, server)
+});

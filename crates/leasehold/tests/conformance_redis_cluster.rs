@@ -10,3 +10,15 @@ leasehold::conformance_suite!(async {
         .unwrap();
     (std::sync::Arc::new(store), cluster)
 });
+
+leasehold::conformance_processes!(async {
+    let cluster = tokio::task::spawn_blocking(leasehold_testkit::RedisCluster::start)
+        .await
+        .unwrap();
+    let url = cluster.url();
+    let open = leasehold::conformance::opener(move || {
+        let url = url.clone();
+        async move { leasehold::RedisStore::connect(&url).await }
+    });
+    (open, cluster)
+});

@@ -41,6 +41,53 @@ fn queue_leases(server: &EtcdServer) -> Vec<i64> {
         .unwrap_or_default()
 }
 
+/// The TTL etcd granted lease `id`, in seconds.
+fn granted_ttl(server: &EtcdServer, id: i64) -> i64 {
+    let out = server.etcdctl(&["lease", "timetolive", &format!("{id:x}"), "-w", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("etcdctl prints JSON");
+    json["granted-ttl"].as_i64().expect("a granted TTL")
+}
+
+/// A waiter's key is on a waiter's short lease, so a waiter that dies holds up the
+/// queue for at most that long; the key is on a lease of the lock's full TTL once it
+/// holds, and its guard counts on the full TTL from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_waits_on_a_short_lease_and_holds_on_the_full_ttl() {
+    let (server, locks) = start().await;
+    let ttl = Duration::from_secs(30);
+    let lock = locks.mutex("k").unwrap().with_ttl(ttl).with_owner("holder");
+    let holder = lock.try_lock().await.unwrap().unwrap();
+    let other = Leasehold::new(EtcdStore::connect(&server.url()).await.unwrap());
+    let waiter = tokio::spawn({
+        let lock = other.mutex("k").unwrap().with_ttl(ttl).with_owner("waiter");
+        async move { lock.lock().await }
+    });
+    eventually("the waiter to queue", || async {
+        locks.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    let leases = queue_leases(&server);
+    assert_eq!(granted_ttl(&server, leases[0]), 30, "the holder's lease");
+    let short = leasehold::MAX_WAITER_LEASE.as_secs() as i64;
+    assert_eq!(granted_ttl(&server, leases[1]), short, "the waiter's lease");
+    holder.release().await.unwrap();
+    let guard = within("the hand-over", waiter).await.unwrap().unwrap();
+    let left = guard.valid_until() - Instant::now();
+    assert!(
+        left > ttl / 2,
+        "the guard counts on {left:?} of a {ttl:?} lease"
+    );
+    let leases = queue_leases(&server);
+    assert_eq!(leases.len(), 1);
+    assert_eq!(
+        granted_ttl(&server, leases[0]),
+        30,
+        "the new holder's lease"
+    );
+    guard.release().await.unwrap();
+    assert!(queue_leases(&server).is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_own_lease_ends_stops_with_a_clear_error() {
     let (server, locks) = start().await;

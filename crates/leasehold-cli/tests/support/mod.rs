@@ -362,3 +362,42 @@ pub fn killed_holder_is_taken_over_with_a_higher_token(cli: &Cli, ttl: &str) {
     cli.assert_all_free("k");
     drop(holder);
 }
+
+/// A holder, waiter 1 (`run`) and waiter 2 (`hold`) of lock `k` (TTL 30 s, with
+/// `flags` such as `--fair`); waiter 1 gets `signal` while it waits. It exits 128+N and
+/// has left the queue by then (`status` no longer lists it), and waiter 2 gets the lock
+/// promptly once the holder is done: long before waiter 1's place could have ended with
+/// its waiter lease (5 s), had it been left behind.
+pub fn interrupted_waiter_leaves_the_queue(cli: &Cli, signal: i32, flags: &[&str]) {
+    let args = |head: &[&'static str], tail: &[&'static str]| {
+        let mut all = head.to_vec();
+        all.extend_from_slice(&["--ttl", "30s"]);
+        all.extend_from_slice(flags);
+        all.push("k");
+        all.extend_from_slice(tail);
+        all
+    };
+    let (mut holder, _) = cli.hold("holder", &args(&[], &[]));
+    let mut w1 = cli.spawn("w1", &args(&["run"], &["--", "touch", "w1-ran"]));
+    cli.wait_waiters("k", 1);
+    let mut w2 = cli.spawn("w2", &args(&["hold"], &[]));
+    cli.wait_waiters("k", 2);
+    w1.signal(signal);
+    w1.expect_exit(128 + signal);
+    let waiters = cli.waiters("k");
+    let pids: Vec<i64> = waiters.iter().filter_map(|w| w["pid"].as_i64()).collect();
+    assert_eq!(
+        pids,
+        [w2.pid() as i64],
+        "waiter 1 left its place: {waiters:?}"
+    );
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
+    wait_until("waiter 2 to get the lock", Duration::from_secs(3), || {
+        (!w2.stdout().is_empty()).then_some(())
+    });
+    w2.signal(libc::SIGTERM);
+    w2.expect_exit(0);
+    assert!(!cli.exists("w1-ran"));
+    cli.assert_all_free("k");
+}

@@ -886,6 +886,190 @@ pub async fn cancelled_wait_leaves_no_trace(store: Arc<dyn Store>) {
     g.release().await.unwrap();
 }
 
+/// How long the next waiter may take once nothing keeps it out: far less than the
+/// waiter lease a place left behind would cost it.
+pub const PROMPT: Duration = Duration::from_secs(2);
+
+/// A TTL long enough that a place or hold left behind would cost the others seconds.
+const LONG_TTL: Duration = Duration::from_secs(30);
+
+/// A fair mutex with [`LONG_TTL`], acquired under `owner` (named in `describe`).
+fn fair_lock(locks: &Leasehold, name: &str, owner: &str) -> crate::Lock {
+    let lock = locks.mutex(name).unwrap().with_ttl(LONG_TTL);
+    lock.with_fair(true).with_owner(owner)
+}
+
+async fn waiting_owners(locks: &Leasehold, name: &str) -> Vec<String> {
+    let state = locks.describe(name).await.unwrap();
+    state.waiters.into_iter().map(|w| w.owner).collect()
+}
+
+/// A bounded wait that runs out has left the queue when it returns: the next waiter is
+/// served at the release, not a waiter lease later.
+pub async fn timed_out_wait_leaves_the_queue(store: Arc<dyn Store>) {
+    let name = unique("timed-out");
+    let (holding, first, second) = (
+        Leasehold::from_store(store.clone()),
+        Leasehold::from_store(store.clone()),
+        Leasehold::from_store(store),
+    );
+    let holder = fair_lock(&holding, &name, "holder")
+        .try_lock()
+        .await
+        .unwrap();
+    let holder = holder.expect("a free lock is granted");
+    let w1 = tokio::spawn({
+        let lock = fair_lock(&first, &name, "w1");
+        async move { lock.try_lock_for(Duration::from_secs(2)).await }
+    });
+    eventually("w1 to queue", || async {
+        waiting_owners(&holding, &name).await.contains(&"w1".into())
+    })
+    .await;
+    let w2 = tokio::spawn({
+        let lock = fair_lock(&second, &name, "w2");
+        async move { lock.lock().await }
+    });
+    eventually("w2 to queue", || async {
+        waiting_owners(&holding, &name).await.contains(&"w2".into())
+    })
+    .await;
+    let gave_up = within("w1 to give up", w1).await.unwrap().unwrap();
+    assert!(gave_up.is_none(), "w1 got a held lock");
+    let left = waiting_owners(&holding, &name).await;
+    assert!(!left.contains(&"w1".into()), "w1 still queued: {left:?}");
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(PROMPT, w2).await;
+    let next = next.expect("w2 is served promptly at the release");
+    next.unwrap().unwrap().release().await.unwrap();
+}
+
+/// Opens a connection of its own to the store under test, as another process would; it
+/// is called on the runtime that uses it.
+pub type Open =
+    Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, Arc<dyn Store>> + Send + Sync>;
+
+/// An [`Open`] from a connect function.
+pub fn opener<S, F, Fut>(connect: F) -> Open
+where
+    S: Store,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<S>> + Send + 'static,
+{
+    let connect = Arc::new(connect);
+    Arc::new(move || {
+        let connect = connect.clone();
+        Box::pin(async move {
+            let store: Arc<dyn Store> = Arc::new(connect().await.expect("connect"));
+            store
+        })
+    })
+}
+
+/// Waiter `w1` of the fair lock `name`, in a process of its own: its own thread, runtime
+/// and connection. Once it is told to, it stops waiting and ends: by dropping its wait
+/// and calling [`Leasehold::shutdown`] if `graceful`, else as a killed process does,
+/// without another step (its runtime ends; the wait is never dropped).
+fn waiter_process(
+    open: Open,
+    name: String,
+    graceful: bool,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let locks = Leasehold::from_store(open().await);
+            let lock = fair_lock(&locks, &name, "w1");
+            let mut wait = Box::pin(async move { lock.lock().await });
+            tokio::select! {
+                got = &mut wait => panic!("w1 got the lock: {got:?}"),
+                _ = stopped => {}
+            }
+            if graceful {
+                drop(wait);
+                assert!(locks.shutdown(PATIENCE).await, "shutdown finished in time");
+            } else {
+                std::mem::forget(wait);
+            }
+        });
+        // Whatever the runtime still had (a background undo) ends with it.
+        drop(runtime);
+    });
+    (stop, thread)
+}
+
+/// Holder and w2 in this process, w1 in its own (see [`waiter_process`]), queued in
+/// that order; w1's process ends; returns when it has, with the holder and w2's wait.
+async fn after_waiter_process(
+    open: &Open,
+    graceful: bool,
+) -> (
+    Leasehold,
+    String,
+    crate::LockGuard,
+    tokio::task::JoinHandle<Result<crate::LockGuard>>,
+) {
+    let locks = Leasehold::from_store(open().await);
+    let name = unique(if graceful { "shut-down" } else { "killed" });
+    let holder = fair_lock(&locks, &name, "holder").try_lock().await.unwrap();
+    let holder = holder.expect("a free lock is granted");
+    let (stop, w1) = waiter_process(open.clone(), name.clone(), graceful);
+    eventually("w1 to queue", || async {
+        waiting_owners(&locks, &name).await == ["w1"]
+    })
+    .await;
+    let w2 = tokio::spawn({
+        let lock = fair_lock(&locks, &name, "w2");
+        async move { lock.lock().await }
+    });
+    eventually("w2 to queue behind w1", || async {
+        waiting_owners(&locks, &name).await == ["w1", "w2"]
+    })
+    .await;
+    let _ = stop.send(());
+    within(
+        "w1's process to end",
+        tokio::task::spawn_blocking(move || w1.join()),
+    )
+    .await
+    .unwrap()
+    .expect("w1's process ended cleanly");
+    (locks, name, holder, w2)
+}
+
+/// A process that stops waiting and calls [`Leasehold::shutdown`] before it exits has
+/// left the queue by then: the next waiter is served at the release, not a waiter lease
+/// later.
+pub async fn abandoned_wait_leaves_by_shutdown(open: Open) {
+    let (locks, name, holder, w2) = after_waiter_process(&open, true).await;
+    let left = waiting_owners(&locks, &name).await;
+    assert_eq!(left, ["w2"], "w1 left its place behind");
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(PROMPT, w2).await;
+    let next = next.expect("w2 is served promptly at the release");
+    next.unwrap().unwrap().release().await.unwrap();
+}
+
+/// A waiter whose process dies without a word costs the others at most its waiter
+/// lease, not the lock's TTL.
+pub async fn dead_waiter_costs_at_most_its_waiter_lease(open: Open) {
+    let (_locks, _name, holder, w2) = after_waiter_process(&open, false).await;
+    holder.release().await.unwrap();
+    // The waiter lease, a second of etcd's rounding, and a refresh of w2's wait.
+    let bound = crate::MAX_WAITER_LEASE * 2;
+    assert!(bound < LONG_TTL);
+    let next = tokio::time::timeout(bound, w2).await;
+    let next = next.expect("w2 is served within the dead waiter's lease");
+    next.unwrap().unwrap().release().await.unwrap();
+}
+
 /// Bad input is rejected before anything reaches the store, with the rule in the message.
 pub async fn bad_input_rejected(store: Arc<dyn Store>) {
     let locks = Leasehold::from_store(store);
@@ -941,8 +1125,9 @@ macro_rules! conformance_suite {
             mutual_exclusion, drop_releases, try_and_bounded_waits, expiry_after_holder_dies,
             renewal_keeps_lock, lost_fires_before_takeover, missed_release_is_sent_again,
             tokens_and_reentry,
-            fifo_when_fair, hand_over_renews_to_the_full_ttl, semaphore_limit, read_write_rules, lock_rules, release_is_idempotent,
-            force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace, bad_input_rejected);
+            fifo_when_fair, hand_over_renews_to_the_full_ttl, semaphore_limit, read_write_rules,
+            lock_rules, release_is_idempotent, force_release_is_seen_as_lost,
+            cancelled_wait_leaves_no_trace, timed_out_wait_leaves_the_queue, bad_input_rejected);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
@@ -951,6 +1136,27 @@ macro_rules! conformance_suite {
                 let (store, _guard) = $make.await;
                 let store: ::std::sync::Arc<dyn $crate::Store> = store;
                 $crate::conformance::$case(store).await;
+            }
+        )*
+    };
+}
+
+/// Makes one `#[tokio::test]` per conformance case that runs a waiter in a process of its
+/// own (see [`abandoned_wait_leaves_by_shutdown`]): `$start` is an async expression giving
+/// `(Open, guard)`, where the guard (a temporary directory, a server process) lives until
+/// the case ends.
+#[macro_export]
+macro_rules! conformance_processes {
+    ($start:expr) => {
+        $crate::conformance_processes!(@cases $start;
+            abandoned_wait_leaves_by_shutdown, dead_waiter_costs_at_most_its_waiter_lease);
+    };
+    (@cases $start:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (open, _guard) = $start.await;
+                $crate::conformance::$case(open).await;
             }
         )*
     };

@@ -61,8 +61,11 @@
 //!   (compared on create/mod revision), so a retried release never deletes a newer lock.
 //!   An acquire whose answer never came (timeout, cancellation) is undone by revoking its
 //!   lease: whatever etcd did with the request, the key goes with it.
-//! - A waiter's key is on its lease too: a waiter that dies leaves the queue when its
-//!   lease ends. A waiter that finds its own key gone (its lease expired while the process
+//! - A waiter's key is on a short lease of its own, the waiter lease
+//!   ([`waiter_lease`]: the TTL, at most 5 s), kept alive by the
+//!   waiter's rechecks: a waiter that dies leaves the queue when that lease ends. When it
+//!   is let in, the key moves to a lease of the full TTL (one Txn) before the grant is
+//!   returned; the short lease is revoked (the key keeps its name, so it is not reused). A waiter that finds its own key gone (its lease expired while the process
 //!   was paused or cut off) stops with [`Error::WaitEnded`].
 //! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
 //!   Renewal checks both the lease and the key.
@@ -86,6 +89,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::options::waiter_lease;
 use crate::store::{
     busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId,
     LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
@@ -245,6 +249,18 @@ fn put_on(lease: i64, key: &[u8], value: &[u8]) -> Op {
         key: key.to_vec(),
         value: value.to_vec(),
         lease,
+        ignore_value: false,
+        ignore_lease: false,
+    })
+}
+
+/// Puts the existing `key`, value unchanged, on `lease`.
+fn move_to(lease: i64, key: &[u8]) -> Op {
+    Op::Put(PutRequest {
+        key: key.to_vec(),
+        value: Vec::new(),
+        lease,
+        ignore_value: true,
         ignore_lease: false,
     })
 }
@@ -255,6 +271,7 @@ fn rewrite(key: &[u8], entry: &Entry) -> Op {
         key: key.to_vec(),
         value: entry.value(),
         lease: 0,
+        ignore_value: false,
         ignore_lease: true,
     })
 }
@@ -719,8 +736,18 @@ impl EtcdStore {
                 .recheck(req, &prefix, &key, lease, create, started)
                 .await;
         }
+        let writer = req.kind == LockKind::Exclusive;
+        // A mutex that does not queue (non-fair, or a try) takes the lock only if nobody
+        // holds or waits; everything else joins the queue.
+        let only_if_free = writer && (!req.fair || !req.enqueue);
+        // A key that joins a busy queue waits there on a waiter's short lease, so that a
+        // waiter that dies holds up the queue for a few seconds, not for the lock's TTL;
+        // it moves to a lease of the full TTL when it is let in (`on_full_lease`).
+        let joins = !only_if_free && self.inner.busy_queues.locked().contains(&prefix);
+        let fresh = known.as_ref().is_none_or(|a| a.lease.is_none());
         let lease = match known.and_then(|a| a.lease) {
             Some(lease) => lease,
+            None if joins && req.enqueue => self.lease_for(waiter_lease(req.ttl)).await?,
             None => self.lease_for(req.ttl).await?,
         };
         let key = queue_key(&req.name, lease.id);
@@ -746,10 +773,6 @@ impl EtcdStore {
             put_on(lease.id, &key, &entry.value()),
             put_on(lease.id, &marker, &key),
         ];
-        let writer = req.kind == LockKind::Exclusive;
-        // A mutex that does not queue (non-fair, or a try) takes the lock only if nobody
-        // holds or waits; everything else joins the queue.
-        let only_if_free = writer && (!req.fair || !req.enqueue);
         let everyone = Compare::empty(&prefix, &prefix_end(&prefix));
         let request = if only_if_free {
             txn(
@@ -793,7 +816,12 @@ impl EtcdStore {
         let revision = answer.revision();
         if !only_if_free && self.seen_busy(&prefix, !answer.succeeded) && answer.nested().is_none()
         {
-            // Busy, and the Txn did not carry the join: join now.
+            // Busy, and the Txn did not carry the join: join now, on a waiter's lease if
+            // this one is new (nothing was put on it).
+            if fresh && req.enqueue {
+                self.forget(&req.lease);
+                self.spare(lease);
+            }
             return Box::pin(self.attempt(req)).await;
         }
         // The join's answer when the queue was not empty.
@@ -1396,7 +1424,10 @@ fn holder_info(member: &Member, lease_left: Duration) -> HolderInfo {
 #[async_trait]
 impl Store for EtcdStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
-        self.attempt(req).await
+        match self.attempt(req).await? {
+            Attempt::Granted(grant) => Ok(Attempt::Granted(self.on_full_lease(req, grant).await)),
+            busy => Ok(busy),
+        }
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
@@ -1531,7 +1562,7 @@ impl Store for EtcdStore {
 
     async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
         let released = self.release(from).await?;
-        Ok((released, self.attempt(to).await?))
+        Ok((released, self.acquire(to).await?))
     }
 
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
@@ -1561,7 +1592,10 @@ impl Store for EtcdStore {
                     create,
                     attempted,
                 };
-                self.wait_in_line(req, &ours, waiting, seen).await
+                match self.wait_in_line(req, &ours, waiting, seen).await? {
+                    Some(grant) => Ok(Some(self.on_full_lease(req, grant).await)),
+                    None => Ok(None),
+                }
             }
             _ => std::future::pending().await,
         }
@@ -1745,6 +1779,62 @@ impl EtcdStore {
             if let (Some(revision), State::Held { modified, .. }) = (modified, &mut a.state) {
                 *modified = revision;
             }
+        }
+    }
+
+    /// A key let in while on a waiter's short lease moves to a lease of the lock's TTL
+    /// before its grant is returned: a holder's lease is the full TTL (a holder may be
+    /// paused for that long), and its guard counts its safe deadline from it. Should the
+    /// move fail, the grant stands on the short lease, which the guard's first renewal
+    /// lengthens ([`move_to_longer_lease`](Self::move_to_longer_lease)).
+    async fn on_full_lease(&self, req: &AcquireRequest, grant: Grant) -> Grant {
+        let Some(Acquisition {
+            key,
+            marker,
+            lease: Some(short),
+            state: State::Held { create, .. },
+        }) = self.acquisition(&req.lease)
+        else {
+            return grant;
+        };
+        if !short.ours || short.asked >= lease_seconds(req.ttl) {
+            return grant;
+        }
+        let Ok(full) = self.lease_for(req.ttl).await else {
+            return grant;
+        };
+        // The marker too: it must go with the key (a key put into an empty queue has
+        // none; one more does no harm, a release deletes it with the key).
+        let moved = self
+            .call_txn(txn(
+                vec![Compare::created_at(&key, create)],
+                vec![move_to(full.id, &key), put_on(full.id, &marker, &key)],
+                vec![],
+            ))
+            .await;
+        let revision = match moved {
+            Ok(answer) if answer.succeeded => answer.revision(),
+            Ok(_) => {
+                // Our key is gone (the guard's first renewal says so): nothing moved.
+                self.spare(full);
+                return grant;
+            }
+            // The key may have moved unseen: the guard's renewal follows it to its lease,
+            // and the new lease, not reused, ends with the key.
+            Err(_) => return grant,
+        };
+        self.set_lease(&req.lease, full, Some(revision));
+        // Not for reuse: the key keeps the short lease's name.
+        self.revoke_later(short.id);
+        let longer = full
+            .alive_until
+            .saturating_duration_since(short.alive_until);
+        Grant {
+            lease: grant
+                .lease
+                .map(|left| left + longer)
+                .filter(|&l| l < req.ttl),
+            ..grant
         }
     }
 

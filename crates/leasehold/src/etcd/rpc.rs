@@ -97,6 +97,9 @@ pub struct PutRequest {
     pub value: Vec<u8>,
     #[prost(int64, tag = "3")]
     pub lease: i64,
+    /// Keep the key's value (the key must exist).
+    #[prost(bool, tag = "5")]
+    pub ignore_value: bool,
     #[prost(bool, tag = "6")]
     pub ignore_lease: bool,
 }
