@@ -993,9 +993,17 @@ impl EtcdStore {
         } else {
             vec![range_queue(prefix)]
         };
-        let check = self.call_txn(txn(vec![Compare::created_at(key, create)], view, vec![]));
+        // A waiting key is on a short lease (a waiter lease): like a renewal, each member
+        // gets a sixth of it while another is left, so a paused member cannot keep the
+        // keepalive from another one in time. (The check only reads.)
+        let per_member = (lease.ttl() / 6).max(MIN_TRY_PER_MEMBER);
+        let check = rpc::trying_each_for(
+            per_member,
+            self.call_txn(txn(vec![Compare::created_at(key, create)], view, vec![])),
+        );
         let (answer, renewed) = if due {
-            let (answer, renewed) = tokio::join!(check, self.keep_alive(lease));
+            let keep_alive = rpc::trying_each_for(per_member, self.keep_alive(lease));
+            let (answer, renewed) = tokio::join!(check, keep_alive);
             (answer?, renewed.ok())
         } else {
             (check.await?, Some(Some(lease)))
