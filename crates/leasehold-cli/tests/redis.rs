@@ -428,7 +428,10 @@ fn a_dead_queue_leaves_only_the_token_counter_behind() {
         status["holders"] == serde_json::json!([]) && status["waiters"] == serde_json::json!([])
     });
     assert_eq!(keys(), ["lh:{k}:token"]);
-    assert_eq!(server.cli(&["GET", "lh:{k}:token"]).trim(), token.to_string());
+    assert_eq!(
+        server.cli(&["GET", "lh:{k}:token"]).trim(),
+        token.to_string()
+    );
     drop((holder, waiter));
 }
 

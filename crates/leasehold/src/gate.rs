@@ -14,6 +14,7 @@ use std::time::SystemTime;
 use tokio::sync::oneshot;
 use tokio::time::{timeout_at, Instant};
 
+use crate::lock::Pending;
 use crate::store::{AcquireRequest, Attempt, Grant, Lease, Released, Store, WaiterInfo};
 use crate::Locked;
 use crate::{LockName, Result};
@@ -89,25 +90,60 @@ pub(crate) enum Until {
     Forever,
 }
 
+/// A task's wait for its pass. Dropped before the pass was taken (a deadline, a dropped
+/// future), it closes the channel, so no pass can come after, and deals with one that
+/// came before: the turn is passed on, a lock handed over is released by `undo`.
+struct Expecting {
+    rx: oneshot::Receiver<Pass>,
+    gate: Arc<Gate>,
+    undo: Option<Pending>,
+}
+
+impl Drop for Expecting {
+    fn drop(&mut self) {
+        let Some(mut undo) = self.undo.take() else {
+            return;
+        };
+        self.rx.close();
+        let pass = self.rx.try_recv().ok();
+        if !matches!(pass, Some(Pass::Granted(..))) {
+            undo.disarm();
+        }
+        // Dropping `undo` armed releases the lock handed over; the turn goes on.
+        drop(undo);
+        if pass.is_some() {
+            drop(Turn(Some(self.gate.clone())));
+        }
+    }
+}
+
 /// The turn at a gate; passed on when dropped, or by [`Turn::release`].
 #[derive(Debug)]
 pub(crate) struct Turn(Option<Arc<Gate>>);
 
 impl Gate {
     /// Waits for the turn; `None` if `until` comes first. With the turn comes the lock
-    /// itself when the previous task handed it over.
+    /// itself when the previous task handed it over. `undo` (armed with `req`'s lease)
+    /// takes back a lock handed over after this task stopped waiting.
+    ///
+    /// Cancel-safe: a pass that arrives as the wait ends (its deadline, or the future
+    /// dropped) is not lost: the turn goes on to the next task, and a lock handed over
+    /// is released by `undo`.
     pub async fn enter(
         self: &Arc<Self>,
         req: &AcquireRequest,
         until: Until,
+        mut undo: Pending,
     ) -> Option<(Turn, Option<(Grant, Instant)>)> {
-        let pass = {
+        let rx = {
             let mut state = self.0.locked();
             if !state.busy {
                 state.busy = true;
+                undo.disarm();
                 return Some((Turn(Some(self.clone())), None));
             }
             if matches!(until, Until::Now) {
+                undo.disarm();
                 return None;
             }
             let (tx, rx) = oneshot::channel();
@@ -118,10 +154,18 @@ impl Gate {
             });
             rx
         };
-        let pass = match until {
-            Until::Deadline(deadline) => timeout_at(deadline, pass).await.ok()?,
-            _ => pass.await,
+        let mut expecting = Expecting {
+            rx,
+            gate: self.clone(),
+            undo: Some(undo),
         };
+        let pass = match until {
+            Until::Deadline(deadline) => timeout_at(deadline, &mut expecting.rx).await.ok()?,
+            _ => (&mut expecting.rx).await,
+        };
+        if let Some(mut undo) = expecting.undo.take() {
+            undo.disarm();
+        }
         // The sender is only dropped after a send; a closed channel means no pass.
         let turn = Turn(Some(self.clone()));
         match pass.ok()? {

@@ -337,7 +337,8 @@ impl Lock {
                     Wait::Until(deadline) => Until::Deadline(deadline),
                     Wait::Forever => Until::Forever,
                 };
-                match self.gates.gate(&self.name).enter(&req, until).await {
+                let undo = Pending::new(self.store.clone(), &req, &self.tasks);
+                match self.gates.gate(&self.name).enter(&req, until, undo).await {
                     None => return Ok(None),
                     // Handed over by the task before us, in one store step.
                     Some((turn, Some((grant, sent)))) => {
@@ -531,7 +532,7 @@ impl Lock {
 /// An acquisition that may exist in the store without a guard (an attempt whose answer
 /// was lost, or a place in the queue): undone by its id unless disarmed (sent again on
 /// store trouble, as a guard's release is).
-struct Pending {
+pub(crate) struct Pending {
     store: Arc<dyn Store>,
     lease: Option<Lease>,
     ttl: Duration,
@@ -539,7 +540,7 @@ struct Pending {
 }
 
 impl Pending {
-    fn new(store: Arc<dyn Store>, req: &AcquireRequest, tasks: &TaskTracker) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, req: &AcquireRequest, tasks: &TaskTracker) -> Self {
         Pending {
             store,
             lease: Some(req.lease()),
@@ -548,7 +549,7 @@ impl Pending {
         }
     }
 
-    fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.lease = None;
     }
 

@@ -570,6 +570,28 @@ pub async fn hand_over_renews_to_the_full_ttl(store: Arc<dyn Store>) {
     guard.release().await.unwrap();
 }
 
+/// A task of one process that stops waiting just as the task before it hands it the lock
+/// (its future dropped, or its deadline passing, after the hand-over was sent) does not
+/// take the lock or its process's turn with it: the next task gets the lock.
+pub async fn hand_over_to_a_dropped_waiter_is_not_lost(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("dropped-hand-over");
+    // Non-fair: tasks of one process wait in the process on every store.
+    let lock = locks.mutex(name.as_str()).unwrap().with_fair(false);
+    let holder = lock.try_lock().await.unwrap().unwrap();
+    let mut waiter = Box::pin(lock.lock());
+    assert!((&mut waiter).now_or_never().is_none(), "the lock is held");
+    eventually("the waiter to queue", || async {
+        locks.describe(name.as_str()).await.unwrap().waiters.len() == 1
+    })
+    .await;
+    // Handed to the waiter, which is never polled again.
+    holder.release().await.unwrap();
+    drop(waiter);
+    let next = within("the next task to get the lock", lock.lock()).await;
+    next.unwrap().release().await.unwrap();
+}
+
 /// A semaphore admits at most its permits, each holder with its own token.
 pub async fn semaphore_limit(store: Arc<dyn Store>) {
     let locks = Leasehold::from_store(store);
@@ -1125,7 +1147,8 @@ macro_rules! conformance_suite {
             mutual_exclusion, drop_releases, try_and_bounded_waits, expiry_after_holder_dies,
             renewal_keeps_lock, lost_fires_before_takeover, missed_release_is_sent_again,
             tokens_and_reentry,
-            fifo_when_fair, hand_over_renews_to_the_full_ttl, semaphore_limit, read_write_rules,
+            fifo_when_fair, hand_over_renews_to_the_full_ttl, hand_over_to_a_dropped_waiter_is_not_lost,
+            semaphore_limit, read_write_rules,
             lock_rules, release_is_idempotent, force_release_is_seen_as_lost,
             cancelled_wait_leaves_no_trace, timed_out_wait_leaves_the_queue, bad_input_rejected);
     };
