@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{sleep_until, Instant};
+use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
@@ -379,13 +379,22 @@ impl Lock {
         req: &AcquireRequest,
         grant: Grant,
         sent: Instant,
+        bound: Option<Instant>,
     ) -> Result<Option<LockGuard>> {
         let granted = grant.lease.unwrap_or(req.ttl).min(req.ttl);
         if safe_deadline(sent, granted) > Instant::now() {
             return Ok(Some(self.guard(req, grant, sent)));
         }
         let resent = Instant::now();
-        match self.store.renew(&req.lease(), req.ttl).await? {
+        let lease = req.lease();
+        let renewal = self.store.renew(&lease, req.ttl);
+        let renewal = match bound {
+            Some(bound) => timeout_at(bound, renewal)
+                .await
+                .unwrap_or_else(|_| Err(self.too_slow("confirming a late grant", resent))),
+            None => renewal.await,
+        };
+        match renewal? {
             Renewal::Renewed => {
                 tracing::debug!("a grant that arrived late was confirmed by a renewal");
                 let grant = Grant {
@@ -403,25 +412,40 @@ impl Lock {
 
     /// How a grant ends the acquire: with its guard, or with the error that confirming it
     /// met (the attempt undone); `None` if its lease lapsed on the way, to ask again.
+    /// A store call it makes ends by `bound`, if any.
     async fn settle(
         &self,
         req: &AcquireRequest,
         grant: Grant,
         sent: Instant,
         pending: &mut Pending,
-        started: Instant,
+        bound: Option<Instant>,
     ) -> Option<Result<Option<LockGuard>>> {
-        match self.accept(req, grant, sent).await {
+        match self.accept(req, grant, sent, bound).await {
             Ok(Some(guard)) => {
                 pending.disarm();
-                tracing::debug!(waited = ?started.elapsed(), "waited");
                 Some(Ok(Some(guard)))
             }
             Ok(None) => None,
             Err(error) => {
-                pending.undo().await;
+                pending.undo_within(LATE_ANSWER).await;
                 Some(Err(error))
             }
+        }
+    }
+
+    /// The error of a bounded wait that the store's slowness ended: `what` (sent at
+    /// `sent`) came too late, although nobody may have held the lock.
+    fn too_slow(&self, what: &str, sent: Instant) -> Error {
+        Error::Unavailable {
+            store: self.store.describe_store(),
+            source: format!(
+                "{what} for lock \"{}\" took {}, too slow for the wait or for the lease ({}); the lock may well be free: look at the link to the store, or use a longer TTL",
+                self.name,
+                crate::humanize(sent.elapsed()),
+                crate::humanize(self.ttl)
+            )
+            .into(),
         }
     }
 
@@ -431,6 +455,11 @@ impl Lock {
         wait: Wait,
     ) -> Result<Option<LockGuard>> {
         let started = Instant::now();
+        // However slow the store, a bounded wait ends soon after its deadline.
+        let bound = match wait {
+            Wait::Until(deadline) => Some(deadline + LATE_ANSWER),
+            _ => None,
+        };
         let mut pending = Pending::new(self.store.clone(), &req, &self.tasks);
         // Once the store has answered, a waiter rides out store trouble (a restart, a
         // failover) until its deadline; the same request is retried, so an attempt that
@@ -441,17 +470,25 @@ impl Lock {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
             let sent = Instant::now();
-            let busy = match self.store.acquire(&req).await {
+            let attempt = self.store.acquire(&req);
+            let attempt = match bound {
+                Some(bound) => timeout_at(bound, attempt)
+                    .await
+                    .unwrap_or_else(|_| Err(self.too_slow("an attempt", sent))),
+                None => attempt.await,
+            };
+            let busy = match attempt {
                 Ok(Attempt::Granted(grant)) => {
-                    match self.settle(&req, grant, sent, &mut pending, started).await {
+                    match self.settle(&req, grant, sent, &mut pending, bound).await {
                         Some(done) => return done,
                         // Lapsed on the way: ask again (the same request) while we may wait.
                         None => match wait {
                             Wait::Forever => continue,
                             Wait::Until(deadline) if Instant::now() < deadline => continue,
                             _ => {
-                                pending.undo().await;
-                                return Ok(None);
+                                pending.undo_within(LATE_ANSWER).await;
+                                // Nobody else had it: say what happened, not "busy".
+                                return Err(self.too_slow("the grant", sent));
                             }
                         },
                     }
@@ -466,7 +503,7 @@ impl Lock {
                     trouble = (trouble * 2).min(Duration::from_secs(1));
                     if let Wait::Until(deadline) = wait {
                         if retry >= deadline {
-                            pending.undo().await;
+                            pending.undo_within(LATE_ANSWER).await;
                             return Err(error);
                         }
                     }
@@ -486,7 +523,7 @@ impl Lock {
                     return Ok(None);
                 }
                 Wait::Until(deadline) if Instant::now() >= deadline => {
-                    pending.undo().await;
+                    pending.undo_within(LATE_ANSWER).await;
                     tracing::debug!(waited = ?started.elapsed(), "gave up waiting");
                     return Ok(None);
                 }
@@ -512,7 +549,7 @@ impl Lock {
                     // Handed over by the store: the lease runs from after `sent`, our
                     // last request, so counting from it is safe.
                     Ok(Some(grant)) => {
-                        if let Some(done) = self.settle(&req, grant, sent, &mut pending, started).await {
+                        if let Some(done) = self.settle(&req, grant, sent, &mut pending, bound).await {
                             return done;
                         }
                     }
@@ -528,6 +565,11 @@ impl Lock {
         }
     }
 }
+
+/// How long a bounded wait lets a store call finish after its deadline (and an undo then
+/// take, before it goes on in the background): a slow store cannot stretch the wait by
+/// more.
+const LATE_ANSWER: Duration = Duration::from_secs(1);
 
 /// An acquisition that may exist in the store without a guard (an attempt whose answer
 /// was lost, or a place in the queue): undone by its id unless disarmed (sent again on
@@ -551,6 +593,18 @@ impl Pending {
 
     pub(crate) fn disarm(&mut self) {
         self.lease = None;
+    }
+
+    /// [`undo`](Self::undo), waited for at most `patience`; then it goes on in the
+    /// background (the lease stays armed, so dropping this sends it).
+    async fn undo_within(&mut self, patience: Duration) {
+        let Some(lease) = self.lease.clone() else {
+            return;
+        };
+        let undo = release_or_again(&self.store, &lease, self.ttl, &self.tasks);
+        if tokio::time::timeout(patience, undo).await.is_ok() {
+            self.lease = None;
+        }
     }
 
     async fn undo(&mut self) {

@@ -9,7 +9,7 @@ use leasehold::{
     AcquireRequest, Attempt, LeaseId, Leasehold, LockKind, LockState, RedisStore, Released,
     Requester, Store,
 };
-use leasehold_testkit::{RedisCluster, RedisServer};
+use leasehold_testkit::{DelayProxy, RedisCluster, RedisServer};
 use tokio::time::Instant;
 
 async fn locks(server: &RedisServer) -> Leasehold {
@@ -374,8 +374,11 @@ async fn tokens_rise_across_a_wipe(url: &str, wipe: impl FnOnce()) {
     wipe();
     within("the store to answer again", async {
         // The client reconnects after a restart.
-        while let Err(error) = locks.mutex("forgotten").unwrap().try_lock().await {
-            assert!(error.is_retryable(), "{error}");
+        loop {
+            match locks.mutex("forgotten").unwrap().try_lock().await {
+                Ok(guard) => break guard.unwrap().release().await.unwrap(),
+                Err(error) => assert!(error.is_retryable(), "{error}"),
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
@@ -405,4 +408,28 @@ async fn tokens_rise_after_a_cluster_lost_every_key() {
         }
     })
     .await;
+}
+
+/// Through a link that holds every reply back 1.5 s, no grant of a 1 s lease can arrive
+/// in time, and a bounded wait of 6 s ends soon after 6 s, saying the store is too slow
+/// rather than that the lock is busy. (It took 16-22 s, and said busy.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_wait_on_a_slow_link_ends_on_time_and_says_why() {
+    let server = RedisServer::start();
+    let proxy = DelayProxy::start(server.port(), Duration::from_millis(1500));
+    let url = format!("redis://127.0.0.1:{}/0", proxy.port());
+    let locks = Leasehold::new(RedisStore::connect(&url).await.unwrap());
+    let lock = locks
+        .mutex("slow")
+        .unwrap()
+        .with_ttl(Duration::from_secs(1));
+    let wait = Duration::from_secs(6);
+    let started = Instant::now();
+    let outcome = lock.try_lock_for(wait).await;
+    let took = started.elapsed();
+    let error = outcome.expect_err("no grant of a 1 s lease arrives in time");
+    assert!(error.to_string().contains("too slow"), "{error}");
+    // The bound: the wait, one late answer (1 s) and an undo's patience (1 s), with room
+    // for a loaded machine.
+    assert!(took < wait + Duration::from_secs(4), "took {took:?}");
 }
