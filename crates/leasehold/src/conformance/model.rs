@@ -84,8 +84,25 @@ const TTL: Duration = Duration::from_secs(20);
 const CLIENTS: usize = 3;
 const OWNERS: [&str; 4] = ["ann", "bob", "cid", "dee"];
 
-/// Runs the model-based conformance case on `store` (see the [module docs](self)).
+/// Runs the model-based conformance case on `store` (see the [module docs](self)),
+/// with fair and non-fair requests.
 pub async fn model_based(store: Arc<dyn Store>) {
+    check(store, false).await
+}
+
+/// The same restricted to what etcd follows so far, so that the rest is still checked
+/// there while its deviations from the rules (which [`model_based`] shows) stand:
+/// - every request is fair: etcd's non-fair mutex waiters wait outside the queue, where
+///   readers and later fair requests pass them and `describe` does not show them;
+/// - an owner waits on a name at most once at a time: etcd queues an owner once (a
+///   second wait joins the first's place, and `describe` shows one waiter);
+/// - a leaked short lease is never a re-entry: etcd keeps a re-entry's hold in the
+///   owner's key, on the first acquisition's lease, so it never ends by itself.
+pub async fn model_based_restricted(store: Arc<dyn Store>) {
+    check(store, true).await
+}
+
+async fn check(store: Arc<dyn Store>, fair_only: bool) {
     let seed = match std::env::var("LEASEHOLD_MODEL_SEED") {
         Ok(text) => parse_seed(&text).expect("LEASEHOLD_MODEL_SEED: a decimal or 0x-hex u64"),
         Err(_) => rand::random(),
@@ -99,15 +116,25 @@ pub async fn model_based(store: Arc<dyn Store>) {
         Err(_) => Duration::from_secs(120),
     };
     let shown = store.describe_store();
-    eprintln!("model_based on {shown}: LEASEHOLD_MODEL_SEED={seed} LEASEHOLD_MODEL_STEPS={steps}");
-    let plan = Plan::generate(seed, steps);
+    let case = if fair_only {
+        "model_based_restricted"
+    } else {
+        "model_based"
+    };
+    eprintln!("{case} on {shown}: LEASEHOLD_MODEL_SEED={seed} LEASEHOLD_MODEL_STEPS={steps}");
+    let plan = Plan::generate(seed, steps, fair_only);
     let started = Instant::now();
-    let Err(failure) = run(&store, &plan.shapes, &plan.ops).await else {
-        eprintln!(
-            "model_based on {shown}: seed {seed}, {steps} steps passed in {:.1?}",
-            started.elapsed()
-        );
-        return;
+    let failure = match run(&store, &plan, &plan.ops).await {
+        Ok(counts) => {
+            let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            eprintln!(
+                "{case} on {shown}: seed {seed}, {steps} steps passed in {:.1?} ({})",
+                started.elapsed(),
+                counts.join(", ")
+            );
+            return;
+        }
+        Err(failure) => failure,
     };
     let first = failure.to_string();
     let at = failure.step.map_or(String::from("the final drain"), |i| {
@@ -120,7 +147,7 @@ pub async fn model_based(store: Arc<dyn Store>) {
         .map(|(i, op)| format!("  {i:3}  {op}\n"))
         .collect();
     panic!(
-        "model-based conformance failed on {shown}\n\
+        "{case} failed on {shown}\n\
          replay: LEASEHOLD_MODEL_SEED={seed} LEASEHOLD_MODEL_STEPS={steps}\n\
          shapes: {}\n\
          failed at {at}\n{first}\n\n\
@@ -263,18 +290,31 @@ impl fmt::Display for Op {
 struct Plan {
     shapes: Vec<Shape>,
     ops: Vec<Op>,
+    /// The restrictions of [`model_based_restricted`].
+    fair_only: bool,
 }
 
 impl Plan {
-    fn generate(seed: u64, steps: usize) -> Plan {
+    fn generate(seed: u64, steps: usize, fair_only: bool) -> Plan {
         let mut rng = Rng(seed);
         let shapes = vec![
             Shape::Mutex,
             Shape::RwLock,
             Shape::Semaphore(2 + rng.below(2) as u32),
         ];
-        let ops = (0..steps).map(|_| Self::op(&mut rng, &shapes)).collect();
-        Plan { shapes, ops }
+        let mut ops: Vec<Op> = (0..steps).map(|_| Self::op(&mut rng, &shapes)).collect();
+        if fair_only {
+            for op in &mut ops {
+                if let Op::Try { req, .. } | Op::Wait { req } | Op::Expire { req } = op {
+                    req.fair = true;
+                }
+            }
+        }
+        Plan {
+            shapes,
+            ops,
+            fair_only,
+        }
     }
 
     fn op(rng: &mut Rng, shapes: &[Shape]) -> Op {
@@ -347,6 +387,8 @@ impl fmt::Display for Failure {
 }
 
 type Check<T = ()> = std::result::Result<T, String>;
+
+type Counts = std::collections::BTreeMap<String, usize>;
 
 macro_rules! ensure {
     ($cond:expr, $($arg:tt)*) => {
@@ -542,10 +584,15 @@ struct Driver {
     tasks: Vec<Task>,
     next_id: usize,
     trace: Vec<String>,
+    /// The restrictions of [`model_based_restricted`].
+    restricted: bool,
+    /// How often each kind of outcome was seen, to show what a run exercised.
+    counts: std::collections::BTreeMap<String, usize>,
 }
 
 /// Runs `ops` on fresh names; a panic in the driver is a failure too.
-async fn run(store: &Arc<dyn Store>, shapes: &[Shape], ops: &[Op]) -> Result<(), Failure> {
+async fn run(store: &Arc<dyn Store>, plan: &Plan, ops: &[Op]) -> Result<Counts, Failure> {
+    let (shapes, plan_once) = (&plan.shapes, plan.fair_only);
     let base = unique("model");
     let driver = Driver {
         clients: (0..CLIENTS)
@@ -558,6 +605,8 @@ async fn run(store: &Arc<dyn Store>, shapes: &[Shape], ops: &[Op]) -> Result<(),
         tasks: Vec::new(),
         next_id: 0,
         trace: Vec::new(),
+        counts: Default::default(),
+        restricted: plan_once,
     };
     let ops = ops.to_vec();
     match tokio::spawn(driver.run(ops)).await {
@@ -581,7 +630,7 @@ async fn run(store: &Arc<dyn Store>, shapes: &[Shape], ops: &[Op]) -> Result<(),
 }
 
 impl Driver {
-    async fn run(mut self, ops: Vec<Op>) -> Result<(), Failure> {
+    async fn run(mut self, ops: Vec<Op>) -> Result<Counts, Failure> {
         for (i, op) in ops.iter().enumerate() {
             let line = format!("{i:3}  {op}");
             self.trace.push(line);
@@ -593,7 +642,11 @@ impl Driver {
         if let Err(message) = self.drain().await {
             return Err(self.failure(None, message));
         }
-        Ok(())
+        Ok(std::mem::take(&mut self.counts))
+    }
+
+    fn count(&mut self, what: impl fmt::Display) {
+        *self.counts.entry(what.to_string()).or_default() += 1;
     }
 
     fn failure(&mut self, step: Option<usize>, message: String) -> Failure {
@@ -642,16 +695,39 @@ impl Driver {
                 self.settle(PROMPT).await
             }
             Op::Expire { req } => {
+                let owner = OWNERS[req.owner];
+                if self.restricted
+                    && self.model[req.name]
+                        .holders
+                        .iter()
+                        .any(|h| h.owner == owner)
+                {
+                    self.note("skipped: the owner holds it");
+                    self.count("skipped");
+                    return Ok(());
+                }
                 let got = self.lock(&req, SHORT_TTL).try_lock().await;
                 if let Some(guard) = self.request(&req, got)? {
                     let _lease = guard.leak();
                     self.model[req.name].drop_hold(OWNERS[req.owner]);
                     self.note("leaked; waiting for the lease to end");
+                    self.count("expired");
                     return self.settle(PATIENCE).await;
                 }
                 self.settle(PROMPT).await
             }
             Op::Wait { req } => {
+                let owner = OWNERS[req.owner];
+                if self.restricted
+                    && self.model[req.name]
+                        .waiters
+                        .iter()
+                        .any(|w| w.owner == owner)
+                {
+                    self.note("skipped: the owner waits already");
+                    self.count("skipped");
+                    return Ok(());
+                }
                 let id = self.next_id;
                 self.next_id += 1;
                 let lock = self.lock(&req, TTL);
@@ -674,10 +750,12 @@ impl Driver {
             Op::Cancel { pick } => {
                 if self.tasks.is_empty() {
                     self.note("skipped: nobody waits");
+                    self.count("skipped");
                     return Ok(());
                 }
                 let task = self.tasks.remove(pick as usize % self.tasks.len());
                 self.note(format!("w{}", task.id));
+                self.count("cancelled");
                 task.handle.abort();
                 let (id, name) = (task.id, task.name);
                 let mut task = task;
@@ -700,6 +778,7 @@ impl Driver {
             Op::Release { pick } => {
                 if self.held.is_empty() {
                     self.note("skipped: nothing held");
+                    self.count("skipped");
                     return Ok(());
                 }
                 let held = self.held.remove(pick as usize % self.held.len());
@@ -724,6 +803,7 @@ impl Driver {
                     .force_release(self.names[name].as_str())
                     .await;
                 self.note(format!("{forced:?}"));
+                self.count("forced");
                 ensure!(
                     matches!(forced, Ok(held) if held == was_held),
                     "force_release gave {forced:?}; the model says held: {was_held}"
@@ -780,7 +860,14 @@ impl Driver {
         let (owner, kind) = (OWNERS[req.owner], req.asked.kind());
         let name = &mut self.model[req.name];
         let allowed = name.allowed(None, owner, kind, req.fair);
+        let reentry = matches!(allowed[..], [Decision::Reenter(_), ..]);
         name.apply(&allowed, outcome, None, owner, kind)?;
+        self.count(match outcome {
+            Outcome::Granted { .. } if reentry => "re-entered",
+            Outcome::Granted { .. } => "granted",
+            Outcome::Busy => "busy",
+            Outcome::Refused => "refused",
+        });
         Ok(guard)
     }
 
@@ -884,6 +971,10 @@ impl Driver {
                 let (id, name, req, outcome, guard) = ended.remove(at);
                 self.trace
                     .push(format!("       w{id} ({req}) ended: {outcome:?}"));
+                self.count(match outcome {
+                    Outcome::Refused => "waiter refused",
+                    _ => "waiter served",
+                });
                 if let Some(guard) = guard {
                     self.hold(name, guard);
                 }
@@ -1034,7 +1125,7 @@ async fn shrink(
             let mut fewer = ops.clone();
             fewer.drain(start..(start + size).min(ops.len()));
             runs += 1;
-            match run(store, &plan.shapes, &fewer).await {
+            match run(store, plan, &fewer).await {
                 Err(failure) => {
                     // Everything after the failing step is not needed either.
                     if let Some(i) = failure.step {
@@ -1044,7 +1135,7 @@ async fn shrink(
                     last = failure;
                     cut = true;
                 }
-                Ok(()) => start += size,
+                Ok(_) => start += size,
             }
         }
         if cut {
@@ -1064,17 +1155,17 @@ mod tests {
 
     #[test]
     fn a_seed_gives_the_same_operations_and_a_longer_run_extends_a_shorter() {
-        let (short, long) = (Plan::generate(7, 50), Plan::generate(7, 200));
+        let (short, long) = (Plan::generate(7, 50, false), Plan::generate(7, 200, false));
         assert_eq!(short.shapes, long.shapes);
         assert_eq!(short.ops[..], long.ops[..50]);
-        assert_ne!(Plan::generate(8, 50).ops, short.ops);
+        assert_ne!(Plan::generate(8, 50, false).ops, short.ops);
         assert_eq!(parse_seed("0x10"), Some(16));
         assert_eq!(parse_seed(" 42 "), Some(42));
     }
 
     #[test]
     fn every_kind_of_operation_is_generated() {
-        let plan = Plan::generate(1, 2000);
+        let plan = Plan::generate(1, 2000, false);
         let count = |f: fn(&Op) -> bool| plan.ops.iter().filter(|op| f(op)).count();
         assert!(count(|op| matches!(op, Op::Try { bounded: false, .. })) > 100);
         assert!(count(|op| matches!(op, Op::Try { bounded: true, .. })) > 50);
