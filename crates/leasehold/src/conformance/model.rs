@@ -267,6 +267,9 @@ enum Op {
     Expire { req: Req },
     /// Force-release a name.
     Force { name: usize },
+    /// Release a held guard and make `req` (a try) at once, racing the waiters the
+    /// release lets in.
+    Handoff { pick: u32, req: Req },
 }
 
 impl fmt::Display for Op {
@@ -282,6 +285,7 @@ impl fmt::Display for Op {
             Op::Release { pick } => write!(f, "release  guard pick {pick}"),
             Op::Expire { req } => write!(f, "expire   {req}"),
             Op::Force { name } => write!(f, "force    n{name}"),
+            Op::Handoff { pick, req } => write!(f, "handoff  guard pick {pick}, then try {req}"),
         }
     }
 }
@@ -305,7 +309,11 @@ impl Plan {
         let mut ops: Vec<Op> = (0..steps).map(|_| Self::op(&mut rng, &shapes)).collect();
         if fair_only {
             for op in &mut ops {
-                if let Op::Try { req, .. } | Op::Wait { req } | Op::Expire { req } = op {
+                if let Op::Try { req, .. }
+                | Op::Wait { req }
+                | Op::Expire { req }
+                | Op::Handoff { req, .. } = op
+                {
                     req.fair = true;
                 }
             }
@@ -357,6 +365,10 @@ impl Plan {
             61..=63 => Op::Expire { req: req(rng) },
             64..=66 => Op::Force {
                 name: rng.below(shapes.len() as u64) as usize,
+            },
+            67..=74 => Op::Handoff {
+                pick: rng.next() as u32,
+                req: req(rng),
             },
             _ => Op::Release {
                 pick: rng.next() as u32,
@@ -550,6 +562,21 @@ impl Name {
     }
 }
 
+/// The id of a direct request among ended waiters in [`serve_order`].
+const DIRECT: usize = usize::MAX;
+
+/// A request made at once after a release, before the waiters it lets in are served:
+/// checked with them, in an order the rules allow.
+#[derive(Debug)]
+struct Direct {
+    name: usize,
+    owner: &'static str,
+    kind: LockKind,
+    fair: bool,
+    outcome: Outcome,
+    guard: Option<LockGuard>,
+}
+
 /// A guard the driver holds.
 #[derive(Debug)]
 struct Held {
@@ -586,6 +613,8 @@ struct Driver {
     trace: Vec<String>,
     /// The restrictions of [`model_based_restricted`].
     restricted: bool,
+    /// A request racing the waiters a release let in, to check with them.
+    direct: Option<Direct>,
     /// How often each kind of outcome was seen, to show what a run exercised.
     counts: std::collections::BTreeMap<String, usize>,
 }
@@ -607,6 +636,7 @@ async fn run(store: &Arc<dyn Store>, plan: &Plan, ops: &[Op]) -> Result<Counts, 
         trace: Vec::new(),
         counts: Default::default(),
         restricted: plan_once,
+        direct: None,
     };
     let ops = ops.to_vec();
     match tokio::spawn(driver.run(ops)).await {
@@ -775,7 +805,7 @@ impl Driver {
                     .await
                     .map_err(|e| format!("after cancelling waiter w{id}: {e}"))
             }
-            Op::Release { pick } => {
+            Op::Release { pick } | Op::Handoff { pick, .. } => {
                 if self.held.is_empty() {
                     self.note("skipped: nothing held");
                     self.count("skipped");
@@ -795,6 +825,30 @@ impl Driver {
                     held.id
                 );
                 self.model[held.name].drop_hold(&held.owner);
+                if let Op::Handoff { req, .. } = op {
+                    let got = self.lock(&req, TTL).try_lock().await;
+                    let (outcome, guard) = match got {
+                        Ok(Some(guard)) => (
+                            Outcome::Granted {
+                                token: guard.token().get(),
+                                holds: guard.holds(),
+                            },
+                            Some(guard),
+                        ),
+                        Ok(None) => (Outcome::Busy, None),
+                        Err(Error::Conflict { .. }) => (Outcome::Refused, None),
+                        Err(e) => return Err(format!("the request failed: {e}")),
+                    };
+                    self.note(format!("then {outcome:?}"));
+                    self.direct = Some(Direct {
+                        name: req.name,
+                        owner: OWNERS[req.owner],
+                        kind: req.asked.kind(),
+                        fair: req.fair,
+                        outcome,
+                        guard,
+                    });
+                }
                 self.settle(PROMPT).await
             }
             Op::Force { name } => {
@@ -926,7 +980,8 @@ impl Driver {
             .into_iter()
             .partition(|t| t.handle.is_finished());
         self.tasks = waiting;
-        if done.is_empty() {
+        let direct = self.direct.take();
+        if done.is_empty() && direct.is_none() {
             return Ok(false);
         }
         let mut ended = Vec::new();
@@ -944,8 +999,12 @@ impl Driver {
                 Ok(Err(e)) => return Err(format!("waiter w{} failed: {e}", task.id)),
                 Err(e) => return Err(format!("waiter w{} panicked: {e}", task.id)),
             };
-            ended.push((task.id, task.name, task.req, outcome, guard));
+            ended.push((task.id, task.name, Some(task.req), outcome, guard));
         }
+        let direct = direct.map(|mut d| {
+            ended.push((DIRECT, d.name, None, d.outcome, d.guard.take()));
+            d
+        });
         for n in 0..self.model.len() {
             let mine: Vec<(usize, Outcome)> = (ended.iter())
                 .filter(|e| e.1 == n)
@@ -954,10 +1013,16 @@ impl Driver {
             if mine.is_empty() {
                 continue;
             }
-            let Some((order, after)) = serve_order(&self.model[n], &mine) else {
-                let got: Vec<String> = mine.iter().map(|(id, o)| format!("w{id}: {o:?}")).collect();
+            let direct = direct.as_ref().filter(|d| d.name == n);
+            let Some((order, after)) = serve_order(&self.model[n], &mine, direct) else {
+                let got: Vec<String> = (mine.iter())
+                    .map(|(id, o)| match *id {
+                        DIRECT => format!("the request after the release: {o:?}"),
+                        id => format!("w{id}: {o:?}"),
+                    })
+                    .collect();
                 return Err(format!(
-                    "on n{n}, waiters ended as the rules do not allow, in any order: {}\n  model n{n} before: {}",
+                    "on n{n}, requests ended as the rules do not allow, in any order: {}\n  model n{n} before: {}",
                     got.join(", "),
                     self.model[n].text()
                 ));
@@ -969,12 +1034,21 @@ impl Driver {
                     .position(|e| e.0 == id)
                     .expect("an ended waiter");
                 let (id, name, req, outcome, guard) = ended.remove(at);
-                self.trace
-                    .push(format!("       w{id} ({req}) ended: {outcome:?}"));
-                self.count(match outcome {
-                    Outcome::Refused => "waiter refused",
-                    _ => "waiter served",
-                });
+                match req {
+                    Some(req) => {
+                        self.trace
+                            .push(format!("       w{id} ({req}) ended: {outcome:?}"));
+                        self.count(match outcome {
+                            Outcome::Refused => "waiter refused",
+                            _ => "waiter served",
+                        });
+                    }
+                    None => {
+                        self.trace
+                            .push(format!("       the racing request: {outcome:?}"));
+                        self.count("raced a hand-over");
+                    }
+                }
                 if let Some(guard) = guard {
                     self.hold(name, guard);
                 }
@@ -1042,7 +1116,11 @@ impl Driver {
 
 /// An order in which the rules allowed each ended waiter `(id, outcome)` when it was
 /// served, and the model after it; `None` if there is none.
-fn serve_order(name: &Name, ended: &[(usize, Outcome)]) -> Option<(Vec<usize>, Name)> {
+fn serve_order(
+    name: &Name,
+    ended: &[(usize, Outcome)],
+    direct: Option<&Direct>,
+) -> Option<(Vec<usize>, Name)> {
     if ended.is_empty() {
         return Some((Vec::new(), name.clone()));
     }
@@ -1054,15 +1132,18 @@ fn serve_order(name: &Name, ended: &[(usize, Outcome)]) -> Option<(Vec<usize>, N
     });
     for j in tries {
         let (id, outcome) = ended[j];
-        let me = name.waiters.iter().position(|w| w.id == id)?;
-        let w = &name.waiters[me];
-        let (owner, kind) = (w.owner.clone(), w.kind);
-        let allowed = name.allowed(Some(me), &owner, kind, w.fair);
+        let (me, owner, kind, fair) = match (id, direct) {
+            (DIRECT, Some(d)) => (None, d.owner.to_string(), d.kind, d.fair),
+            _ => {
+                let me = name.waiters.iter().position(|w| w.id == id)?;
+                let w = &name.waiters[me];
+                (Some(me), w.owner.clone(), w.kind, w.fair)
+            }
+        };
+        let allowed = name.allowed(me, &owner, kind, fair);
         let mut next = name.clone();
-        if matches!(outcome, Outcome::Busy)
-            || next
-                .apply(&allowed, outcome, Some(me), &owner, kind)
-                .is_err()
+        if (matches!(outcome, Outcome::Busy) && id != DIRECT)
+            || next.apply(&allowed, outcome, me, &owner, kind).is_err()
         {
             continue;
         }
@@ -1070,7 +1151,7 @@ fn serve_order(name: &Name, ended: &[(usize, Outcome)]) -> Option<(Vec<usize>, N
             .filter(|&(k, _)| k != j)
             .map(|(_, e)| *e)
             .collect();
-        if let Some((mut order, after)) = serve_order(&next, &rest) {
+        if let Some((mut order, after)) = serve_order(&next, &rest, direct) {
             order.insert(0, id);
             return Some((order, after));
         }
@@ -1207,19 +1288,19 @@ mod tests {
         };
         let granted = |token| Outcome::Granted { token, holds: 1 };
         // The head of a fair queue may go first.
-        let (order, after) = serve_order(&free, &[(1, granted(6))]).unwrap();
+        let (order, after) = serve_order(&free, &[(1, granted(6))], None).unwrap();
         assert_eq!(order, vec![1]);
         assert_eq!(after.holders[0].owner, "a");
         // Not the second: it waits behind the first.
-        assert!(serve_order(&free, &[(2, granted(6))]).is_none());
+        assert!(serve_order(&free, &[(2, granted(6))], None).is_none());
         // Not both: two writers at once.
-        assert!(serve_order(&free, &[(1, granted(6)), (2, granted(7))]).is_none());
+        assert!(serve_order(&free, &[(1, granted(6)), (2, granted(7))], None).is_none());
         // A non-fair second may pass the first.
         let mut unfair = free.clone();
         unfair.waiters[1].fair = false;
-        assert!(serve_order(&unfair, &[(2, granted(6))]).is_some());
+        assert!(serve_order(&unfair, &[(2, granted(6))], None).is_some());
         // A token must be new.
-        assert!(serve_order(&free, &[(1, granted(5))]).is_none());
+        assert!(serve_order(&free, &[(1, granted(5))], None).is_none());
         // Two owners' re-entries: the same owner's second waiter re-enters.
         let same = Name {
             waiters: queued(&[(1, "a", X, true), (2, "a", X, true)]),
@@ -1231,6 +1312,7 @@ mod tests {
                 (2, Outcome::Granted { token: 6, holds: 2 }),
                 (1, granted(6)),
             ],
+            None,
         )
         .unwrap();
         assert_eq!(order, vec![1, 2]);
