@@ -187,6 +187,41 @@ pub fn make_tls_certs(dir: &Path) {
 #[derive(Debug, Default)]
 struct ServerProcess(Option<std::process::Child>);
 
+type SpawnCall = (
+    std::process::Command,
+    std::sync::mpsc::Sender<std::io::Result<std::process::Child>>,
+);
+
+/// Spawns `cmd` from one thread that lives as long as the test process.
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the
+/// process: a server started from a tokio blocking-pool thread (`spawn_blocking`, which
+/// tests use to start etcd and Redis Cluster) was killed when that thread retired after
+/// 10 s idle, in the middle of a longer test.
+fn spawn_from_lasting_thread(cmd: std::process::Command) -> std::io::Result<std::process::Child> {
+    use std::sync::mpsc;
+    use std::sync::{Mutex, OnceLock};
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnCall>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnCall>();
+        std::thread::Builder::new()
+            .name("testkit-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("start the testkit's spawner thread");
+        Mutex::new(tx)
+    });
+    let (reply, answer) = mpsc::channel();
+    let sent = spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply));
+    sent.expect("the spawner thread lives as long as the process");
+    answer.recv().expect("the spawner thread answers")
+}
+
 impl ServerProcess {
     /// Starts `cmd`; `package` is the Debian package to name when the binary is missing.
     fn spawn(&mut self, mut cmd: std::process::Command, package: &str) {
@@ -199,7 +234,7 @@ impl ServerProcess {
             });
         }
         let program = cmd.get_program().to_string_lossy().into_owned();
-        self.0 = Some(match cmd.spawn() {
+        self.0 = Some(match spawn_from_lasting_thread(cmd) {
             Ok(child) => child,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
                 "{program} is not installed: run ./scripts/test (it installs it) or apt-get install {package}"
@@ -971,5 +1006,27 @@ impl Drop for DelayProxy {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         // Wakes the accept loop so it sees `stop`.
         let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server started from a thread that then ends keeps running (the death signal is
+    /// tied to the thread that forked it, so that must be one that lasts).
+    #[test]
+    fn a_server_outlives_the_thread_that_started_it() {
+        let server = std::thread::spawn(RedisServer::start).join().unwrap();
+        assert!(
+            server.ping(),
+            "redis-server died with the thread that started it"
+        );
+        // Past any delay of the signal: still up.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            server.ping(),
+            "redis-server died with the thread that started it"
+        );
     }
 }

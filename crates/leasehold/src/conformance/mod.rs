@@ -10,6 +10,13 @@
 //!
 //! Each case uses lock names of its own, so cases can share one store and run in
 //! parallel. Waits are on conditions with generous deadlines, never on fixed sleeps.
+//!
+//! Besides the cases written out here, [`model_based`] drives a store with random
+//! operation sequences and checks every outcome against the lock rules (see [`model`]).
+
+pub mod model;
+
+pub use model::{model_based, model_based_restricted};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -1148,9 +1155,9 @@ macro_rules! conformance_suite {
             renewal_keeps_lock, lost_fires_before_takeover, missed_release_is_sent_again,
             tokens_and_reentry,
             fifo_when_fair, hand_over_renews_to_the_full_ttl, hand_over_to_a_dropped_waiter_is_not_lost,
-            semaphore_limit, read_write_rules,
-            lock_rules, release_is_idempotent, force_release_is_seen_as_lost,
-            cancelled_wait_leaves_no_trace, timed_out_wait_leaves_the_queue, bad_input_rejected);
+            semaphore_limit, read_write_rules, lock_rules, release_is_idempotent,
+            force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace,
+            timed_out_wait_leaves_the_queue, bad_input_rejected, model_based);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(
