@@ -433,3 +433,45 @@ async fn a_bounded_wait_on_a_slow_link_ends_on_time_and_says_why() {
     // for a loaded machine.
     assert!(took < wait + Duration::from_secs(4), "took {took:?}");
 }
+
+/// A Redis that restarts without its data has forgotten every hold: a holder watching
+/// `lost()` learns it as soon as its client is subscribed again, not at its next renewal
+/// (20 s away here), by when another client could long have been granted the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_learns_at_once_that_a_restarted_redis_forgot_its_lock() {
+    let mut server = RedisServer::start();
+    let locks = locks(&server).await;
+    let lock = locks.mutex("forgotten").unwrap();
+    let guard = lock
+        .with_ttl(Duration::from_secs(60))
+        .try_lock()
+        .await
+        .unwrap();
+    let guard = std::sync::Arc::new(guard.unwrap());
+    // Scripts run so far: the watcher's first look is one more.
+    let scripts_run = |server: &RedisServer| -> u64 {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = scripts_run(&server);
+    let watcher = tokio::spawn({
+        let guard = guard.clone();
+        async move { guard.lost().await }
+    });
+    eventually("the holder to watch its lease", || async {
+        scripts_run(&server) > before
+    })
+    .await;
+    let restart = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    });
+    let learned = tokio::time::timeout(Duration::from_secs(15), watcher).await;
+    assert!(learned.is_ok(), "the holder did not learn of the lost lock");
+    assert!(guard.check().is_err());
+    drop(restart.await.unwrap());
+}

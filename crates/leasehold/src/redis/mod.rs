@@ -164,6 +164,9 @@ struct Slot {
     granted: Mutex<Option<(u64, u64)>>,
     /// Told when the hold was taken away (force-release).
     gone: Notify,
+    /// Told after every (re)subscription: messages may have been missed, and a server
+    /// that came back may have forgotten the hold.
+    look_again: Notify,
     /// An attempt was sent: the acquisition may be queued.
     sent: std::sync::atomic::AtomicBool,
 }
@@ -205,7 +208,10 @@ impl Waiters {
         }
     }
     fn wake_all(&self) {
-        self.map().values().for_each(|s| s.wake.notify_one());
+        self.map().values().for_each(|s| {
+            s.wake.notify_one();
+            s.look_again.notify_waiters();
+        });
     }
 }
 
@@ -962,20 +968,32 @@ impl Store for RedisStore {
 
     async fn ended(&self, lease: &Lease) -> Result<()> {
         let slot = self.inner.waiters.register(&lease.id);
-        let gone = slot.gone.notified();
-        tokio::pin!(gone);
-        gone.as_mut().enable();
-        let held: i64 = self
-            .run(
-                &scripts().held,
-                &lease.name,
-                &[Arg::Text(lease.id.as_str())],
-            )
-            .await?;
-        if held == 1 {
-            gone.await;
+        loop {
+            let (gone, look_again) = (slot.gone.notified(), slot.look_again.notified());
+            tokio::pin!(gone, look_again);
+            gone.as_mut().enable();
+            look_again.as_mut().enable();
+            let held = self
+                .run::<i64>(
+                    &scripts().held,
+                    &lease.name,
+                    &[Arg::Text(lease.id.as_str())],
+                )
+                .await;
+            match held {
+                Ok(1) => {}
+                Ok(_) => return Ok(()),
+                // The server is away: ask again when the subscription is back.
+                Err(error) => tracing::debug!(%error, "cannot tell whether a hold ended yet"),
+            }
+            // After a reconnection, ask again at once: a server that restarted without
+            // its data has no hold, and the holder must learn it now, not at its next
+            // renewal (meanwhile another client may be granted the lock).
+            tokio::select! {
+                _ = gone => return Ok(()),
+                _ = look_again => {}
+            }
         }
-        Ok(())
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {
