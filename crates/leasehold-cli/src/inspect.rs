@@ -100,10 +100,20 @@ fn json<T: serde::Serialize>(value: &T) -> Result<(), Failure> {
 pub async fn status(store: Option<&str>, args: StatusArgs) -> Result<ExitCode, Failure> {
     let locks = connect(store).await?;
     let state = locks.describe(args.name.as_str()).await?;
+    // What a restart of the store can lose: with the lock's state, where one looks.
+    let caveat = locks.store().caveat();
     if args.json {
-        json(&state)?;
+        let mut value = serde_json::to_value(&state)
+            .map_err(|e| Failure::new(exit::INTERNAL, e.to_string()))?;
+        if let Some(caveat) = caveat {
+            value["store_caveat"] = caveat.into();
+        }
+        json(&value)?;
     } else {
         print_state(&state);
+        if let Some(caveat) = caveat {
+            println!("  store: {caveat}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

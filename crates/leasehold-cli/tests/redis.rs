@@ -448,3 +448,43 @@ fn a_waiter_stopped_by_sighup_leaves_the_fair_redis_cluster_queue_before_it_exit
     let cli = Cli::with_store("cluster-interrupted-waiter", Some(cluster.url()));
     interrupted_waiter_leaves_the_queue(&cli, libc::SIGHUP, &["--fair"]);
 }
+
+/// The store says what a restart can lose: a Redis without persistence is named in
+/// `status` (and warned of), `?durable=1` refuses it; a Redis that writes every change
+/// before answering says nothing and is accepted.
+#[test]
+fn status_says_what_a_restart_of_redis_can_lose_and_durable_refuses_it() {
+    let volatile = RedisServer::start();
+    let cli = world("redis-volatile", &volatile);
+    let out = cli.run(&["status", "k"]).expect(0);
+    assert!(
+        out.stdout
+            .contains("store: a restart forgets every held lock"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("appendonly no"), "no warning: {out:?}");
+    assert!(cli.status("k")["store_caveat"].is_string());
+    let durable = Cli::with_store(
+        "redis-durable",
+        Some(format!("{}?durable=1", volatile.url())),
+    );
+    let out = durable.run(&["run", "k", "--", "touch", "ran"]).expect(64);
+    assert!(
+        out.stderr.contains("appendonly yes and appendfsync always"),
+        "{out:?}"
+    );
+    assert!(!durable.exists("ran"));
+
+    let persistent = RedisServer::start_persistent();
+    let cli = Cli::with_store(
+        "redis-persistent",
+        Some(format!("{}?durable=1", persistent.url())),
+    );
+    cli.run(&["run", "k", "--", "true"]).expect(0);
+    let out = cli.run(&["status", "k"]).expect(0);
+    assert!(
+        !out.stdout.contains("store:") && out.stderr.is_empty(),
+        "{out:?}"
+    );
+    assert!(cli.status("k").get("store_caveat").is_none());
+}

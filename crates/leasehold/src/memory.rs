@@ -182,4 +182,8 @@ impl Store for MemoryStore {
     fn describe_store(&self) -> String {
         "memory:".into()
     }
+
+    fn caveat(&self) -> Option<String> {
+        None
+    }
 }

@@ -326,6 +326,10 @@ pub trait Store: Debug + Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
     /// A short description for messages, e.g. `local:/var/lib/leasehold`.
     fn describe_store(&self) -> String;
+    /// What a restart or failover of the store can lose that its users should know
+    /// (held locks, tokens), as found when it was opened; `None` when nothing is known
+    /// to be at risk. Shown by `leasehold status`.
+    fn caveat(&self) -> Option<String>;
 }
 
 mod unix_ms {

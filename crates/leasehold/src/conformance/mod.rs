@@ -178,6 +178,10 @@ impl Store for Partition {
     fn describe_store(&self) -> String {
         format!("partitioned({})", self.inner.describe_store())
     }
+
+    fn caveat(&self) -> Option<String> {
+        self.inner.caveat()
+    }
 }
 
 /// Tasks incrementing a counter with a read, a yield and a write under the lock: any

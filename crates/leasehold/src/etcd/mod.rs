@@ -1747,6 +1747,10 @@ impl Store for EtcdStore {
     fn describe_store(&self) -> String {
         self.inner.shown.clone()
     }
+
+    fn caveat(&self) -> Option<String> {
+        None
+    }
 }
 
 impl EtcdStore {

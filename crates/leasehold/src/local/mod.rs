@@ -682,4 +682,8 @@ impl Store for LocalStore {
     fn describe_store(&self) -> String {
         self.store_name()
     }
+
+    fn caveat(&self) -> Option<String> {
+        None
+    }
 }

@@ -131,6 +131,8 @@ struct Inner {
     conn: Conn,
     /// `?replicas=N[&replica_timeout=DUR]`: replicas that must acknowledge a grant.
     replicas: Option<(u32, Duration)>,
+    /// What a restart or failover of the server can lose (see [`caveat`]).
+    caveat: Option<String>,
     channel: String,
     waiters: Arc<Waiters>,
     _subscriber: AbortOnDropHandle<()>,
@@ -225,18 +227,29 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// Takes leasehold's own `replicas` and `replica_timeout` out of the URL's query, and
-/// refuses parameters nobody reads (a misspelt `replicas` must not pass unnoticed).
-fn replica_option(url: &str) -> std::result::Result<(String, Option<(u32, Duration)>), String> {
+/// leasehold's own options in a Redis URL's query.
+#[derive(Debug, Default, PartialEq)]
+struct UrlOptions {
+    /// `replicas=N[&replica_timeout=DUR]`.
+    replicas: Option<(u32, Duration)>,
+    /// `durable=1`: refuse a server whose restart can lose locks.
+    durable: bool,
+}
+
+/// Takes leasehold's own options (`replicas`, `replica_timeout`, `durable`) out of the
+/// URL's query, and refuses parameters nobody reads (a misspelt `replicas` must not pass
+/// unnoticed).
+fn url_options(url: &str) -> std::result::Result<(String, UrlOptions), String> {
     // A fragment (`#insecure`, read by the redis crate) follows the query: set it aside.
     let (url, fragment) = match url.split_once('#') {
         Some((url, fragment)) => (url, format!("#{fragment}")),
         None => (url, String::new()),
     };
     let Some((base, query)) = url.split_once('?') else {
-        return Ok((format!("{url}{fragment}"), None));
+        return Ok((format!("{url}{fragment}"), UrlOptions::default()));
     };
     let (mut want, mut timeout, mut rest) = (None, Duration::from_millis(100), Vec::new());
+    let mut durable = false;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("replicas", n)) => {
@@ -249,12 +262,19 @@ fn replica_option(url: &str) -> std::result::Result<(String, Option<(u32, Durati
                     format!("replica_timeout={t}: give a duration like 100ms or 1s")
                 })?
             }
+            Some(("durable", flag)) => {
+                durable = match flag {
+                    "1" | "true" | "yes" => true,
+                    "0" | "false" | "no" => false,
+                    _ => return Err(format!("durable={flag}: give 1 or 0")),
+                }
+            }
             // The one the redis crate reads from a server URL: passed on.
             Some(("protocol", _)) => rest.push(pair),
             _ => {
                 let key = pair.split_once('=').map_or(pair, |(key, _)| key);
                 return Err(format!(
-                    "unknown URL parameter {key:?}: a Redis URL takes replicas=N, replica_timeout=DUR and protocol=resp2|resp3"
+                    "unknown URL parameter {key:?}: a Redis URL takes replicas=N, replica_timeout=DUR, durable=1 and protocol=resp2|resp3"
                 ));
             }
         }
@@ -264,7 +284,54 @@ fn replica_option(url: &str) -> std::result::Result<(String, Option<(u32, Durati
     } else {
         format!("{base}?{}{fragment}", rest.join("&"))
     };
-    Ok((url, want.map(|w| (w, timeout))))
+    let replicas = want.map(|w| (w, timeout));
+    Ok((url, UrlOptions { replicas, durable }))
+}
+
+/// What a restart or failover of the server behind `conn` can lose, from its settings:
+/// `None` when nothing (the append-only file written before every answer, no replicas
+/// or `?replicas`), or when it does not say (`CONFIG` renamed away, as on some hosted
+/// Redis). Read on a single server; a cluster's nodes are not asked.
+async fn caveat(conn: &mut ConnectionManager, replicas: bool) -> Option<String> {
+    let info = |section: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("INFO")
+                .arg(section)
+                .query_async::<String>(&mut conn)
+                .await
+                .ok()
+        }
+    };
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    };
+    let persistence = info("persistence").await?;
+    let fsync: Option<(String, String)> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async(&mut conn.clone())
+        .await
+        .ok();
+    let mut risks = Vec::new();
+    match (field(&persistence, "aof_enabled").as_deref(), fsync) {
+        (Some("0"), _) => risks.push(
+            "a restart forgets every held lock (appendonly no), so a waiter can be granted a lock whose holder has not yet learned that it is gone",
+        ),
+        (Some(_), Some((_, fsync))) if fsync != "always" => risks.push(
+            "a crash can lose the last second of lock changes (appendfsync is not always): a lock granted then can be granted again, with a token given before",
+        ),
+        _ => {}
+    }
+    let replication = info("replication").await.unwrap_or_default();
+    let replicated = field(&replication, "role").as_deref() == Some("slave")
+        || field(&replication, "connected_slaves").is_some_and(|n| n != "0");
+    if replicated && !replicas {
+        risks.push("a failover to a replica that missed writes can grant a held lock again (use ?replicas=N)");
+    }
+    (!risks.is_empty()).then(|| risks.join("; "))
 }
 
 /// `250ms` or `2s`.
@@ -328,7 +395,8 @@ impl RedisStore {
             store: shown.clone(),
             reason,
         };
-        let (url, replicas) = replica_option(url).map_err(invalid)?;
+        let (url, options) = url_options(url).map_err(invalid)?;
+        let replicas = options.replicas;
         let url = url.as_str();
         if replicas.is_some() && cluster_nodes(url).is_some() {
             return Err(invalid(
@@ -339,6 +407,7 @@ impl RedisStore {
             store: shown.clone(),
             source: Box::new(e),
         };
+        let mut caveat_found = None;
         let (conn, subscribe_to) = match cluster_nodes(url) {
             Some(nodes) => {
                 let (prefix, nodes) = nodes.map_err(invalid)?;
@@ -361,13 +430,23 @@ impl RedisStore {
                     .set_connection_timeout(Some(Duration::from_secs(3)))
                     .set_response_timeout(Some(Duration::from_secs(5)))
                     .set_number_of_retries(2);
-                let conn = client
+                let mut conn = client
                     .get_connection_manager_with_config(config)
                     .await
                     .map_err(unavailable)?;
+                caveat_found = caveat(&mut conn, replicas.is_some()).await;
                 (Conn::Single(conn), client)
             }
         };
+        match (&caveat_found, options.durable) {
+            (Some(caveat), true) => {
+                return Err(invalid(format!(
+                    "?durable=1 asks for a server that loses no lock on a restart, and {caveat}; run it with appendonly yes and appendfsync always"
+                )))
+            }
+            (Some(caveat), false) => tracing::warn!(store = %shown, "{caveat}"),
+            (None, _) => {}
+        }
         let channel = format!("lh:client:{:032x}", rand::random::<u128>());
         let waiters = Arc::new(Waiters::default());
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -392,6 +471,7 @@ impl RedisStore {
                 shown,
                 conn,
                 replicas,
+                caveat: caveat_found,
                 channel,
                 waiters,
                 _subscriber: AbortOnDropHandle::new(subscriber),
@@ -1077,6 +1157,10 @@ impl Store for RedisStore {
     fn describe_store(&self) -> String {
         self.inner.shown.clone()
     }
+
+    fn caveat(&self) -> Option<String> {
+        self.inner.caveat.clone()
+    }
 }
 
 fn key_escape(s: &str) -> std::borrow::Cow<'_, str> {
@@ -1102,22 +1186,35 @@ mod tests {
     #[test]
     fn url_options_are_taken_out_and_unknown_ones_refused() {
         let ms = Duration::from_millis;
+        let replicas = |replicas| UrlOptions {
+            replicas,
+            durable: false,
+        };
         assert_eq!(
-            replica_option("rediss://h:1/0?replicas=2&protocol=resp3#insecure"),
+            url_options("rediss://h:1/0?replicas=2&protocol=resp3#insecure"),
             Ok((
                 "rediss://h:1/0?protocol=resp3#insecure".into(),
-                Some((2, ms(100)))
+                replicas(Some((2, ms(100))))
             ))
         );
         assert_eq!(
-            replica_option("redis://h:1?replica_timeout=2s&replicas=1"),
-            Ok(("redis://h:1".into(), Some((1, ms(2000)))))
+            url_options("redis://h:1?replica_timeout=2s&replicas=1"),
+            Ok(("redis://h:1".into(), replicas(Some((1, ms(2000))))))
         );
         assert_eq!(
-            replica_option("rediss://h:1/#insecure"),
-            Ok(("rediss://h:1/#insecure".into(), None))
+            url_options("rediss://h:1/#insecure"),
+            Ok(("rediss://h:1/#insecure".into(), replicas(None)))
         );
-        let misspelt = replica_option("redis://h:1?replica=1").unwrap_err();
+        let durable = UrlOptions {
+            replicas: None,
+            durable: true,
+        };
+        assert_eq!(
+            url_options("redis://h:1?durable=1"),
+            Ok(("redis://h:1".into(), durable))
+        );
+        assert!(url_options("redis://h:1?durable=maybe").is_err());
+        let misspelt = url_options("redis://h:1?replica=1").unwrap_err();
         assert!(misspelt.contains("\"replica\""), "{misspelt}");
     }
 }
