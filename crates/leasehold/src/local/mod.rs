@@ -452,6 +452,9 @@ impl LocalStore {
     }
 }
 
+/// How long a hold lasts before `ended` starts the change watch (see there).
+const WATCH_AFTER: Duration = Duration::from_millis(50);
+
 /// How long a store call waits for a lock file's `flock` before giving up: far longer
 /// than any update of ours holds it, short enough that a stranger holding it cannot
 /// stretch a bounded wait by much.
@@ -610,6 +613,13 @@ impl Store for LocalStore {
     }
 
     async fn ended(&self, lease: &Lease) -> Result<()> {
+        // The watch starts only for a hold that lasts: a process that holds a lock for a
+        // moment (`leasehold run NAME -- true`) would pay ~10 ms at exit to take an
+        // inotify watch down (the kernel waits for a grace period), more than the whole
+        // acquire and release. A force-release in that first moment is learned that late.
+        if self.inner.watcher.get().is_none() {
+            tokio::time::sleep(WATCH_AFTER).await;
+        }
         let watching = self
             .inner
             .watcher
