@@ -172,6 +172,14 @@ const GROUP: u8 = b'G';
 const DEADLINE: u8 = b'D';
 const STAND_DOWN: u8 = b'S';
 
+/// One message to the watchdog: a tag and a number. Async-signal-safe (the command's
+/// process sends one between fork and exec).
+fn watchdog_message(tag: u8, value: u64) -> [u8; 9] {
+    let mut message = [tag; 9];
+    message[1..].copy_from_slice(&value.to_ne_bytes());
+    message
+}
+
 /// CLOCK_MONOTONIC in nanoseconds: the clock the watchdog and we share.
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -290,19 +298,18 @@ impl Watchdog {
     }
 
     fn tell(&mut self, tag: u8, value: u64) -> std::io::Result<()> {
-        let mut message = [tag; 9];
-        message[1..].copy_from_slice(&value.to_ne_bytes());
-        self.pipe.write_all(&message)
+        self.pipe.write_all(&watchdog_message(tag, value))
     }
 
-    /// Watch over the process group `pgid` from now on, until `valid_until`.
-    fn arm(&mut self, pgid: i32, valid_until: Instant) {
-        match self.tell(GROUP, pgid as u64) {
-            Ok(()) => self.armed = true,
-            Err(e) => {
-                tracing::warn!(error = %e, "the watchdog could not be told the command's process group")
-            }
-        }
+    /// The pipe, for the command's process to tell its group (see [`spawn`]).
+    fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.pipe.as_raw_fd()
+    }
+
+    /// The command (which told its group itself) runs: watch over it until `valid_until`.
+    fn arm(&mut self, valid_until: Instant) {
+        self.armed = true;
         self.deadline(valid_until);
     }
 
@@ -317,9 +324,8 @@ impl Watchdog {
 
     /// We are still here: the watchdog leaves the command's group alone and exits.
     fn stand_down(mut self) {
-        if self.armed {
-            let _ = self.tell(STAND_DOWN, 0);
-        }
+        // Also when not armed: the command's process may have told its group already.
+        let _ = self.tell(STAND_DOWN, 0);
         drop(self.pipe);
         // Reaped if it has exited already; else it exits at once and, once we are gone,
         // is reaped by init. Never waited for: a stopped watchdog must not hold us.
@@ -328,11 +334,15 @@ impl Watchdog {
     }
 }
 
+/// Starts the command in a process group of its own. With `watchdog` (the pipe to it),
+/// the command's process tells the watchdog its group itself, before it runs anything:
+/// from then on a `leasehold` killed at any moment takes the group with it.
 fn spawn(
     args: &RunArgs,
     store: Option<&str>,
     guard: &LockGuard,
     foreground: bool,
+    watchdog: Option<std::os::fd::RawFd>,
 ) -> Result<tokio::process::Child, Failure> {
     let mut cmd = tokio::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
@@ -352,6 +362,12 @@ fn spawn(
                 libc::setpgid(0, 0);
                 libc::tcsetpgrp(0, libc::getpgrp());
                 libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+            }
+            if let Some(fd) = watchdog {
+                // Our pid is the group's id (process_group(0)); one write under PIPE_BUF
+                // reaches the pipe whole.
+                let message = watchdog_message(GROUP, libc::getpid() as u64);
+                libc::write(fd, message.as_ptr().cast(), message.len());
             }
             Ok(())
         });
@@ -445,16 +461,20 @@ async fn run_with(
             eprintln!("leasehold: warning: cannot start the watchdog ({e}); if leasehold is killed, what the command started may outlive the lock");
         })
         .ok();
-    let mut child = match spawn(&args, store, &guard, foreground) {
+    let watchdog_fd = watchdog.as_ref().map(Watchdog::fd);
+    let mut child = match spawn(&args, store, &guard, foreground, watchdog_fd) {
         Ok(child) => child,
         Err(failure) => {
+            if let Some(watchdog) = watchdog {
+                watchdog.stand_down();
+            }
             let _ = guard.release().await;
             return Err(failure);
         }
     };
     let pgid = child.id().map(|id| id as i32).unwrap_or(0);
     if let (Some(watchdog), true) = (&mut watchdog, pgid > 0) {
-        watchdog.arm(pgid, guard.valid_until());
+        watchdog.arm(guard.valid_until());
     }
     let mut deadlines = guard.deadlines();
     let mut renewing = true;

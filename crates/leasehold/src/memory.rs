@@ -68,6 +68,7 @@ impl MemoryStore {
         Now {
             mono: self.inner.epoch.elapsed().as_nanos() as u64,
             wall_ms: Now::wall_ms(),
+            first_token: 1,
         }
     }
 

@@ -25,14 +25,22 @@ pub(crate) struct Now {
     pub mono: u64,
     /// Wall clock, for display only.
     pub wall_ms: u64,
+    /// The token of a name that never had one: 1 in a store whose records live as long
+    /// as it does (memory); the wall clock in microseconds in one whose records can be
+    /// lost apart from it (a lock file deleted), so tokens do not go back then.
+    pub first_token: u64,
 }
 
 impl Now {
     pub fn wall_ms() -> u64 {
+        Self::wall_us() / 1000
+    }
+
+    pub fn wall_us() -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
-            .as_millis() as u64
+            .as_micros() as u64
     }
 }
 
@@ -263,7 +271,10 @@ impl Record {
                 return Ok(granted(&self.holders[i]));
             }
             Admit::Grant => {
-                self.last_token += 1;
+                self.last_token = match self.last_token {
+                    0 => now.first_token.max(1),
+                    last => last + 1,
+                };
                 self.holders.push(Holder {
                     owner: req.owner.clone(),
                     kind: req.kind,

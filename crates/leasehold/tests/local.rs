@@ -87,3 +87,21 @@ async fn names_of_any_characters_and_length_get_their_own_files() {
         g.release().await.unwrap();
     }
 }
+
+/// A lock file that is lost (deleted, or moved aside when unreadable) does not make tokens
+/// go back: a name's first token comes from the clock.
+#[tokio::test]
+async fn tokens_rise_after_the_lock_file_is_lost() {
+    let dir = TempDir::new("local-lost-file");
+    let locks = Leasehold::new(LocalStore::open(dir.path()).unwrap());
+    let lock = locks.mutex("k").unwrap();
+    let g = lock.try_lock().await.unwrap().unwrap();
+    let before = g.token();
+    g.release().await.unwrap();
+    drop(locks);
+    std::fs::remove_file(dir.path().join("locks/k.lock")).unwrap();
+    let locks = Leasehold::new(LocalStore::open(dir.path()).unwrap());
+    let g = locks.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
+    assert!(g.token() > before, "{} after {before}", g.token());
+    g.release().await.unwrap();
+}

@@ -14,7 +14,9 @@
 //!   the kernel when it exits (pidfd). Otherwise its lease expires.
 //! - **Waiters** are woken by inotify when the lock's file changes, not by polling.
 //! - **Tokens** persist in the file and survive process crashes and restarts. Writes are
-//!   not fsync'ed: after a power loss the last tokens issued may be issued again.
+//!   not fsync'ed: after a power loss the last tokens issued may be issued again. A
+//!   name's first token is the wall clock in microseconds, so a lock file that is lost or
+//!   moved aside does not make tokens go back (unless the clock stepped back).
 //! - The directory must be on a local file system (`flock` and inotify do not work across
 //!   NFS clients).
 
@@ -343,9 +345,11 @@ impl LocalStore {
             }
             Err(_) => return Err(self.file_lock_stuck(name, &lf)),
         };
+        let wall_us = Now::wall_us();
         let now = Now {
             mono: sys::boottime_ns(),
-            wall_ms: Now::wall_ms(),
+            wall_ms: wall_us / 1000,
+            first_token: wall_us,
         };
         let found = slots::read(&lf.file)
             .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?;
@@ -424,7 +428,7 @@ impl LocalStore {
             store: self.store_name(),
             name: name.to_string(),
             reason: format!(
-                "{} {why}; move it aside to start the lock afresh (its fencing tokens then restart at 1, so also reset any resource that checks them)",
+                "{} {why}; move it aside to start the lock afresh (its fencing tokens then start again from the clock, above the old ones unless the clock stepped back)",
                 path.display()
             ),
         }
