@@ -27,8 +27,11 @@
 //!   each read of a queue (or compare over it) walks them all. A key per owner id, new for
 //!   each acquisition, made a busy lock slower by the minute.
 //! - An acquisition that joins a non-empty queue also puts the marker
-//!   `leasehold\x01NAME\0OWNER` on its lease, and only if that marker is absent: an owner
-//!   already queued or holding is found in the same round trip, and re-enters. A key put
+//!   `leasehold\x01NAME\0OWNER\0L` on its lease, and only if the owner has no marker: an
+//!   owner already holding is found in the same round trip, and re-enters. An owner
+//!   already waiting gets a key of its own behind its first one (each waiting request
+//!   has its place, as the rules say); that key wakes at any deletion ahead of it and
+//!   looks again, so it re-enters at once when its owner's first key holds. A key put
 //!   into an empty queue needs no marker: it is first and stays first, and every join reads
 //!   the first key. Markers live outside the queue's range: reads of the queue never walk
 //!   them, and the uncontended acquire and release touch one key each.
@@ -45,10 +48,11 @@
 //!   semaphore): a release reaches each waiting process as one event, wakes only the task
 //!   it lets in, and is the hand-over itself (no further round trip). All watches of a
 //!   client share one gRPC stream.
-//! - **Non-fair mode** (mutexes only; `with_fair(false)`): one Txn puts the key only if
-//!   the queue is empty (a compare over the whole key range), and a waiter watches the
-//!   holder's key for deletion, so every non-fair waiter wakes at a release. It never
-//!   passes fair waiters already queued. Read locks and semaphores always queue.
+//! - **Non-fair mode** (`with_fair(false)`): the rules let a non-fair request pass
+//!   waiters, they do not make it; on etcd every waiting request queues, so a non-fair
+//!   waiter is served like a fair one (and `describe` shows it, and readers do not pass
+//!   it). A mutex try puts its key only if the queue is empty (a compare over the whole
+//!   key range), and stays out of the queue.
 //! - **Leases.** Each acquisition's key is on an etcd lease of its own, renewed by the
 //!   guard's renewals (LeaseKeepAlive at about a third of the TTL): a guard that stops
 //!   renewing loses its lock at the end of its TTL, whatever else the process holds. A
@@ -71,6 +75,11 @@
 //!   Renewal checks both the lease and the key.
 //!
 //! # Guarantees and limits
+//! - A re-entry's hold lives in its owner's key, on the key's lease, which every hold of
+//!   the owner renews: a leaked re-entry (a guard leaked, or a nested process killed)
+//!   ends when the owner's other holds have ended and the key's lease after them (at
+//!   most the key's TTL later), not at the end of its own TTL. A lease that still has a
+//!   key is never kept for reuse, so a stale hold cannot outlive that.
 //! - etcd is linearizable: with a majority of members up, a lock has at most one holder
 //!   and tokens never repeat, across leader changes and member restarts.
 //! - Holder times (`since`) are the clients' wall clocks; etcd keeps no time of its own.
