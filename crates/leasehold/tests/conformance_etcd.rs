@@ -21,9 +21,9 @@ leasehold::conformance_processes!(async {
     (open, server)
 });
 
-/// The model-based case without what etcd does not follow yet (non-fair waiters, an
-/// owner queued twice, a re-entry's own lease; `model_based` shows each): everything
-/// else stays checked against the rules meanwhile.
+/// The model-based case without what etcd does not follow yet (a leaked re-entry's
+/// hold ends with the owner's other holds, not its own lease; `model_based` shows it):
+/// everything else stays checked against the rules meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_based_restricted() {
     let server = tokio::task::spawn_blocking(leasehold_testkit::EtcdServer::start)

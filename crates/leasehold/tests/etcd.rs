@@ -171,6 +171,82 @@ async fn non_fair_waiters_exclude_each_other() {
     join_all("the non-fair tasks", handles).await;
 }
 
+/// A non-fair writer that waits is in the queue (not outside it, watching): `describe`
+/// shows it, and a reader that comes later does not pass it (a reader never passes a
+/// waiting writer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_fair_writer_waits_in_the_queue_and_readers_do_not_pass_it() {
+    let (_server, locks) = start().await;
+    let reader = locks.read("rw").unwrap().with_owner("r1");
+    let held = reader.try_lock().await.unwrap().unwrap();
+    let writer = locks.write("rw").unwrap().with_owner("w").with_fair(false);
+    let waiting = tokio::spawn(async move { writer.lock().await });
+    eventually("the non-fair writer to be shown waiting", || async {
+        locks.describe("rw").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    let later = locks.read("rw").unwrap().with_owner("r2").with_fair(false);
+    assert!(
+        later.try_lock().await.unwrap().is_none(),
+        "a reader passed a waiting writer"
+    );
+    held.release().await.unwrap();
+    let guard = within("the writer to hold", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Two waiting requests of one owner each have a place in the queue (`describe` shows
+/// both), and once the first holds, the second re-enters at once, whatever waits
+/// between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_waiting_twice_has_two_places_and_the_second_re_enters() {
+    let (server, locks) = start().await;
+    let holder = locks.mutex("k").unwrap().with_owner("h");
+    let held = holder.try_lock().await.unwrap().unwrap();
+    let other = Leasehold::new(EtcdStore::connect(&server.url()).await.unwrap());
+    let mine = locks.mutex("k").unwrap().with_owner("me");
+    let first = tokio::spawn({
+        let mine = mine.clone();
+        async move { mine.lock().await }
+    });
+    eventually("the first wait", || async {
+        locks.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    let between = other.mutex("k").unwrap().with_owner("x");
+    let between = tokio::spawn(async move { between.lock().await });
+    eventually("the wait between", || async {
+        locks.describe("k").await.unwrap().waiters.len() == 2
+    })
+    .await;
+    // The second wait, through another client.
+    let again = other.mutex("k").unwrap().with_owner("me");
+    let second = tokio::spawn(async move { again.lock().await });
+    eventually("the second wait of the owner shown", || async {
+        let waiters = locks.describe("k").await.unwrap().waiters;
+        waiters.iter().map(|w| w.owner.as_str()).collect::<Vec<_>>() == ["me", "x", "me"]
+    })
+    .await;
+    held.release().await.unwrap();
+    let outer = within("the owner to hold", first).await.unwrap().unwrap();
+    let inner = within("the second to re-enter", second)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(inner.token(), outer.token());
+    assert_eq!(inner.holds(), 2);
+    let state = locks.describe("k").await.unwrap();
+    assert_eq!(state.holders[0].holds, 2);
+    assert_eq!(state.waiters.len(), 1, "x still waits");
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
+    let x = within("x to hold", between).await.unwrap().unwrap();
+    x.release().await.unwrap();
+}
+
 /// `extend` past the lease etcd granted moves the key to a longer lease: the token stays,
 /// and the lock outlives the old lease without renewals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,8 +27,11 @@
 //!   each read of a queue (or compare over it) walks them all. A key per owner id, new for
 //!   each acquisition, made a busy lock slower by the minute.
 //! - An acquisition that joins a non-empty queue also puts the marker
-//!   `leasehold\x01NAME\0OWNER` on its lease, and only if that marker is absent: an owner
-//!   already queued or holding is found in the same round trip, and re-enters. A key put
+//!   `leasehold\x01NAME\0OWNER\0L` on its lease, and only if the owner has no marker: an
+//!   owner already holding is found in the same round trip, and re-enters. An owner
+//!   already waiting gets a key of its own behind its first one (each waiting request
+//!   has its place, as the rules say); that key wakes at any deletion ahead of it and
+//!   looks again, so it re-enters at once when its owner's first key holds. A key put
 //!   into an empty queue needs no marker: it is first and stays first, and every join reads
 //!   the first key. Markers live outside the queue's range: reads of the queue never walk
 //!   them, and the uncontended acquire and release touch one key each.
@@ -45,10 +48,11 @@
 //!   semaphore): a release reaches each waiting process as one event, wakes only the task
 //!   it lets in, and is the hand-over itself (no further round trip). All watches of a
 //!   client share one gRPC stream.
-//! - **Non-fair mode** (mutexes only; `with_fair(false)`): one Txn puts the key only if
-//!   the queue is empty (a compare over the whole key range), and a waiter watches the
-//!   holder's key for deletion, so every non-fair waiter wakes at a release. It never
-//!   passes fair waiters already queued. Read locks and semaphores always queue.
+//! - **Non-fair mode** (`with_fair(false)`): the rules let a non-fair request pass
+//!   waiters, they do not make it; on etcd every waiting request queues, so a non-fair
+//!   waiter is served like a fair one (and `describe` shows it, and readers do not pass
+//!   it). A mutex try puts its key only if the queue is empty (a compare over the whole
+//!   key range), and stays out of the queue.
 //! - **Leases.** Each acquisition's key is on an etcd lease of its own, renewed by the
 //!   guard's renewals (LeaseKeepAlive at about a third of the TTL): a guard that stops
 //!   renewing loses its lock at the end of its TTL, whatever else the process holds. A
@@ -71,6 +75,11 @@
 //!   Renewal checks both the lease and the key.
 //!
 //! # Guarantees and limits
+//! - A re-entry's hold lives in its owner's key, on the key's lease, which every hold of
+//!   the owner renews: a leaked re-entry (a guard leaked, or a nested process killed)
+//!   ends when the owner's other holds have ended and the key's lease after them (at
+//!   most the key's TTL later), not at the end of its own TTL. A lease that still has a
+//!   key is never kept for reuse, so a stale hold cannot outlive that.
 //! - etcd is linearizable: with a majority of members up, a lock has at most one holder
 //!   and tokens never repeat, across leader changes and member restarts.
 //! - Holder times (`since`) are the clients' wall clocks; etcd keeps no time of its own.
@@ -299,6 +308,9 @@ struct Waiting {
     ahead: Vec<Vec<u8>>,
     /// How many of them may remain when it holds.
     room: usize,
+    /// Behind a waiting key of its own owner: when `ahead` is down to `room`, it does not
+    /// hold, it looks again (its owner may hold by then: see [`EtcdStore::behind_owner`]).
+    second: bool,
 }
 
 /// A writer waits for every key ahead of it. `key(i)`: the `i`th key of the queue, in
@@ -307,6 +319,7 @@ fn writer_waiting(at: usize, key: impl Fn(usize) -> Vec<u8>) -> Option<Waiting> 
     (at > 0).then(|| Waiting {
         ahead: (0..at).map(key).collect(),
         room: 0,
+        second: false,
     })
 }
 
@@ -342,11 +355,13 @@ fn standing(queue: &[Member], at: usize) -> Standing {
                     .filter(|m| m.entry.kind == LockKind::Exclusive),
             ),
             room: 0,
+            second: false,
         }),
         // A permit holder is among the first `permits`.
         LockKind::Permit { permits } => Some(Waiting {
             ahead: keys(&mut queue[..at].iter()),
             room: permits as usize - 1,
+            second: false,
         }),
     };
     Standing { waiting, position }
@@ -360,9 +375,23 @@ fn queue_key(name: &LockName, lease: i64) -> Vec<u8> {
     [queue_prefix(name), format!("{lease:x}").into_bytes()].concat()
 }
 
-/// The marker of `owner`'s key in `name`'s queue (see the module docs).
-fn marker_key(name: &LockName, owner: &str) -> Vec<u8> {
-    [MARKERS, name.as_str().as_bytes(), b"\0", owner.as_bytes()].concat()
+/// Where the markers of `owner`'s keys in `name`'s queue are (see the module docs).
+fn owner_markers(name: &LockName, owner: &str) -> Vec<u8> {
+    [
+        MARKERS,
+        name.as_str().as_bytes(),
+        b"\0",
+        owner.as_bytes(),
+        b"\0",
+    ]
+    .concat()
+}
+
+/// The marker of `owner`'s key `key` in `name`'s queue: one per key (owner ids have no
+/// control characters, so one owner's markers are never another's).
+fn marker_key(name: &LockName, owner: &str, key: &[u8]) -> Vec<u8> {
+    let lease = key.get(queue_prefix(name).len()..).unwrap_or_default();
+    [owner_markers(name, owner), lease.to_vec()].concat()
 }
 
 /// Takes `key` out of the queue with its owner's marker.
@@ -728,18 +757,23 @@ impl EtcdStore {
         if let Some(Acquisition {
             key,
             lease: Some(lease),
-            state: State::Queued { create, .. },
+            state: State::Queued {
+                create, waiting, ..
+            },
             ..
         }) = known
         {
+            let second = waiting.second;
             return self
-                .recheck(req, &prefix, &key, lease, create, started)
+                .recheck(req, &prefix, &key, lease, create, second, started)
                 .await;
         }
         let writer = req.kind == LockKind::Exclusive;
-        // A mutex that does not queue (non-fair, or a try) takes the lock only if nobody
-        // holds or waits; everything else joins the queue.
-        let only_if_free = writer && (!req.fair || !req.enqueue);
+        // A mutex try takes the lock only if nobody holds or waits; everything that waits
+        // joins the queue, non-fair requests too (the rules let them pass waiters, not
+        // make them: a waiter outside the queue would not be shown, and readers could
+        // pass it).
+        let only_if_free = writer && !req.enqueue;
         // A key that joins a busy queue waits there on a waiter's short lease, so that a
         // waiter that dies holds up the queue for a few seconds, not for the lock's TTL;
         // it moves to a lease of the full TTL when it is let in (`on_full_lease`).
@@ -751,7 +785,7 @@ impl EtcdStore {
             None => self.lease_for(req.ttl).await?,
         };
         let key = queue_key(&req.name, lease.id);
-        let marker = marker_key(&req.name, &req.owner);
+        let marker = marker_key(&req.name, &req.owner, &key);
         self.record(
             &req.lease,
             Acquisition {
@@ -774,6 +808,7 @@ impl EtcdStore {
             put_on(lease.id, &marker, &key),
         ];
         let everyone = Compare::empty(&prefix, &prefix_end(&prefix));
+        let owners = owner_markers(&req.name, &req.owner);
         let request = if only_if_free {
             txn(
                 vec![everyone],
@@ -789,9 +824,16 @@ impl EtcdStore {
             }
             // Our owner's marker there: read the queue to find the owner's key.
             let join = txn(
-                vec![Compare::created_at(&marker, 0)],
+                vec![Compare::empty(&owners, &prefix_end(&owners))],
                 join,
-                vec![range_queue(&prefix), range_key(&marker)],
+                vec![
+                    range_queue(&prefix),
+                    Op::Range(RangeRequest {
+                        key: owners.clone(),
+                        range_end: prefix_end(&owners),
+                        ..Default::default()
+                    }),
+                ],
             );
             // Into an empty queue the key alone (nothing to read back, no marker needed);
             // else join it: in the same Txn where the queue was busy last time, else in a
@@ -866,48 +908,51 @@ impl EtcdStore {
             }
             return Err(conflict(req, refusal));
         }
-        // An owner has one key per queue (its marker sees to that): ours, or the one we
-        // re-enter.
+        // Our owner's first key: ours, or an earlier one (we re-enter it if it holds, and
+        // else wait behind it in a place of our own).
         let Some(at) = queue.iter().position(|m| m.entry.owner == req.owner) else {
             if !put_done && !only_if_free {
-                // A marker without its key (the key was deleted alone, by hand or by an
-                // older version): clear it and join again.
-                if let Some(stale) = joined.ranges().nth(1).and_then(|r| r.kvs.first()) {
+                // Markers without their keys (a key deleted alone, by hand or by an older
+                // version): clear them and join again.
+                let stale = joined.ranges().nth(1).map_or(&[][..], |r| &r.kvs[..]);
+                for stale in stale {
                     self.call_txn(txn(
-                        vec![Compare::modified_at(&marker, stale.mod_revision)],
-                        vec![delete(&marker)],
+                        vec![Compare::modified_at(&stale.key, stale.mod_revision)],
+                        vec![delete(&stale.key)],
                         vec![],
                     ))
                     .await?;
                 }
                 return Box::pin(self.attempt(req)).await;
             }
-            // Not queued (the lock was busy for a mutex that does not queue).
+            // Not queued (the lock was busy for a mutex try).
             self.spare(lease);
             return Ok(self.outside(req, &queue, &prefix, revision));
         };
-        let elsewhere = ours.filter(|_| queue[at].kv.key != key);
-        if let Some(create) = elsewhere {
-            // Our owner was here first (through a key put into an empty queue, or one
-            // whose release has not reached etcd yet): take ours back.
-            self.withdraw(&req.lease, &key, &marker, create, lease)
-                .await?;
-        }
-        let mine = queue[at].entry.holds.contains(&req.lease);
-        let here = standing(&queue, at);
-        if !mine {
-            // Our owner is already here: re-enter if it holds.
-            if elsewhere.is_none() {
-                self.spare(lease);
-            }
-            if here.waiting.is_none() {
-                if let Err(refusal) = rules::reentry(queue[at].entry.kind, req.kind, &req.owner) {
-                    return Err(conflict(req, refusal));
+        if queue[at].kv.key != key {
+            let Some(create) = ours else {
+                let here = standing(&queue, at);
+                if here.waiting.is_some() && req.enqueue {
+                    // Our owner waits: we wait too, in a place of our own, as the rules
+                    // queue every waiting request. Put our key and look again.
+                    self.call_txn(txn(vec![], puts, vec![])).await?;
+                    return Box::pin(self.attempt(req)).await;
                 }
-                return self.reenter(req, &queue[at], started).await;
-            }
-            return Ok(self.outside(req, &queue, &prefix, revision));
+                self.spare(lease);
+                return self
+                    .behind_owner(req, &queue, at, None, lease, revision, started)
+                    .await;
+            };
+            let mine = queue.iter().position(|m| m.kv.key == key);
+            let Some(mine) = mine.filter(|&mine| mine > at) else {
+                return Err(self.wait_ended(req));
+            };
+            let _ = create; // put by an earlier attempt, or just now
+            return self
+                .behind_owner(req, &queue, at, Some(mine), lease, revision, started)
+                .await;
         }
+        let here = standing(&queue, at);
         let (create, modified) = (queue[at].kv.create_revision, queue[at].kv.mod_revision);
         let Some(waiting) = here.waiting else {
             return Ok(self.granted(req, &key, lease, create, modified, 1, started));
@@ -919,6 +964,60 @@ impl EtcdStore {
         }
         let busy = self.busy(queue.first(), Some(here.position), revision);
         self.queued(req, key, lease, create, waiting, started);
+        Ok(busy)
+    }
+
+    /// Our owner has a key ahead of ours (`queue[first]`; ours is `queue[mine]`, if we put
+    /// one): re-enter it if it holds; else a try is busy, and a waiting request waits
+    /// in its own place, until any key ahead of it goes (then it looks again: its owner
+    /// may hold by then, and it re-enters at once, as the rules say).
+    #[allow(clippy::too_many_arguments)]
+    async fn behind_owner(
+        &self,
+        req: &AcquireRequest,
+        queue: &[Member],
+        first: usize,
+        mine: Option<usize>,
+        lease: EtcdLease,
+        revision: i64,
+        started: Instant,
+    ) -> Result<Attempt> {
+        let prefix = queue_prefix(&req.name);
+        let holds = standing(queue, first).waiting.is_none();
+        if holds || !req.enqueue || mine.is_none() {
+            if let Some(m) = mine.map(|i| &queue[i]) {
+                let marker = marker_key(&req.name, &req.owner, &m.kv.key);
+                self.withdraw(&req.lease, &m.kv.key, &marker, m.kv.create_revision, lease)
+                    .await?;
+            }
+            if holds {
+                if let Err(refusal) = rules::reentry(queue[first].entry.kind, req.kind, &req.owner)
+                {
+                    self.forget(&req.lease);
+                    return Err(conflict(req, refusal));
+                }
+                return self.reenter(req, &queue[first], started).await;
+            }
+            return Ok(self.outside(req, queue, &prefix, revision));
+        }
+        let mine = mine.expect("checked above");
+        let ahead: Vec<Vec<u8>> = queue[..mine].iter().map(|m| m.kv.key.clone()).collect();
+        let waiting = Waiting {
+            room: ahead.len() - 1,
+            ahead,
+            second: true,
+        };
+        let position = standing(queue, mine).position;
+        let busy = self.busy(queue.first(), Some(position), revision);
+        let create = queue[mine].kv.create_revision;
+        self.queued(
+            req,
+            queue[mine].kv.key.clone(),
+            lease,
+            create,
+            waiting,
+            started,
+        );
         Ok(busy)
     }
 
@@ -942,7 +1041,7 @@ impl EtcdStore {
             return Err(self.wait_ended(req));
         };
         let (create, modified) = (keys[at].create_revision, keys[at].mod_revision);
-        let marker = marker_key(&req.name, &req.owner);
+        let marker = marker_key(&req.name, &req.owner, key);
         if let Some(first) = first
             .as_ref()
             .filter(|f| f.entry.owner == req.owner && f.kv.key != key)
@@ -977,6 +1076,7 @@ impl EtcdStore {
     }
 
     /// A waiting acquisition tries again: is its key still there, and where?
+    #[allow(clippy::too_many_arguments)]
     async fn recheck(
         &self,
         req: &AcquireRequest,
@@ -984,10 +1084,13 @@ impl EtcdStore {
         key: &[u8],
         lease: EtcdLease,
         create: i64,
+        second: bool,
         started: Instant,
     ) -> Result<Attempt> {
         let due = lease.left(started) * 3 < lease.ttl() * 2;
-        let writer = req.kind == LockKind::Exclusive;
+        // A writer's own key, first of its owner's, reads the keys and the first value; a
+        // key behind its owner's reads the whole queue (whose keys are whose).
+        let writer = req.kind == LockKind::Exclusive && !second;
         let view = if writer {
             writer_view(prefix).into()
         } else {
@@ -1027,6 +1130,12 @@ impl EtcdStore {
         let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
             return Err(self.wait_ended(req));
         };
+        if let Some(first) = queue[..at].iter().position(|m| m.entry.owner == req.owner) {
+            let revision = answer.revision();
+            return self
+                .behind_owner(req, &queue, first, Some(at), lease, revision, started)
+                .await;
+        }
         let here = standing(&queue, at);
         let Some(waiting) = here.waiting else {
             let modified = queue[at].kv.mod_revision;
@@ -1060,7 +1169,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key: key.to_vec(),
-                marker: marker_key(&req.name, &req.owner),
+                marker: marker_key(&req.name, &req.owner, key),
                 lease: Some(lease),
                 state: State::Held {
                     create,
@@ -1085,8 +1194,8 @@ impl EtcdStore {
         self.record(
             &req.lease,
             Acquisition {
+                marker: marker_key(&req.name, &req.owner, &key),
                 key,
-                marker: marker_key(&req.name, &req.owner),
                 lease: Some(lease),
                 state: State::Queued {
                     create,
@@ -1324,6 +1433,8 @@ impl EtcdStore {
                 },
                 Joined::Ended if fresh => return Err(self.watch_ended()),
                 Joined::Ended => continue,
+                // Behind our owner's key: look again (see `behind_owner`).
+                Joined::Gap(_) if waiting.second => return Ok(None),
                 Joined::Gap(since) => {
                     // The line started after our read: read again, as of its start.
                     let (queue, revision) = self.look(&req.name, &prefix, since).await?;
@@ -1339,6 +1450,7 @@ impl EtcdStore {
                 }
             };
             return Ok(match turn {
+                Turn::Free if waiting.second => None,
                 Turn::Free => self.handed_over(req, ours),
                 // Our key is gone: the next attempt says why.
                 Turn::Gone => None,
@@ -1550,7 +1662,7 @@ impl Store for EtcdStore {
                 return Ok(Released::NotHeld);
             }
             let change = if entry.holds.is_empty() {
-                remove(&key, &marker_key(&lease.name, &entry.owner))
+                remove(&key, &marker_key(&lease.name, &entry.owner, &key))
             } else {
                 vec![rewrite(&key, &entry)]
             };
@@ -1722,7 +1834,7 @@ impl Store for EtcdStore {
                 continue;
             }
             let key = &queue[at].kv.key;
-            let marker = marker_key(name, &queue[at].entry.owner);
+            let marker = marker_key(name, &queue[at].entry.owner, key);
             let answer = self
                 .call_txn(txn(
                     vec![Compare::created_at(key, queue[at].kv.create_revision)],
@@ -1864,7 +1976,7 @@ impl EtcdStore {
         if let Ok(entry) = serde_json::from_slice::<Entry>(&kv.value) {
             moves.push(put_on(
                 new.id,
-                &marker_key(&lease.name, &entry.owner),
+                &marker_key(&lease.name, &entry.owner, &kv.key),
                 &kv.key,
             ));
         }
@@ -1930,7 +2042,7 @@ mod tests {
         let retried = request(&name, "o");
         let lease = store.lease_for(retried.ttl).await.unwrap();
         let key = queue_key(&name, lease.id);
-        let marker = marker_key(&name, "o");
+        let marker = marker_key(&name, "o", &key);
         let entry = Entry {
             owner: "o".into(),
             host: "h".into(),
@@ -2004,6 +2116,7 @@ mod tests {
         Some(Waiting {
             ahead: ahead.iter().map(|&i| vec![b'k', i]).collect(),
             room,
+            second: false,
         })
     }
 
