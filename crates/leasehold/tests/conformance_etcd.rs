@@ -20,15 +20,3 @@ leasehold::conformance_processes!(async {
     });
     (open, server)
 });
-
-/// The model-based case without what etcd does not follow yet (a leaked re-entry's
-/// hold ends with the owner's other holds, not its own lease; `model_based` shows it):
-/// everything else stays checked against the rules meanwhile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn model_based_restricted() {
-    let server = tokio::task::spawn_blocking(leasehold_testkit::EtcdServer::start)
-        .await
-        .unwrap();
-    let store = leasehold::EtcdStore::connect(&server.url()).await.unwrap();
-    leasehold::conformance::model_based_restricted(std::sync::Arc::new(store)).await;
-}

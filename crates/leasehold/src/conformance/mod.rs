@@ -16,7 +16,7 @@
 
 pub mod model;
 
-pub use model::{model_based, model_based_restricted};
+pub use model::model_based;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -90,19 +90,12 @@ const CLIENTS: usize = 3;
 const OWNERS: [&str; 4] = ["ann", "bob", "cid", "dee"];
 
 /// Runs the model-based conformance case on `store` (see the [module docs](self)),
-/// with fair and non-fair requests.
+/// with fair and non-fair requests. A store whose re-entries do not expire alone
+/// ([`Capabilities::reentries_expire_alone`](crate::Capabilities)) is not asked to let a
+/// leaked re-entry expire while its owner holds on.
 pub async fn model_based(store: Arc<dyn Store>) {
-    check(store, false).await
-}
-
-/// The same restricted to what etcd follows so far, so that the rest is still checked
-/// there while its one deviation from the rules (which [`model_based`] shows) stands:
-/// a leaked short lease is never a re-entry. etcd keeps a re-entry's hold in the owner's
-/// key, on the key's lease, which the other holds keep alive: a leaked re-entry's hold
-/// ends only when the owner's other holds have ended too (and the key's lease after
-/// them), not at the end of its own TTL.
-pub async fn model_based_restricted(store: Arc<dyn Store>) {
-    check(store, true).await
+    let restricted = !store.capabilities().reentries_expire_alone;
+    check(store, restricted).await
 }
 
 async fn check(store: Arc<dyn Store>, restricted: bool) {
@@ -119,10 +112,9 @@ async fn check(store: Arc<dyn Store>, restricted: bool) {
         Err(_) => Duration::from_secs(120),
     };
     let shown = store.describe_store();
-    let case = if restricted {
-        "model_based_restricted"
-    } else {
-        "model_based"
+    let case = match restricted {
+        true => "model_based (no leaked re-entry expires alone)",
+        false => "model_based",
     };
     eprintln!("{case} on {shown}: LEASEHOLD_MODEL_SEED={seed} LEASEHOLD_MODEL_STEPS={steps}");
     let plan = Plan::generate(seed, steps, restricted);
@@ -297,7 +289,8 @@ impl fmt::Display for Op {
 struct Plan {
     shapes: Vec<Shape>,
     ops: Vec<Op>,
-    /// The restrictions of [`model_based_restricted`].
+    /// A leaked re-entry is not asked to expire while its owner holds on (see
+    /// [`model_based`]).
     restricted: bool,
 }
 
@@ -603,7 +596,8 @@ struct Driver {
     tasks: Vec<Task>,
     next_id: usize,
     trace: Vec<String>,
-    /// The restrictions of [`model_based_restricted`].
+    /// A leaked re-entry is not asked to expire while its owner holds on (see
+    /// [`model_based`]).
     restricted: bool,
     /// A request racing the waiters a release let in, to check with them.
     direct: Option<Direct>,

@@ -1853,6 +1853,7 @@ impl Store for EtcdStore {
             reclaims_dead_processes: false,
             fair_by_default: true,
             queues_by_wait: false,
+            reentries_expire_alone: false,
         }
     }
 
