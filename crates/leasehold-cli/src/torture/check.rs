@@ -50,7 +50,8 @@ impl Primitive {
     fn admits(self, others: &[Role], b: Role) -> bool {
         match self {
             Primitive::Semaphore(n) => others.len() < n as usize,
-            _ => {
+            Primitive::Mutex => others.is_empty(),
+            Primitive::RwLock => {
                 others.is_empty()
                     || (b == Role::Shared && others.iter().all(|&a| a == Role::Shared))
             }
@@ -62,7 +63,8 @@ impl Primitive {
     fn conflicts(self, others: &[Role], b: Role) -> usize {
         match self {
             Primitive::Semaphore(_) => usize::from(!self.admits(others, b)),
-            _ => (others.iter())
+            Primitive::Mutex => others.len(),
+            Primitive::RwLock => (others.iter())
                 .filter(|&&a| a == Role::Exclusive || b == Role::Exclusive)
                 .count(),
         }
@@ -1154,5 +1156,267 @@ mod tests {
             .lost(102, "a", 1)
             .check(Fence::All);
         assert_eq!((r.believed_past_deadline, r.reentry_token_changed), (1, 1));
+    }
+
+    fn setup(primitive: Primitive) -> Setup {
+        Setup::new(Fence::All, primitive)
+    }
+
+    /// Three permit holders invoked together at 0, granted out of order, overlapping from
+    /// 20 to 50.
+    fn three_permits() -> H {
+        H::default()
+            .acquired_as(0, 20, "a", 2, 100, Role::Permit)
+            .acquired_as(0, 10, "b", 3, 100, Role::Permit)
+            .acquired_as(0, 15, "c", 1, 100, Role::Permit)
+            .released(50, "a", 2, 100)
+            .released(50, "b", 3, 100)
+            .released(50, "c", 1, 100)
+    }
+
+    #[test]
+    fn n_plus_one_valid_permits_fail_and_n_pass() {
+        let r = three_permits().check_as(&setup(Primitive::Semaphore(2)));
+        assert_eq!((r.service_overlap, r.max_valid_holders), (1, 3));
+        assert!(
+            r.violations[0].contains("more than N valid permits"),
+            "{r:?}"
+        );
+        let r = three_permits().check_as(&setup(Primitive::Semaphore(3)));
+        assert_eq!(r.violations, Vec::<String>::new());
+        // Concurrent grants may return in any token order: not backwards.
+        assert_eq!(r.tokens_backwards, 0);
+    }
+
+    #[test]
+    fn a_permit_asked_for_after_another_was_granted_needs_a_higher_token() {
+        let r = H::default()
+            .acquired_as(0, 10, "a", 5, 100, Role::Permit)
+            .acquired_as(20, 30, "b", 4, 100, Role::Permit)
+            .released(40, "a", 5, 100)
+            .released(40, "b", 4, 100)
+            .check_as(&setup(Primitive::Semaphore(2)));
+        assert_eq!(r.tokens_backwards, 1);
+    }
+
+    #[test]
+    fn a_writer_beside_a_reader_or_a_writer_fails_and_readers_together_pass() {
+        let pair = |a: Role, b: Role| {
+            H::default()
+                .acquired_as(0, 0, "a", 1, 100, a)
+                .acquired_as(10, 10, "b", 2, 100, b)
+                .released(50, "a", 1, 100)
+                .released(50, "b", 2, 100)
+                .check_as(&setup(Primitive::RwLock))
+        };
+        let readers = pair(Role::Shared, Role::Shared);
+        assert_eq!(readers.violations, Vec::<String>::new());
+        assert_eq!(readers.max_valid_holders, 2);
+        for (a, b) in [
+            (Role::Shared, Role::Exclusive),
+            (Role::Exclusive, Role::Shared),
+            (Role::Exclusive, Role::Exclusive),
+        ] {
+            let r = pair(a, b);
+            assert_eq!(r.service_overlap, 1, "{a:?} then {b:?}");
+            assert!(r.violations[0].starts_with("service overlap"), "{r:?}");
+        }
+        // Three readers and a writer among them: three pairs.
+        let r = H::default()
+            .acquired_as(0, 0, "a", 1, 100, Role::Shared)
+            .acquired_as(0, 1, "b", 2, 100, Role::Shared)
+            .acquired_as(0, 2, "c", 3, 100, Role::Shared)
+            .acquired_as(0, 3, "w", 4, 100, Role::Exclusive)
+            .check_as(&setup(Primitive::RwLock));
+        assert_eq!(r.service_overlap, 3);
+    }
+
+    #[test]
+    fn a_write_between_a_reader_s_reads_is_a_torn_read_and_readers_fence_on_writers() {
+        // r1 (token 2) reads; its lease ends in a pause; w (token 3) writes; r1 reads again.
+        let h = |accepted: bool| {
+            H::default()
+                .acquired_as(0, 0, "r1", 2, 100, Role::Shared)
+                .acquired_as(0, 1, "r2", 1, 100, Role::Shared)
+                .access(2, "r1", 2, Op::ReadShared, 0, true)
+                .access(3, "r2", 1, Op::ReadShared, 0, true)
+                .access(4, "r2", 1, Op::Reread, 0, true)
+                .released(5, "r2", 1, 100)
+                .fault(6, 300, "pause", Some("r1"))
+                .acquired_as(110, 120, "w", 3, 220, Role::Exclusive)
+                .access(121, "w", 3, Op::Read, 0, true)
+                .access(122, "w", 3, Op::Write, 1, true)
+                .released(123, "w", 3, 220)
+                .lost(301, "r1", 2)
+                .access(302, "r1", 2, Op::Reread, 1, accepted)
+                .released(303, "r1", 2, 100)
+        };
+        // r2's token (1) below r1's (2) is no stale read: readers interleave.
+        let fenced = h(false).check_as(&setup(Primitive::RwLock));
+        assert_eq!(fenced.violations, Vec::<String>::new());
+        assert_eq!((fenced.stale_accepted, fenced.torn_reads), (0, 0));
+        let broken = h(true).check_as(&setup(Primitive::RwLock));
+        assert_eq!((broken.stale_accepted, broken.torn_reads), (1, 1));
+        assert!(broken
+            .violations
+            .iter()
+            .any(|v| v.contains("reader's reads")));
+        let control = h(true).check_as(&Setup::new(Fence::None, Primitive::RwLock));
+        assert_eq!(control.violations, Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_permit_gauge_counts_over_capacity_and_is_the_semaphore_control_s_damage() {
+        let h = || {
+            H::default()
+                .acquired_as(0, 0, "a", 1, 100, Role::Permit)
+                .access(1, "a", 1, Op::Enter, 1, true)
+                .fault(2, 200, "pause", Some("a"))
+                .acquired_as(0, 110, "b", 2, 300, Role::Permit)
+                .access(111, "b", 2, Op::Enter, 2, true)
+                .lost(201, "a", 1)
+                .access(202, "a", 1, Op::Exit, 1, true)
+                .released(203, "a", 1, 100)
+                .access(204, "b", 2, Op::Exit, 0, true)
+                .released(205, "b", 2, 300)
+        };
+        let one = Setup::new(Fence::None, Primitive::Semaphore(1));
+        let r = h().check_as(&one);
+        assert_eq!((r.resource_over_capacity, r.service_overlap), (1, 0));
+        assert_eq!(r.violations, Vec::<String>::new());
+        // With two permits nothing was over: the control shows no damage.
+        let r = h().check_as(&Setup::new(Fence::None, Primitive::Semaphore(2)));
+        assert_eq!(r.resource_over_capacity, 0);
+        assert!(r.violations[0].starts_with("the unfenced control showed no damage"));
+    }
+
+    fn fair(primitive: Primitive) -> Setup {
+        Setup {
+            fair: true,
+            ..setup(primitive)
+        }
+    }
+
+    /// a queued at 10; b invoked at 20; both granted later, with these tokens.
+    fn queue(a: (Role, u64), b: (Role, u64)) -> H {
+        H::default()
+            .acquired(0, "h", 1, 100)
+            .at(5, Event::Invoke { owner: "a".into() })
+            .queued(10, "a")
+            .released(50, "h", 1, 100)
+            .acquired_as(20, 60, "b", b.1, 200, b.0)
+            .released(65, "b", b.1, 200)
+            .acquired_as(5, 70, "a", a.1, 200, a.0)
+            .released(80, "a", a.1, 200)
+    }
+
+    #[test]
+    fn fifo_a_later_arrival_granted_first_fails() {
+        let r = queue((Role::Exclusive, 3), (Role::Exclusive, 2)).check_as(&fair(Primitive::Mutex));
+        assert_eq!((r.fifo_checked, r.fifo_violations), (1, 1));
+        assert!(r.violations.iter().any(|v| v.contains("later arrival")));
+        // Non-fair: not judged.
+        let r =
+            queue((Role::Exclusive, 3), (Role::Exclusive, 2)).check_as(&setup(Primitive::Mutex));
+        assert_eq!(r.fifo_checked, 0);
+        // The queued one first: passes (the arrival order of responses does not matter).
+        let r = queue((Role::Exclusive, 2), (Role::Exclusive, 3)).check_as(&fair(Primitive::Mutex));
+        assert_eq!((r.fifo_checked, r.fifo_violations), (1, 0));
+        let r =
+            queue((Role::Permit, 3), (Role::Permit, 2)).check_as(&fair(Primitive::Semaphore(2)));
+        assert_eq!(r.fifo_violations, 1);
+    }
+
+    #[test]
+    fn fifo_does_not_judge_readers_together_a_waiter_in_trouble_or_one_not_seen_queued() {
+        let readers =
+            queue((Role::Shared, 3), (Role::Shared, 2)).check_as(&fair(Primitive::RwLock));
+        assert_eq!(readers.fifo_checked, 0);
+        let writer_first =
+            queue((Role::Exclusive, 3), (Role::Shared, 2)).check_as(&fair(Primitive::RwLock));
+        assert_eq!(writer_first.fifo_violations, 1);
+        let troubled = queue((Role::Exclusive, 3), (Role::Exclusive, 2))
+            .fault(30, 40, "restart-store", None)
+            .check_as(&fair(Primitive::Mutex));
+        assert_eq!((troubled.fifo_checked, troubled.violations.len()), (0, 0));
+        // b invoked before a's queue place was known: no order between them.
+        let r = H::default()
+            .acquired(0, "h", 1, 100)
+            .at(5, Event::Invoke { owner: "a".into() })
+            .at(6, Event::Invoke { owner: "b".into() })
+            .queued(10, "a")
+            .released(50, "h", 1, 100)
+            .acquired_as(6, 60, "b", 2, 200, Role::Exclusive)
+            .released(65, "b", 2, 200)
+            .acquired_as(5, 70, "a", 3, 200, Role::Exclusive)
+            .released(80, "a", 3, 200)
+            .check_as(&fair(Primitive::Mutex));
+        assert_eq!((r.fifo_checked, r.fifo_violations), (0, 0));
+    }
+
+    fn via_run(primitive: Primitive) -> Setup {
+        Setup {
+            via_run: true,
+            ..setup(primitive)
+        }
+    }
+
+    fn run_exit(h: H, t: u64, owner: &str, code: i32) -> H {
+        h.at(
+            t,
+            Event::RunExited {
+                owner: owner.into(),
+                code: Some(code),
+                signal: None,
+            },
+        )
+    }
+
+    /// Two `run` commands: a enters at 10, b at 50; a's last access is at `a_last`.
+    fn commands(a_last: u64, pause_a: bool) -> H {
+        let mut h = H::default()
+            .at(0, Event::Invoke { owner: "a".into() })
+            .access(10, "a", 1, Op::Enter, 1, true)
+            .access(11, "a", 1, Op::Read, 0, true)
+            .at(20, Event::Invoke { owner: "b".into() })
+            .access(50, "b", 2, Op::Enter, 1, true)
+            .access(51, "b", 2, Op::Read, 0, true)
+            .access(52, "b", 2, Op::Write, 1, true)
+            .access(53, "b", 2, Op::Exit, 0, true)
+            .access(a_last, "a", 1, Op::Write, 1, !pause_a)
+            .access(a_last + 1, "a", 1, Op::Exit, 0, true);
+        if pause_a {
+            h = h.fault(12, 150, "pause", Some("a"));
+        }
+        run_exit(run_exit(h, a_last + 2, "a", 76), 54, "b", 0)
+    }
+
+    #[test]
+    fn run_commands_inside_at_once_fail_unless_one_was_paused_and_then_lost() {
+        // a acted after b entered, unpaused: run let its command outlive the lock.
+        let r = commands(160, false).check_as(&via_run(Primitive::Mutex));
+        assert_eq!((r.service_overlap, r.belief_overlap), (1, 1));
+        assert!(r.violations[0].contains("commands inside at once"), "{r:?}");
+        assert_eq!(r.false_losses, 1, "exit 76 with no fault");
+        // Paused past its lease: a belief overlap, fenced, and reported lost (exit 76).
+        let r = commands(160, true).check_as(&via_run(Primitive::Mutex));
+        assert_eq!(r.violations, Vec::<String>::new());
+        assert_eq!((r.service_overlap, r.belief_overlap), (0, 1));
+        assert_eq!((r.expired_while_held, r.losses_reported), (1, 1));
+        assert_eq!((r.acquisitions, r.stale_rejected), (2, 1));
+        assert_eq!(r.run_exits.get("76"), Some(&1));
+        // Done before b entered: no overlap.
+        let r = commands(30, false).check_as(&via_run(Primitive::Mutex));
+        assert_eq!(r.service_overlap, 0);
+    }
+
+    #[test]
+    fn a_paused_run_that_did_not_exit_lost_fails() {
+        let h = commands(160, true);
+        let mut entries = h.0;
+        entries.retain(|e| !matches!(&e.event, Event::RunExited { owner, .. } if owner == "a"));
+        let r = run_exit(H(entries), 162, "a", 0).check_as(&via_run(Primitive::Mutex));
+        assert_eq!((r.expired_while_held, r.losses_reported), (1, 0));
+        assert!(r.violations.iter().any(|v| v.contains("no lost signal")));
     }
 }
