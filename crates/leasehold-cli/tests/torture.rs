@@ -179,7 +179,9 @@ fn smoke(label: &str, store: &[&str], ttl: &str, secs: u32, primitive: &str, ext
         // The primitive let several in at once: it was exercised.
         assert!(count(&report, "max_valid_holders") > 1, "{report}");
     }
-    if extra.contains(&"--fair") || store.contains(&"etcd") {
+    // FIFO is judged from the library's queue answers: not with `run` workers.
+    let fair = extra.contains(&"--fair") || store.contains(&"etcd");
+    if fair && !extra.contains(&"run") {
         assert!(count(&report, "fifo_checked") > 0, "{report}");
     }
 }
@@ -214,7 +216,7 @@ fn leasehold_run_workers_hold_on_every_store() {
     let run = &["--workers-as", "run"];
     smoke("t-run-local-mutex", LOCAL, "500ms", 8, "mutex", run);
     smoke("t-run-local-rw", LOCAL, "500ms", 8, "rwlock", run);
-    smoke("t-run-redis-sem", REDIS, "500ms", 8, "semaphore:2", run);
+    smoke("t-run-redis-sem", REDIS, "1s", 10, "semaphore:2", run);
     smoke("t-run-etcd-rw", ETCD, "1s", 10, "rwlock", run);
 }
 
