@@ -64,6 +64,9 @@ pub enum Command {
     /// One torture worker (started by `torture`)
     #[command(hide = true)]
     TortureWorker(torture::worker::WorkerArgs),
+    /// The command of a torture `leasehold run` worker (started by `torture`)
+    #[command(hide = true)]
+    TortureCommand(torture::command::CommandArgs),
 }
 
 const RUN_AFTER_HELP: &str = "\
@@ -258,6 +261,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Bench(args) => bench::bench(store, args).await,
         Command::Torture(args) => torture::torture(store, args).await,
         Command::TortureWorker(args) => torture::worker::worker(store, args).await,
+        Command::TortureCommand(args) => torture::command::command(args).await,
     }
 }
 

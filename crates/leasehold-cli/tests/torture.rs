@@ -1,5 +1,7 @@
-//! `leasehold torture` smoke runs (10 to 25 s each) on the local store, a redis-server and
-//! etcd, each started by the command itself; and its usage errors.
+//! `leasehold torture` smoke runs (6 to 25 s each) on the local store, a redis-server and
+//! etcd, each started by the command itself, for each primitive (a semaphore, a
+//! read-write lock, a fair mutex) with library workers and with `leasehold run` workers;
+//! the unfenced controls that must show damage; and its usage errors.
 //!
 //! The runs take turns (one lock): each spawns its workers and its store, and several at
 //! once on two cores would starve renewals and report losses that no fault caused.
@@ -156,6 +158,97 @@ fn etcd_cluster_holds_when_a_member_and_the_leader_die() {
     assert_landed(&report, &["kill-member", "kill-leader", "pause"]);
 }
 
+/// A short run of `primitive` (and `extra` flags) under holder pauses and kills: clean.
+fn smoke(label: &str, store: &[&str], ttl: &str, secs: u32, primitive: &str, extra: &[&str]) {
+    let duration = format!("{secs}s");
+    let mut args = vec!["--primitive", primitive, "--workers", "5", "--ttl", ttl];
+    args.extend([
+        "--duration",
+        &duration,
+        "--faults",
+        "pause,short-pause,kill",
+    ]);
+    args.extend(store);
+    args.extend(extra);
+    let report = torture(label, &args);
+    assert_landed(&report, &["pause", "kill"]);
+    assert_eq!(count(&report, "false_losses"), 0, "{report}");
+    assert_eq!(count(&report, "torn_reads"), 0, "{report}");
+    assert_eq!(count(&report, "fifo_violations"), 0, "{report}");
+    if primitive != "mutex" {
+        // The primitive let several in at once: it was exercised.
+        assert!(count(&report, "max_valid_holders") > 1, "{report}");
+    }
+    // FIFO is judged from the library's queue answers: not with `run` workers.
+    let fair = extra.contains(&"--fair") || store.contains(&"etcd");
+    if fair && !extra.contains(&"run") {
+        assert!(count(&report, "fifo_checked") > 0, "{report}");
+    }
+}
+
+const LOCAL: &[&str] = &[];
+const REDIS: &[&str] = &["--spawn", "redis"];
+const ETCD: &[&str] = &["--spawn", "etcd"];
+
+#[test]
+fn local_semaphore_rwlock_and_fair_mutex_hold() {
+    smoke("t-local-sem", LOCAL, "500ms", 6, "semaphore:2", &[]);
+    smoke("t-local-rw", LOCAL, "500ms", 6, "rwlock", &[]);
+    smoke("t-local-fair", LOCAL, "500ms", 6, "mutex", &["--fair"]);
+}
+
+#[test]
+fn redis_semaphore_rwlock_and_fair_mutex_hold() {
+    smoke("t-redis-sem", REDIS, "500ms", 6, "semaphore:2", &[]);
+    smoke("t-redis-rw", REDIS, "500ms", 6, "rwlock", &[]);
+    smoke("t-redis-fair", REDIS, "500ms", 6, "mutex", &["--fair"]);
+}
+
+#[test]
+fn etcd_semaphore_rwlock_and_fair_mutex_hold() {
+    smoke("t-etcd-sem", ETCD, "1s", 10, "semaphore:2", &[]);
+    smoke("t-etcd-rw", ETCD, "1s", 10, "rwlock", &[]);
+    smoke("t-etcd-fair", ETCD, "1s", 10, "mutex", &["--fair"]);
+}
+
+#[test]
+fn leasehold_run_workers_hold_on_every_store() {
+    let run = &["--workers-as", "run"];
+    smoke("t-run-local-mutex", LOCAL, "500ms", 8, "mutex", run);
+    smoke("t-run-local-rw", LOCAL, "500ms", 8, "rwlock", run);
+    smoke("t-run-redis-sem", REDIS, "1s", 10, "semaphore:2", run);
+    smoke("t-run-etcd-rw", ETCD, "1s", 10, "rwlock", run);
+}
+
+#[test]
+fn unfenced_controls_of_a_semaphore_and_a_read_write_lock_show_damage() {
+    let control = |label: &str, primitive: &str| {
+        let args = [
+            "--primitive",
+            primitive,
+            "--duration",
+            "8s",
+            "--ttl",
+            "500ms",
+        ];
+        let mut args = args.to_vec();
+        args.extend(["--workers", "5", "--fence", "none", "--faults", "pause"]);
+        let report = torture(label, &args);
+        assert!(faults(&report, "pause") > 0, "{report}");
+        assert_eq!(count(&report, "service_overlap"), 0, "{report}");
+        report
+    };
+    // A paused permit holder is still inside when N others enter.
+    let sem = control("t-control-sem", "semaphore:2");
+    assert!(count(&sem, "resource_over_capacity") > 0, "{sem}");
+    // A paused reader sees a write between its reads, or a paused writer loses one.
+    let rw = control("t-control-rw", "rwlock");
+    assert!(
+        count(&rw, "torn_reads") + count(&rw, "lost_updates") > 0,
+        "{rw}"
+    );
+}
+
 #[test]
 fn faults_the_run_cannot_apply_are_usage_errors() {
     let cli = Cli::new("torture-usage");
@@ -176,4 +269,9 @@ fn faults_the_run_cannot_apply_are_usage_errors() {
     );
     let out = cli.cmd(&["torture", "--faults", "explode"]).output();
     support::Out::from(out.unwrap()).expect(64);
+    for bad in ["semaphore:0", "semaphore", "queue"] {
+        let out = cli.cmd(&["torture", "--primitive", bad]).output();
+        let out = support::Out::from(out.unwrap()).expect(64);
+        assert!(out.stderr.contains("semaphore:"), "{out:#?}");
+    }
 }

@@ -2,16 +2,25 @@
 //!
 //! A hold's *valid lease* runs from the moment its acquire returned to the earliest of the
 //! safe deadline the library promised (the last one it logged), the moment its release
-//! was invoked and the moment its process was killed. Both ends are conservative: the store's lease began earlier and ends
-//! later, so two valid leases that overlap prove two holders at once. A hold's *belief*
-//! runs from the acquire's return until the worker learned of the loss, released, or was
-//! killed: what the application thought.
+//! was invoked and the moment its process was killed. Both ends are conservative: the
+//! store's lease began earlier and ends later, so valid leases that break the primitive's
+//! rule at one instant (two mutex holders; a writer beside anyone; more than N permits)
+//! prove that the store broke it. A hold's *belief* runs from the acquire's return until
+//! the worker learned of the loss, released, or was killed: what the application thought.
+//!
+//! With `leasehold run` workers (`--workers-as run`) the history has no deadlines (the CLI
+//! keeps them to itself); there a *command* is inside from its first access to the
+//! resource to its last, and two incompatible commands inside at once are an overlap
+//! unless one of them was paused (with its `run`) while inside: a frozen `run` cannot
+//! stop its command, and fencing is what must refuse the command's stale access then.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
-use super::history::{Entry, Event, Op};
+use super::history::{Entry, Event, Op, Role};
 
 /// How the resource fences (see `--fence`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -25,9 +34,110 @@ pub enum Fence {
     None,
 }
 
+/// Which lock the run tortures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Primitive {
+    /// One holder at a time.
+    Mutex,
+    /// At most N permit holders at a time.
+    Semaphore(u32),
+    /// Readers together, a writer alone.
+    RwLock,
+}
+
+impl Primitive {
+    /// Whether a hold of kind `b` may be valid beside the holds of `others` (other owners).
+    fn admits(self, others: &[Role], b: Role) -> bool {
+        match self {
+            Primitive::Semaphore(n) => others.len() < n as usize,
+            Primitive::Mutex => others.is_empty(),
+            Primitive::RwLock => {
+                others.is_empty()
+                    || (b == Role::Shared && others.iter().all(|&a| a == Role::Shared))
+            }
+        }
+    }
+
+    /// How many `a`-holders conflict with `b` joining `others`: pairs for the locks,
+    /// one per grant beyond the limit for a semaphore.
+    fn conflicts(self, others: &[Role], b: Role) -> usize {
+        match self {
+            Primitive::Semaphore(_) => usize::from(!self.admits(others, b)),
+            Primitive::Mutex => others.len(),
+            Primitive::RwLock => (others.iter())
+                .filter(|&&a| a == Role::Exclusive || b == Role::Exclusive)
+                .count(),
+        }
+    }
+}
+
+impl fmt::Display for Primitive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Primitive::Mutex => f.write_str("mutex"),
+            Primitive::Semaphore(n) => write!(f, "semaphore:{n}"),
+            Primitive::RwLock => f.write_str("rwlock"),
+        }
+    }
+}
+
+impl FromStr for Primitive {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mutex" => Ok(Primitive::Mutex),
+            "rwlock" => Ok(Primitive::RwLock),
+            _ => {
+                let n = s.strip_prefix("semaphore:").ok_or_else(|| {
+                    format!("{s:?}: give mutex, semaphore:N (N permits) or rwlock")
+                })?;
+                match n.parse::<u32>() {
+                    Ok(n) if (1..=1000).contains(&n) => Ok(Primitive::Semaphore(n)),
+                    _ => Err(format!("semaphore:{n}: N must be from 1 to 1000")),
+                }
+            }
+        }
+    }
+}
+
+impl Serialize for Primitive {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// What the history is of, and how it must be judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setup {
+    /// How the resource fenced.
+    pub fence: Fence,
+    /// The lock.
+    pub primitive: Primitive,
+    /// First come, first served: judge the order of grants.
+    pub fair: bool,
+    /// Workers are `leasehold run` processes (no deadlines in the history).
+    pub via_run: bool,
+}
+
+impl Setup {
+    /// A library-worker run of `primitive`.
+    pub fn new(fence: Fence, primitive: Primitive) -> Self {
+        Setup {
+            fence,
+            primitive,
+            fair: false,
+            via_run: false,
+        }
+    }
+}
+
 /// Faults that explain a lost lease: a long pause or kill of that worker, or any fault
 /// of the store or the link (no target).
 const EXCUSING_HOLDER_FAULTS: &[&str] = &["pause", "kill"];
+
+/// The CLI's exit status for a lock lost while the command ran.
+const RUN_LOST: i32 = crate::exit::LOST as i32;
 
 /// Nearest-rank percentiles of durations, in milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -62,42 +172,61 @@ impl Spread {
 /// What the checker found. Counts of pairs for overlaps.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Report {
-    /// Acquisitions that returned a guard.
+    /// Acquisitions that returned a guard (with `run` workers: commands that entered).
     pub acquisitions: usize,
     /// Acquires that returned without the lock: busy or out of time.
     pub acquire_failed: usize,
     /// Acquires that failed with an error (the store may have granted).
     pub acquire_unknown: usize,
-    /// Pairs of different owners whose valid leases overlap. Must be 0.
+    /// Valid leases that broke the primitive's rule: pairs of owners (a mutex; a writer
+    /// and anyone), or grants beyond N valid permits (a semaphore). With `run` workers:
+    /// the same for commands inside at once, neither paused. Must be 0.
     pub service_overlap: usize,
-    /// Pairs of different owners that believed they held at once (reported only).
+    /// The same for beliefs (with `run` workers: for all commands; reported only).
     pub belief_overlap: usize,
-    /// Accesses the resource accepted with a token below one it had accepted before.
+    /// Most valid leases at one instant.
+    pub max_valid_holders: usize,
+    /// Accesses the resource accepted with a token below one it had accepted before (for
+    /// a reader: below a writer's).
     pub stale_accepted: usize,
     /// Accesses the resource refused.
     pub stale_rejected: usize,
     /// Accepted writes that did not build on the value before them.
     pub lost_updates: usize,
+    /// Readers whose two accepted reads had an accepted write between them.
+    pub torn_reads: usize,
+    /// Permit holders that entered the resource beside N others still inside (a
+    /// semaphore's resource cannot be fenced by token: reported).
+    pub resource_over_capacity: usize,
     /// Holders (different owners) that got the same token.
     pub duplicate_tokens: usize,
-    /// Valid holds, in the order they began, whose token was not above every earlier one.
+    /// Holds whose token was not above that of an earlier hold they must follow (one that
+    /// began before they did, if either excludes the other; else one that began before
+    /// they asked).
     pub tokens_backwards: usize,
     /// Re-entries that returned a token other than the outer hold's.
     pub reentry_token_changed: usize,
     /// Re-entries checked.
     pub reentries: usize,
+    /// Pairs checked for first-come-first-served order (fair runs).
+    pub fifo_checked: usize,
+    /// Of those, pairs where the later arrival got the lock first.
+    pub fifo_violations: usize,
     /// Guards returned already past their safe deadline (a grant that arrived late).
     pub granted_late: usize,
     /// `check` said "held" after the guard's own deadline.
     pub believed_past_deadline: usize,
-    /// Holds whose safe deadline passed while the worker still held them.
+    /// Holds whose safe deadline passed while the worker still held them (with `run`
+    /// workers: commands paused past their lease).
     pub expired_while_held: usize,
-    /// Of those, how many fired `lost`.
+    /// Of those, how many fired `lost` (`run` exited 76).
     pub losses_reported: usize,
     /// From the deadline (or the end of the fault that covered it) to `lost`.
     pub loss_report: Spread,
-    /// `lost` with no fault to explain it (a short pause does not).
+    /// `lost` (`run` exit 76) with no fault to explain it (a short pause does not).
     pub false_losses: usize,
+    /// `run` workers' exit statuses (`signal N` when killed).
+    pub run_exits: BTreeMap<String, usize>,
     /// Faults started, by kind.
     pub faults: BTreeMap<String, usize>,
     /// From killing a holder to the next acquisition by someone else.
@@ -111,13 +240,17 @@ pub struct Report {
 #[derive(Debug)]
 struct Hold {
     owner: String,
+    role: Role,
     token: u64,
     invoked: u64,
+    queued: Option<u64>,
     got: u64,
     deadline: u64,
     lost: Option<u64>,
     release: Option<u64>,
     killed: Option<u64>,
+    /// A `run` command paused by the nemesis while inside.
+    paused: bool,
 }
 
 impl Hold {
@@ -146,17 +279,96 @@ struct Fault {
     end: u64,
 }
 
+impl Fault {
+    fn overlaps(&self, from: u64, to: u64) -> bool {
+        self.start <= to && self.end >= from
+    }
+}
+
+/// What the resource saw, replayed from its accesses.
+#[derive(Debug, Default)]
+struct Replay {
+    highest: u64,
+    highest_exclusive: u64,
+    counter: u64,
+    writes: usize,
+    first_read: HashMap<String, usize>,
+    inside: HashSet<String>,
+}
+
+impl Replay {
+    #[allow(clippy::too_many_arguments)]
+    fn access(
+        &mut self,
+        r: &mut Report,
+        setup: &Setup,
+        owner: &str,
+        token: u64,
+        op: Op,
+        value: u64,
+        base: Option<u64>,
+    ) {
+        match op {
+            Op::Read | Op::Write => {
+                if token < self.highest {
+                    r.stale_accepted += 1;
+                }
+                self.highest = self.highest.max(token);
+                self.highest_exclusive = self.highest_exclusive.max(token);
+                if op == Op::Write {
+                    if base != Some(self.counter) {
+                        r.lost_updates += 1;
+                    }
+                    self.counter = value;
+                    self.writes += 1;
+                }
+            }
+            Op::ReadShared | Op::Reread => {
+                if token < self.highest_exclusive {
+                    r.stale_accepted += 1;
+                }
+                self.highest = self.highest.max(token);
+                match op {
+                    Op::ReadShared => {
+                        self.first_read.insert(owner.to_string(), self.writes);
+                    }
+                    _ => {
+                        if (self.first_read.remove(owner)).is_some_and(|w| w != self.writes) {
+                            r.torn_reads += 1;
+                        }
+                    }
+                }
+            }
+            Op::Enter => {
+                self.inside.insert(owner.to_string());
+                if let Primitive::Semaphore(n) = setup.primitive {
+                    if self.inside.len() > n as usize {
+                        r.resource_over_capacity += 1;
+                    }
+                }
+            }
+            Op::Exit => self.gone(owner),
+        }
+    }
+
+    fn gone(&mut self, owner: &str) {
+        self.inside.remove(owner);
+        self.first_read.remove(owner);
+    }
+}
+
 /// Checks a history (entries in time order) of one lock.
-pub fn check(history: &[Entry], fence: Fence) -> Report {
+pub fn check(history: &[Entry], setup: &Setup) -> Report {
     let mut report = Report::default();
     let history_end = history.last().map_or(0, |e| e.t);
     let mut holds: Vec<Hold> = Vec::new();
     let mut current: HashMap<&str, usize> = HashMap::new();
     let mut invoked: HashMap<&str, u64> = HashMap::new();
+    let mut queued: HashMap<&str, u64> = HashMap::new();
     let mut acquire_ns = Vec::new();
     let mut faults: Vec<Fault> = Vec::new();
-    let mut highest = 0u64;
-    let mut counter = 0u64;
+    let mut replay = Replay::default();
+    let mut exits: HashMap<&str, (u64, Option<i32>)> = HashMap::new();
 
     for entry in history {
         let t = entry.t;
@@ -164,11 +376,16 @@ pub fn check(history: &[Entry], fence: Fence) -> Report {
             Event::Spawned { .. } => {}
             Event::Invoke { owner } => {
                 invoked.insert(owner, t);
+                queued.remove(owner.as_str());
+            }
+            Event::Queued { owner } => {
+                queued.entry(owner).or_insert(t);
             }
             Event::Acquired {
                 owner,
                 token,
                 deadline,
+                role,
             } => {
                 report.acquisitions += 1;
                 let invoked = invoked.get(owner.as_str()).copied().unwrap_or(t);
@@ -179,13 +396,16 @@ pub fn check(history: &[Entry], fence: Fence) -> Report {
                 current.insert(owner, holds.len());
                 holds.push(Hold {
                     owner: owner.clone(),
+                    role: *role,
                     token: *token,
                     invoked,
+                    queued: queued.remove(owner.as_str()),
                     got: t,
                     deadline: *deadline,
                     lost: None,
                     release: None,
                     killed: None,
+                    paused: false,
                 });
             }
             Event::AcquireFailed { unknown, .. } => match unknown {
@@ -231,32 +451,46 @@ pub fn check(history: &[Entry], fence: Fence) -> Report {
                 current.remove(owner.as_str());
             }
             Event::Access {
+                owner,
                 token,
                 op,
                 value,
                 base,
                 accepted,
-                ..
+                role,
             } => {
+                if setup.via_run {
+                    command_access(&mut holds, &mut current, &invoked, owner, *token, *role, t);
+                    if *op == Op::Enter {
+                        report.acquisitions += 1;
+                        acquire_ns.push(t - invoked.get(owner.as_str()).copied().unwrap_or(t));
+                    }
+                }
                 if !accepted {
                     report.stale_rejected += 1;
                     continue;
                 }
-                if *token < highest {
-                    report.stale_accepted += 1;
-                }
-                highest = highest.max(*token);
-                if *op == Op::Write {
-                    if *base != Some(counter) {
-                        report.lost_updates += 1;
-                    }
-                    counter = *value;
-                }
+                replay.access(&mut report, setup, owner, *token, *op, *value, *base);
             }
             Event::Killed { owner } => {
                 if let Some(&i) = current.get(owner.as_str()) {
                     holds[i].killed = Some(t);
                 }
+                replay.gone(owner);
+            }
+            Event::RunExited {
+                owner,
+                code,
+                signal,
+            } => {
+                let status = match (code, signal) {
+                    (Some(code), _) => code.to_string(),
+                    (None, Some(signal)) => format!("signal {signal}"),
+                    (None, None) => "unknown".to_string(),
+                };
+                *report.run_exits.entry(status).or_default() += 1;
+                exits.insert(owner, (t, *code));
+                replay.gone(owner);
             }
             Event::FaultStart { kind, target } => {
                 *report.faults.entry(kind.clone()).or_default() += 1;
@@ -278,39 +512,109 @@ pub fn check(history: &[Entry], fence: Fence) -> Report {
     }
 
     report.acquire = Spread::of(acquire_ns);
-    overlaps(&holds, history_end, &mut report);
+    if setup.via_run {
+        for h in &mut holds {
+            let end = h.release.unwrap_or(h.got);
+            h.paused = (faults.iter()).any(|f| {
+                f.kind == "pause" && f.target.as_ref() == Some(&h.owner) && f.overlaps(h.got, end)
+            });
+        }
+        overlaps_of_commands(&holds, setup.primitive, &mut report);
+        run_losses(&holds, &faults, &invoked, &exits, &mut report);
+    } else {
+        overlaps(&holds, history_end, setup.primitive, &mut report);
+        losses(&holds, &faults, history_end, &mut report);
+        if setup.fair {
+            fifo(&holds, &faults, &mut report);
+        }
+    }
     tokens(&holds, &mut report);
-    losses(&holds, &faults, history_end, &mut report);
     report.takeover = takeovers(&holds, &faults);
-    report.violations = violations(&report, fence);
+    report.violations = violations(&report, setup);
     report
 }
 
-/// Pairs of different owners whose valid leases, and whose beliefs, overlap.
-fn overlaps(holds: &[Hold], history_end: u64, report: &mut Report) {
-    let count = |end: &dyn Fn(&Hold) -> u64| {
-        let mut spans: Vec<&Hold> = holds.iter().filter(|h| h.got < end(h)).collect();
-        spans.sort_by_key(|h| h.got);
-        let mut pairs = 0;
-        for (i, a) in spans.iter().enumerate() {
-            for b in &spans[i + 1..] {
-                if b.got >= end(a) {
-                    break;
-                }
-                if b.owner != a.owner {
-                    pairs += 1;
-                }
-            }
+/// A `run` command's access: the first opens its hold (token, role), each one moves its
+/// end (kept in `release`).
+fn command_access<'a>(
+    holds: &mut Vec<Hold>,
+    current: &mut HashMap<&'a str, usize>,
+    invoked: &HashMap<&str, u64>,
+    owner: &'a str,
+    token: u64,
+    role: Role,
+    t: u64,
+) {
+    match current.get(owner) {
+        Some(&i) if holds[i].token == token => holds[i].release = Some(t),
+        _ => {
+            current.insert(owner, holds.len());
+            holds.push(Hold {
+                owner: owner.to_string(),
+                role,
+                token,
+                invoked: invoked.get(owner).copied().unwrap_or(t),
+                queued: None,
+                got: t,
+                deadline: u64::MAX,
+                lost: None,
+                release: Some(t),
+                killed: None,
+                paused: false,
+            });
         }
-        pairs
-    };
-    report.service_overlap = count(&Hold::valid_end);
-    report.belief_overlap = count(&|h| h.belief_end(history_end));
+    }
 }
 
-/// Tokens: unique across owners, and rising in the order valid holds began. An owner may
-/// see the top token again: its release did not reach the store, and the acquisition
-/// re-entered the hold that was left (the store finishes that release later).
+/// Spans that break the primitive's rule, counted at each span's start (see
+/// [`Primitive::conflicts`]); and the most spans at one instant.
+fn conflicts(spans: &mut [(&str, Role, u64, u64)], primitive: Primitive) -> (usize, usize) {
+    spans.sort_by_key(|s| s.2);
+    let (mut count, mut most) = (0, 0);
+    for (j, &(owner, role, start, _)) in spans.iter().enumerate() {
+        let others: Vec<Role> = (spans[..j].iter())
+            .filter(|a| a.3 > start && a.0 != owner)
+            .map(|a| a.1)
+            .collect();
+        count += primitive.conflicts(&others, role);
+        most = most.max(others.len() + 1);
+    }
+    (count, most)
+}
+
+/// Valid leases, and beliefs, that break the primitive's rule.
+fn overlaps(holds: &[Hold], history_end: u64, primitive: Primitive, report: &mut Report) {
+    let spans = |end: &dyn Fn(&Hold) -> u64| -> Vec<(&str, Role, u64, u64)> {
+        (holds.iter())
+            .filter(|h| h.got < end(h))
+            .map(|h| (h.owner.as_str(), h.role, h.got, end(h)))
+            .collect()
+    };
+    (report.service_overlap, report.max_valid_holders) =
+        conflicts(&mut spans(&Hold::valid_end), primitive);
+    report.belief_overlap = conflicts(&mut spans(&|h| h.belief_end(history_end)), primitive).0;
+}
+
+/// Commands inside at once that break the primitive's rule: those never paused while
+/// inside (must be 0), and all of them (belief). A command's span ends just after its
+/// last access.
+fn overlaps_of_commands(holds: &[Hold], primitive: Primitive, report: &mut Report) {
+    let spans = |all: bool| -> Vec<(&str, Role, u64, u64)> {
+        (holds.iter())
+            .filter(|h| all || !h.paused)
+            .map(|h| (h.owner.as_str(), h.role, h.got, h.valid_end() + 1))
+            .collect()
+    };
+    (report.service_overlap, report.max_valid_holders) = conflicts(&mut spans(false), primitive);
+    report.belief_overlap = conflicts(&mut spans(true), primitive).0;
+}
+
+/// Tokens: unique across owners, and rising: a valid hold `y` must have a token above
+/// every valid hold `x` that the store must have granted before it — one that began
+/// before `y` did when either excludes the other (their valid leases cannot overlap), or
+/// one that began before `y` was even asked for (any kind). An owner may see its own top
+/// token again: its release did not reach the store, and the acquisition re-entered the
+/// hold that was left (the store finishes that release later).
 fn tokens(holds: &[Hold], report: &mut Report) {
     let mut owners: HashMap<u64, &str> = HashMap::new();
     for h in holds {
@@ -320,14 +624,53 @@ fn tokens(holds: &[Hold], report: &mut Report) {
     }
     let mut valid: Vec<&Hold> = holds.iter().filter(|h| h.got < h.valid_end()).collect();
     valid.sort_by_key(|h| h.got);
-    let mut top: Option<&Hold> = None;
-    for h in valid {
-        match top {
-            Some(t) if h.token < t.token || (h.token == t.token && h.owner != t.owner) => {
-                report.tokens_backwards += 1;
+    for (j, y) in valid.iter().enumerate() {
+        let before = |x: &&&Hold| {
+            x.got < y.got
+                && (x.role == Role::Exclusive || y.role == Role::Exclusive || x.got < y.invoked)
+        };
+        let backwards = (valid[..j].iter())
+            .filter(before)
+            .any(|x| x.token > y.token || (x.token == y.token && x.owner != y.owner));
+        if backwards {
+            report.tokens_backwards += 1;
+        }
+    }
+}
+
+/// First come, first served, judged from the history alone. `a`'s acquire logged that the
+/// store had queued it (an answer with its queue position) before `b`'s acquire was
+/// invoked, so `b`'s request reached the store after `a` was in its queue; if both were
+/// granted, `a` must have been granted first, and tokens give the store's grant order
+/// (they rise with each grant). Not judged: two readers (let in together, in any order);
+/// `a` in trouble while it waited (any fault of the store or the link, or one aimed at
+/// it: it may have lost its place, as a waiter that stops renewing its place must); `b`
+/// given a token it had before (it re-entered its own hold, left by a lost release).
+fn fifo(holds: &[Hold], faults: &[Fault], report: &mut Report) {
+    let mut seen: HashMap<&str, HashSet<u64>> = HashMap::new();
+    let mut fresh = vec![true; holds.len()];
+    for (i, h) in holds.iter().enumerate() {
+        fresh[i] = seen.entry(&h.owner).or_default().insert(h.token);
+    }
+    for a in holds {
+        let Some(queued) = a.queued else { continue };
+        let troubled = (faults.iter()).any(|f| {
+            (f.target.is_none() || f.target.as_ref() == Some(&a.owner)) && f.overlaps(queued, a.got)
+        });
+        if troubled {
+            continue;
+        }
+        for (b, _) in (holds.iter().zip(&fresh)).filter(|(_, &fresh)| fresh) {
+            if b.owner == a.owner
+                || b.invoked <= queued
+                || (a.role == Role::Shared && b.role == Role::Shared)
+            {
+                continue;
             }
-            Some(t) if h.token == t.token => {}
-            _ => top = Some(h),
+            report.fifo_checked += 1;
+            if b.token < a.token {
+                report.fifo_violations += 1;
+            }
         }
     }
 }
@@ -352,18 +695,55 @@ fn losses(holds: &[Hold], faults: &[Fault], history_end: u64, report: &mut Repor
             }
         }
         if let Some(lost) = h.lost {
-            // From the request that got it: a fault during the acquire counts.
-            let window = h.invoked..=lost;
-            let excused = faults.iter().any(|f| {
-                let relevant = match &f.target {
-                    None => true,
-                    Some(t) => t == &h.owner && EXCUSING_HOLDER_FAULTS.contains(&f.kind.as_str()),
-                };
-                relevant && f.start <= *window.end() && f.end >= *window.start()
-            });
-            if !excused {
+            if !excused(faults, &h.owner, h.invoked, lost) {
                 report.false_losses += 1;
             }
+        }
+    }
+    report.loss_report = Spread::of(delays);
+}
+
+/// Whether a fault explains a loss of `owner`'s between `from` (its acquire) and `to`.
+fn excused(faults: &[Fault], owner: &str, from: u64, to: u64) -> bool {
+    faults.iter().any(|f| {
+        let relevant = match &f.target {
+            None => true,
+            Some(t) => t == owner && EXCUSING_HOLDER_FAULTS.contains(&f.kind.as_str()),
+        };
+        relevant && f.overlaps(from, to)
+    })
+}
+
+/// `run` workers: a command paused past its lease (a `pause`, 1.5-2 TTL) must end with
+/// `run` exiting 76, unless the coordinator killed that `run`; exit 76 needs a fault.
+fn run_losses(
+    holds: &[Hold],
+    faults: &[Fault],
+    invoked: &HashMap<&str, u64>,
+    exits: &HashMap<&str, (u64, Option<i32>)>,
+    report: &mut Report,
+) {
+    let mut delays = Vec::new();
+    for f in faults.iter().filter(|f| f.kind == "pause") {
+        let Some(owner) = f.target.as_deref() else {
+            continue;
+        };
+        if !holds.iter().any(|h| h.owner == owner) {
+            continue;
+        }
+        let Some(&(t, code)) = exits.get(owner) else {
+            continue;
+        };
+        report.expired_while_held += 1;
+        if code == Some(RUN_LOST) {
+            report.losses_reported += 1;
+            delays.push(t.saturating_sub(f.end));
+        }
+    }
+    for (&owner, &(t, code)) in exits {
+        let from = invoked.get(owner).copied().unwrap_or(0);
+        if code == Some(RUN_LOST) && !excused(faults, owner, from, t) {
+            report.false_losses += 1;
         }
     }
     report.loss_report = Spread::of(delays);
@@ -373,8 +753,7 @@ fn losses(holds: &[Hold], faults: &[Fault], history_end: u64, report: &mut Repor
 fn takeovers(holds: &[Hold], faults: &[Fault]) -> Spread {
     let mut ns = Vec::new();
     for f in faults.iter().filter(|f| f.kind == "kill") {
-        let victim_held =
-            (holds.iter()).any(|h| Some(&h.owner) == f.target.as_ref() && h.killed.is_some());
+        let victim_held = (holds.iter()).any(|h| Some(&h.owner) == f.target.as_ref());
         if !victim_held {
             continue;
         }
@@ -389,7 +768,7 @@ fn takeovers(holds: &[Hold], faults: &[Fault]) -> Spread {
     Spread::of(ns)
 }
 
-fn violations(r: &Report, fence: Fence) -> Vec<String> {
+fn violations(r: &Report, setup: &Setup) -> Vec<String> {
     let mut v = Vec::new();
     let mut must_be_zero = |count: usize, what: &str| {
         if count > 0 {
@@ -398,7 +777,11 @@ fn violations(r: &Report, fence: Fence) -> Vec<String> {
     };
     must_be_zero(
         r.service_overlap,
-        "service overlap (two valid leases at once)",
+        match (setup.via_run, setup.primitive) {
+            (false, Primitive::Semaphore(_)) => "service overlap (more than N valid permits)",
+            (false, _) => "service overlap (incompatible valid leases at once)",
+            (true, _) => "service overlap (incompatible commands inside at once, none paused)",
+        },
     );
     must_be_zero(r.duplicate_tokens, "a token given to two owners");
     must_be_zero(r.tokens_backwards, "a token that did not increase");
@@ -412,13 +795,15 @@ fn violations(r: &Report, fence: Fence) -> Vec<String> {
         "an expired lease with no lost signal",
     );
     must_be_zero(r.false_losses, "lost with no fault to explain it");
-    if fence == Fence::All {
+    must_be_zero(r.fifo_violations, "a later arrival granted first (fair)");
+    if setup.fence == Fence::All {
         must_be_zero(r.stale_accepted, "stale access accepted");
         must_be_zero(r.lost_updates, "lost update");
+        must_be_zero(r.torn_reads, "a write inside a reader's reads");
     }
-    if fence == Fence::None && r.faults.get("pause").is_some_and(|&n| n > 0) && r.lost_updates == 0
-    {
-        v.push("the unfenced control lost no update: the pauses did not land".to_string());
+    let damage = r.lost_updates + r.torn_reads + r.resource_over_capacity;
+    if setup.fence == Fence::None && r.faults.get("pause").is_some_and(|&n| n > 0) && damage == 0 {
+        v.push("the unfenced control showed no damage: the pauses did not land".to_string());
     }
     v
 }
@@ -439,15 +824,32 @@ mod tests {
             self
         }
         fn acquired(self, t: u64, owner: &str, token: u64, deadline: u64) -> Self {
+            self.acquired_as(t, t, owner, token, deadline, Role::Exclusive)
+        }
+        /// Acquire invoked at `invoked`, returned at `t`.
+        fn acquired_as(
+            self,
+            invoked: u64,
+            t: u64,
+            owner: &str,
+            token: u64,
+            deadline: u64,
+            role: Role,
+        ) -> Self {
             let o = owner.to_string();
-            self.at(t, Event::Invoke { owner: o.clone() }).at(
+            self.at(invoked, Event::Invoke { owner: o.clone() }).at(
                 t,
                 Event::Acquired {
                     owner: o,
                     token,
                     deadline: deadline * MS,
+                    role,
                 },
             )
+        }
+        fn queued(self, t: u64, owner: &str) -> Self {
+            let owner = owner.into();
+            self.at(t, Event::Queued { owner })
         }
         fn released(self, t: u64, owner: &str, token: u64, deadline: u64) -> Self {
             let o = owner.to_string();
@@ -470,6 +872,11 @@ mod tests {
         }
         fn access(self, t: u64, owner: &str, token: u64, op: Op, value: u64, ok: bool) -> Self {
             let base = (op == Op::Write).then(|| value - 1);
+            let role = match op {
+                Op::Read | Op::Write => Role::Exclusive,
+                Op::ReadShared | Op::Reread => Role::Shared,
+                Op::Enter | Op::Exit => Role::Permit,
+            };
             self.at(
                 t,
                 Event::Access {
@@ -479,6 +886,7 @@ mod tests {
                     value,
                     base,
                     accepted: ok,
+                    role,
                 },
             )
         }
@@ -497,9 +905,13 @@ mod tests {
             )
             .at(end, Event::FaultEnd { kind, target })
         }
-        fn check(mut self, fence: Fence) -> Report {
+        fn check(self, fence: Fence) -> Report {
+            self.check_as(&Setup::new(fence, Primitive::Mutex))
+        }
+        fn check_as(mut self, setup: &Setup) -> Report {
+            // Stable: events logged at the same instant keep their order.
             self.0.sort_by_key(|e| e.t);
-            check(&self.0, fence)
+            check(&self.0, setup)
         }
     }
 
@@ -609,7 +1021,7 @@ mod tests {
         let r = clean().fault(10, 20, "pause", Some("a")).check(Fence::None);
         assert_eq!(
             r.violations,
-            vec!["the unfenced control lost no update: the pauses did not land"]
+            vec!["the unfenced control showed no damage: the pauses did not land"]
         );
     }
 
@@ -744,5 +1156,267 @@ mod tests {
             .lost(102, "a", 1)
             .check(Fence::All);
         assert_eq!((r.believed_past_deadline, r.reentry_token_changed), (1, 1));
+    }
+
+    fn setup(primitive: Primitive) -> Setup {
+        Setup::new(Fence::All, primitive)
+    }
+
+    /// Three permit holders invoked together at 0, granted out of order, overlapping from
+    /// 20 to 50.
+    fn three_permits() -> H {
+        H::default()
+            .acquired_as(0, 20, "a", 2, 100, Role::Permit)
+            .acquired_as(0, 10, "b", 3, 100, Role::Permit)
+            .acquired_as(0, 15, "c", 1, 100, Role::Permit)
+            .released(50, "a", 2, 100)
+            .released(50, "b", 3, 100)
+            .released(50, "c", 1, 100)
+    }
+
+    #[test]
+    fn n_plus_one_valid_permits_fail_and_n_pass() {
+        let r = three_permits().check_as(&setup(Primitive::Semaphore(2)));
+        assert_eq!((r.service_overlap, r.max_valid_holders), (1, 3));
+        assert!(
+            r.violations[0].contains("more than N valid permits"),
+            "{r:?}"
+        );
+        let r = three_permits().check_as(&setup(Primitive::Semaphore(3)));
+        assert_eq!(r.violations, Vec::<String>::new());
+        // Concurrent grants may return in any token order: not backwards.
+        assert_eq!(r.tokens_backwards, 0);
+    }
+
+    #[test]
+    fn a_permit_asked_for_after_another_was_granted_needs_a_higher_token() {
+        let r = H::default()
+            .acquired_as(0, 10, "a", 5, 100, Role::Permit)
+            .acquired_as(20, 30, "b", 4, 100, Role::Permit)
+            .released(40, "a", 5, 100)
+            .released(40, "b", 4, 100)
+            .check_as(&setup(Primitive::Semaphore(2)));
+        assert_eq!(r.tokens_backwards, 1);
+    }
+
+    #[test]
+    fn a_writer_beside_a_reader_or_a_writer_fails_and_readers_together_pass() {
+        let pair = |a: Role, b: Role| {
+            H::default()
+                .acquired_as(0, 0, "a", 1, 100, a)
+                .acquired_as(10, 10, "b", 2, 100, b)
+                .released(50, "a", 1, 100)
+                .released(50, "b", 2, 100)
+                .check_as(&setup(Primitive::RwLock))
+        };
+        let readers = pair(Role::Shared, Role::Shared);
+        assert_eq!(readers.violations, Vec::<String>::new());
+        assert_eq!(readers.max_valid_holders, 2);
+        for (a, b) in [
+            (Role::Shared, Role::Exclusive),
+            (Role::Exclusive, Role::Shared),
+            (Role::Exclusive, Role::Exclusive),
+        ] {
+            let r = pair(a, b);
+            assert_eq!(r.service_overlap, 1, "{a:?} then {b:?}");
+            assert!(r.violations[0].starts_with("service overlap"), "{r:?}");
+        }
+        // Three readers and a writer among them: three pairs.
+        let r = H::default()
+            .acquired_as(0, 0, "a", 1, 100, Role::Shared)
+            .acquired_as(0, 1, "b", 2, 100, Role::Shared)
+            .acquired_as(0, 2, "c", 3, 100, Role::Shared)
+            .acquired_as(0, 3, "w", 4, 100, Role::Exclusive)
+            .check_as(&setup(Primitive::RwLock));
+        assert_eq!(r.service_overlap, 3);
+    }
+
+    #[test]
+    fn a_write_between_a_reader_s_reads_is_a_torn_read_and_readers_fence_on_writers() {
+        // r1 (token 2) reads; its lease ends in a pause; w (token 3) writes; r1 reads again.
+        let h = |accepted: bool| {
+            H::default()
+                .acquired_as(0, 0, "r1", 2, 100, Role::Shared)
+                .acquired_as(0, 1, "r2", 1, 100, Role::Shared)
+                .access(2, "r1", 2, Op::ReadShared, 0, true)
+                .access(3, "r2", 1, Op::ReadShared, 0, true)
+                .access(4, "r2", 1, Op::Reread, 0, true)
+                .released(5, "r2", 1, 100)
+                .fault(6, 300, "pause", Some("r1"))
+                .acquired_as(110, 120, "w", 3, 220, Role::Exclusive)
+                .access(121, "w", 3, Op::Read, 0, true)
+                .access(122, "w", 3, Op::Write, 1, true)
+                .released(123, "w", 3, 220)
+                .lost(301, "r1", 2)
+                .access(302, "r1", 2, Op::Reread, 1, accepted)
+                .released(303, "r1", 2, 100)
+        };
+        // r2's token (1) below r1's (2) is no stale read: readers interleave.
+        let fenced = h(false).check_as(&setup(Primitive::RwLock));
+        assert_eq!(fenced.violations, Vec::<String>::new());
+        assert_eq!((fenced.stale_accepted, fenced.torn_reads), (0, 0));
+        let broken = h(true).check_as(&setup(Primitive::RwLock));
+        assert_eq!((broken.stale_accepted, broken.torn_reads), (1, 1));
+        assert!(broken
+            .violations
+            .iter()
+            .any(|v| v.contains("reader's reads")));
+        let control = h(true).check_as(&Setup::new(Fence::None, Primitive::RwLock));
+        assert_eq!(control.violations, Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_permit_gauge_counts_over_capacity_and_is_the_semaphore_control_s_damage() {
+        let h = || {
+            H::default()
+                .acquired_as(0, 0, "a", 1, 100, Role::Permit)
+                .access(1, "a", 1, Op::Enter, 1, true)
+                .fault(2, 200, "pause", Some("a"))
+                .acquired_as(0, 110, "b", 2, 300, Role::Permit)
+                .access(111, "b", 2, Op::Enter, 2, true)
+                .lost(201, "a", 1)
+                .access(202, "a", 1, Op::Exit, 1, true)
+                .released(203, "a", 1, 100)
+                .access(204, "b", 2, Op::Exit, 0, true)
+                .released(205, "b", 2, 300)
+        };
+        let one = Setup::new(Fence::None, Primitive::Semaphore(1));
+        let r = h().check_as(&one);
+        assert_eq!((r.resource_over_capacity, r.service_overlap), (1, 0));
+        assert_eq!(r.violations, Vec::<String>::new());
+        // With two permits nothing was over: the control shows no damage.
+        let r = h().check_as(&Setup::new(Fence::None, Primitive::Semaphore(2)));
+        assert_eq!(r.resource_over_capacity, 0);
+        assert!(r.violations[0].starts_with("the unfenced control showed no damage"));
+    }
+
+    fn fair(primitive: Primitive) -> Setup {
+        Setup {
+            fair: true,
+            ..setup(primitive)
+        }
+    }
+
+    /// a queued at 10; b invoked at 20; both granted later, with these tokens.
+    fn queue(a: (Role, u64), b: (Role, u64)) -> H {
+        H::default()
+            .acquired(0, "h", 1, 100)
+            .at(5, Event::Invoke { owner: "a".into() })
+            .queued(10, "a")
+            .released(50, "h", 1, 100)
+            .acquired_as(20, 60, "b", b.1, 200, b.0)
+            .released(65, "b", b.1, 200)
+            .acquired_as(5, 70, "a", a.1, 200, a.0)
+            .released(80, "a", a.1, 200)
+    }
+
+    #[test]
+    fn fifo_a_later_arrival_granted_first_fails() {
+        let r = queue((Role::Exclusive, 3), (Role::Exclusive, 2)).check_as(&fair(Primitive::Mutex));
+        assert_eq!((r.fifo_checked, r.fifo_violations), (1, 1));
+        assert!(r.violations.iter().any(|v| v.contains("later arrival")));
+        // Non-fair: not judged.
+        let r =
+            queue((Role::Exclusive, 3), (Role::Exclusive, 2)).check_as(&setup(Primitive::Mutex));
+        assert_eq!(r.fifo_checked, 0);
+        // The queued one first: passes (the arrival order of responses does not matter).
+        let r = queue((Role::Exclusive, 2), (Role::Exclusive, 3)).check_as(&fair(Primitive::Mutex));
+        assert_eq!((r.fifo_checked, r.fifo_violations), (1, 0));
+        let r =
+            queue((Role::Permit, 3), (Role::Permit, 2)).check_as(&fair(Primitive::Semaphore(2)));
+        assert_eq!(r.fifo_violations, 1);
+    }
+
+    #[test]
+    fn fifo_does_not_judge_readers_together_a_waiter_in_trouble_or_one_not_seen_queued() {
+        let readers =
+            queue((Role::Shared, 3), (Role::Shared, 2)).check_as(&fair(Primitive::RwLock));
+        assert_eq!(readers.fifo_checked, 0);
+        let writer_first =
+            queue((Role::Exclusive, 3), (Role::Shared, 2)).check_as(&fair(Primitive::RwLock));
+        assert_eq!(writer_first.fifo_violations, 1);
+        let troubled = queue((Role::Exclusive, 3), (Role::Exclusive, 2))
+            .fault(30, 40, "restart-store", None)
+            .check_as(&fair(Primitive::Mutex));
+        assert_eq!((troubled.fifo_checked, troubled.violations.len()), (0, 0));
+        // b invoked before a's queue place was known: no order between them.
+        let r = H::default()
+            .acquired(0, "h", 1, 100)
+            .at(5, Event::Invoke { owner: "a".into() })
+            .at(6, Event::Invoke { owner: "b".into() })
+            .queued(10, "a")
+            .released(50, "h", 1, 100)
+            .acquired_as(6, 60, "b", 2, 200, Role::Exclusive)
+            .released(65, "b", 2, 200)
+            .acquired_as(5, 70, "a", 3, 200, Role::Exclusive)
+            .released(80, "a", 3, 200)
+            .check_as(&fair(Primitive::Mutex));
+        assert_eq!((r.fifo_checked, r.fifo_violations), (0, 0));
+    }
+
+    fn via_run(primitive: Primitive) -> Setup {
+        Setup {
+            via_run: true,
+            ..setup(primitive)
+        }
+    }
+
+    fn run_exit(h: H, t: u64, owner: &str, code: i32) -> H {
+        h.at(
+            t,
+            Event::RunExited {
+                owner: owner.into(),
+                code: Some(code),
+                signal: None,
+            },
+        )
+    }
+
+    /// Two `run` commands: a enters at 10, b at 50; a's last access is at `a_last`.
+    fn commands(a_last: u64, pause_a: bool) -> H {
+        let mut h = H::default()
+            .at(0, Event::Invoke { owner: "a".into() })
+            .access(10, "a", 1, Op::Enter, 1, true)
+            .access(11, "a", 1, Op::Read, 0, true)
+            .at(20, Event::Invoke { owner: "b".into() })
+            .access(50, "b", 2, Op::Enter, 1, true)
+            .access(51, "b", 2, Op::Read, 0, true)
+            .access(52, "b", 2, Op::Write, 1, true)
+            .access(53, "b", 2, Op::Exit, 0, true)
+            .access(a_last, "a", 1, Op::Write, 1, !pause_a)
+            .access(a_last + 1, "a", 1, Op::Exit, 0, true);
+        if pause_a {
+            h = h.fault(12, 150, "pause", Some("a"));
+        }
+        run_exit(run_exit(h, a_last + 2, "a", 76), 54, "b", 0)
+    }
+
+    #[test]
+    fn run_commands_inside_at_once_fail_unless_one_was_paused_and_then_lost() {
+        // a acted after b entered, unpaused: run let its command outlive the lock.
+        let r = commands(160, false).check_as(&via_run(Primitive::Mutex));
+        assert_eq!((r.service_overlap, r.belief_overlap), (1, 1));
+        assert!(r.violations[0].contains("commands inside at once"), "{r:?}");
+        assert_eq!(r.false_losses, 1, "exit 76 with no fault");
+        // Paused past its lease: a belief overlap, fenced, and reported lost (exit 76).
+        let r = commands(160, true).check_as(&via_run(Primitive::Mutex));
+        assert_eq!(r.violations, Vec::<String>::new());
+        assert_eq!((r.service_overlap, r.belief_overlap), (0, 1));
+        assert_eq!((r.expired_while_held, r.losses_reported), (1, 1));
+        assert_eq!((r.acquisitions, r.stale_rejected), (2, 1));
+        assert_eq!(r.run_exits.get("76"), Some(&1));
+        // Done before b entered: no overlap.
+        let r = commands(30, false).check_as(&via_run(Primitive::Mutex));
+        assert_eq!(r.service_overlap, 0);
+    }
+
+    #[test]
+    fn a_paused_run_that_did_not_exit_lost_fails() {
+        let h = commands(160, true);
+        let mut entries = h.0;
+        entries.retain(|e| !matches!(&e.event, Event::RunExited { owner, .. } if owner == "a"));
+        let r = run_exit(H(entries), 162, "a", 0).check_as(&via_run(Primitive::Mutex));
+        assert_eq!((r.expired_while_held, r.losses_reported), (1, 0));
+        assert!(r.violations.iter().any(|v| v.contains("no lost signal")));
     }
 }

@@ -34,10 +34,49 @@ pub fn instant_ns(at: Instant) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    /// Read the counter.
+    /// Read the counter (a mutex holder or a writer: it will write after).
     Read,
     /// Write the counter.
     Write,
+    /// A reader's first read of the counter.
+    ReadShared,
+    /// A reader's second read, after thinking: a write in between tore the read.
+    Reread,
+    /// Came in (a permit holder into the gauge; a `run` command into the resource).
+    Enter,
+    /// Went out.
+    Exit,
+}
+
+/// What one acquisition asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// A mutex, or the write side of a read-write lock.
+    #[default]
+    Exclusive,
+    /// The read side of a read-write lock.
+    Shared,
+    /// A semaphore permit.
+    Permit,
+}
+
+impl Role {
+    /// The word on the resource's wire.
+    pub fn word(self) -> &'static str {
+        match self {
+            Role::Exclusive => "exclusive",
+            Role::Shared => "shared",
+            Role::Permit => "permit",
+        }
+    }
+
+    /// Parses [`word`](Self::word).
+    pub fn from_word(word: &str) -> Option<Self> {
+        [Role::Exclusive, Role::Shared, Role::Permit]
+            .into_iter()
+            .find(|r| r.word() == word)
+    }
 }
 
 /// What happened. `owner` names one worker process (worker id and incarnation).
@@ -53,7 +92,13 @@ pub enum Event {
         owner: String,
         token: u64,
         deadline: u64,
+        /// What it asked for (absent in mutex histories: exclusive).
+        #[serde(default)]
+        role: Role,
     },
+    /// The acquire's first answer from the store that put it in the queue (position
+    /// known): from now on the store has it queued, ahead of any request sent later.
+    Queued { owner: String },
     /// Acquire returned without the lock; `unknown` when the store may have granted it
     /// (an error, not a plain "busy" or "wait ran out").
     AcquireFailed {
@@ -83,7 +128,8 @@ pub enum Event {
         deadline: u64,
     },
     /// The resource (in the coordinator) served or refused an access. A write carries the
-    /// value it wrote and the value its writer had read.
+    /// value it wrote and the value its writer had read; an enter or exit the number of
+    /// holders inside after it.
     Access {
         owner: String,
         token: u64,
@@ -91,6 +137,9 @@ pub enum Event {
         value: u64,
         base: Option<u64>,
         accepted: bool,
+        /// Who accessed (absent in mutex histories: exclusive).
+        #[serde(default)]
+        role: Role,
     },
     /// Release invoked, with the deadline the guard had then.
     Release {
@@ -106,6 +155,12 @@ pub enum Event {
     },
     /// The coordinator killed a worker (a fault, or the end of the run).
     Killed { owner: String },
+    /// A `leasehold run` worker exited: its exit code, or the signal that killed it.
+    RunExited {
+        owner: String,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
     /// The nemesis started a fault (`target`: the worker it hit, if any).
     FaultStart {
         kind: String,

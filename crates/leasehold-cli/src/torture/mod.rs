@@ -7,24 +7,28 @@
 //! (copies of this binary running the hidden `torture-worker` command).
 
 pub mod check;
+pub mod command;
 pub mod history;
 mod proxy;
 mod resource;
 pub mod worker;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use leasehold_testkit::{EtcdCluster, EtcdServer, RedisServer};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
 use tokio::time::{sleep, Instant};
 
-use self::check::{Fence, Report};
-use self::history::{Event, Log};
+use self::check::{Fence, Primitive, Report, Setup};
+use self::history::{Event, Log, Role};
 use self::proxy::Link;
 use self::resource::{Phase, Resource};
 use crate::exit::{self, Failure};
@@ -76,6 +80,21 @@ pub struct TortureArgs {
     #[arg(long, overrides_with = "fair")]
     pub no_fair: bool,
 
+    /// The lock: mutex, semaphore:N (N permits) or rwlock (one worker cycle in three a
+    /// writer)
+    #[arg(long, value_name = "KIND", default_value = "mutex")]
+    pub primitive: Primitive,
+
+    /// What a worker is: a process of the library's (library), or a `leasehold run`
+    /// whose command is the critical section (run)
+    #[arg(long, value_enum, value_name = "KIND", default_value = "library")]
+    pub workers_as: WorkersAs,
+
+    /// Seed of the random choices (fault order and lengths, roles, think times); printed
+    /// in the report. The same seed repeats the choices, not the interleaving
+    #[arg(long)]
+    pub seed: Option<u64>,
+
     /// Directory for the histories (one JSONL file per process) [default: a new
     /// directory under the temp dir]
     #[arg(long, value_name = "DIR")]
@@ -91,6 +110,12 @@ Each worker loops: acquire the lock, read the counter with its fencing token, th
 (usually briefly, one cycle in five longer than the TTL), write counter+1 with its token,
 release. It does not ask the lock again before writing, like an application that was
 paused after its check: fencing is what must refuse the stale write.
+
+--primitive semaphore:N: workers take permits and enter a gauge that counts who is inside
+(permits cannot be fenced by token); --primitive rwlock: one cycle in three a writer
+(as above), else a reader (read, think, read again: a write between is a torn read).
+--workers-as run: each acquisition is a `leasehold run` process whose command does the
+cycle; the nemesis pauses (SIGSTOP) the run and its command together, and kills the run.
 
 Faults (the nemesis targets the worker that holds the lock and has read the counter):
   pause          SIGSTOP the holder for 1.5-2x TTL, then SIGCONT: it must report the loss
@@ -118,9 +143,21 @@ Exit status: 0 all invariants held; 1 an invariant was broken, or the unfenced c
 
 Examples:
   leasehold torture --duration 60s
+  leasehold torture --primitive semaphore:2 --workers 6
+  leasehold torture --primitive rwlock --workers-as run --fair
   leasehold torture --spawn redis --faults pause,short-pause,kill,restart-store
   leasehold torture --spawn etcd-cluster --ttl 2s --faults pause,kill,kill-member,kill-leader
   leasehold torture --spawn redis --fence none --faults pause    # the control";
+
+/// What a worker process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkersAs {
+    /// A loop over the library's lock, logging every step (the hidden `torture-worker`)
+    Library,
+    /// `leasehold run` with default flags (but --ttl and the lock's kind), one per
+    /// acquisition, whose command (the hidden `torture-command`) is the critical section
+    Run,
+}
 
 /// A store the run starts itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -296,7 +333,7 @@ fn on_path(program: &str) -> bool {
     std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
 }
 
-/// One worker slot: its current process.
+/// One worker slot: its current process (library workers).
 #[derive(Debug)]
 struct Worker {
     owner: String,
@@ -310,6 +347,12 @@ struct Run {
     url: String,
     lock: String,
     fair: bool,
+    seed: u64,
+    rng: std::sync::Mutex<StdRng>,
+    /// `run` workers: the `leasehold run` process of each owner now running.
+    runs: std::sync::Mutex<HashMap<String, i32>>,
+    /// The run is ending: start no more `run` workers.
+    stopping: AtomicBool,
     dir: PathBuf,
     resource_addr: String,
     resource: Arc<Resource>,
@@ -381,7 +424,8 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
         .to_string();
     tokio::spawn(resource.clone().serve(listener));
 
-    let run = Run {
+    let seed = run_seed(args.seed);
+    let run = Arc::new(Run {
         lock: format!(
             "torture-{}-{:08x}",
             std::process::id(),
@@ -389,6 +433,10 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
         ),
         url,
         fair,
+        seed,
+        rng: std::sync::Mutex::new(StdRng::seed_from_u64(seed)),
+        runs: std::sync::Mutex::default(),
+        stopping: AtomicBool::new(false),
         dir: dir.clone(),
         resource_addr,
         resource,
@@ -397,21 +445,37 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
         keeper,
         links,
         args,
-    };
+    });
+    let via_run = run.args.workers_as == WorkersAs::Run;
+    let mut slots = Vec::new();
     for id in 0..run.args.workers {
-        let worker = run.spawn_worker(id, 0)?;
-        run.workers.lock().await.push(worker);
+        match via_run {
+            true => slots.push(tokio::spawn(run.clone().slot(id))),
+            false => {
+                let worker = run.spawn_worker(id, 0)?;
+                run.workers.lock().await.push(worker);
+            }
+        }
     }
     let until = Instant::now() + run.args.duration;
     run.nemesis(until).await;
-    run.finish().await;
+    run.finish(slots).await;
 
     let entries = history::read_dir(&dir)
         .map_err(|e| Failure::new(exit::INTERNAL, format!("{}: {e}", dir.display())))?;
-    let report = check::check(&entries, run.args.fence);
-    let headline = summary(&label, &run.args, ttl, &report);
+    let setup = Setup {
+        fence: run.args.fence,
+        primitive: run.args.primitive,
+        fair,
+        via_run,
+    };
+    let report = check::check(&entries, &setup);
+    let headline = summary(&label, &run.args, ttl, fair, seed, &report);
     let json = serde_json::json!({
             "store": label,
+            "primitive": run.args.primitive,
+            "workers_as": if via_run { "run" } else { "library" },
+            "seed": seed,
             "fence": run.args.fence,
             "workers": run.args.workers,
             "ttl_ms": ttl.as_millis() as u64,
@@ -436,6 +500,17 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
         true => ExitCode::SUCCESS,
         false => ExitCode::from(VIOLATED),
     })
+}
+
+/// The seed given, or a fresh one.
+fn run_seed(given: Option<u64>) -> u64 {
+    given.unwrap_or_else(rand::random)
+}
+
+/// A seed for one process of the run, from the run's.
+fn child_seed(seed: u64, slot: u32, incarnation: u32) -> u64 {
+    let mix = (u64::from(slot) << 32 | u64::from(incarnation)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    seed ^ mix.rotate_left(17)
 }
 
 /// Faults this run can apply.
@@ -514,14 +589,36 @@ async fn through_proxies(url: &str) -> Result<(String, Vec<Arc<Link>>), Failure>
 }
 
 /// The one-line summary.
-fn summary(label: &str, args: &TortureArgs, ttl: Duration, r: &Report) -> String {
+fn summary(
+    label: &str,
+    args: &TortureArgs,
+    ttl: Duration,
+    fair: bool,
+    seed: u64,
+    r: &Report,
+) -> String {
     let faults: Vec<String> = r.faults.iter().map(|(k, n)| format!("{k}×{n}")).collect();
     let fence = format!("{:?}", args.fence).to_lowercase();
+    let via = match args.workers_as {
+        WorkersAs::Run => " via run",
+        WorkersAs::Library => "",
+    };
+    let fifo = match fair {
+        true => format!(
+            "fifo {} broken of {} pairs; ",
+            r.fifo_violations, r.fifo_checked
+        ),
+        false => String::new(),
+    };
     format!(
-        "{label} fence={fence} W={} TTL={} {}: {} acq; service overlap {}; belief overlap {}; \
-stale accepted {} / rejected {}; lost updates {}; losses reported {}/{} (p50 {:.0} ms); \
-false losses {}; tokens: {} duplicate, {} backwards, {} re-entries changed; \
+        "{label} {}{via}{} fence={fence} W={} TTL={} seed={seed} {}: {} acq; \
+service overlap {} (most holders {}); belief overlap {}; \
+stale accepted {} / rejected {}; lost updates {}; torn reads {}; over capacity {}; \
+losses reported {}/{} (p50 {:.0} ms); false losses {}; {fifo}\
+tokens: {} duplicate, {} backwards, {} re-entries changed; \
 takeover {}; acquire p50 {:.1} ms p99 {:.1} ms",
+        args.primitive,
+        if fair { " fair" } else { "" },
         args.workers,
         leasehold::humanize(ttl),
         if faults.is_empty() {
@@ -531,10 +628,13 @@ takeover {}; acquire p50 {:.1} ms p99 {:.1} ms",
         },
         r.acquisitions,
         r.service_overlap,
+        r.max_valid_holders,
         r.belief_overlap,
         r.stale_accepted,
         r.stale_rejected,
         r.lost_updates,
+        r.torn_reads,
+        r.resource_over_capacity,
         r.losses_reported,
         r.expired_while_held,
         r.loss_report.p50_ms,
@@ -578,6 +678,10 @@ impl Run {
             .arg(humantime::format_duration(wait).to_string())
             .arg("--history")
             .arg(self.dir.join(format!("{owner}.jsonl")))
+            .arg("--primitive")
+            .arg(self.args.primitive.to_string())
+            .arg("--seed")
+            .arg(child_seed(self.seed, id, incarnation).to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -611,7 +715,7 @@ impl Run {
     async fn nemesis(&self, until: Instant) {
         let mut next = 0;
         loop {
-            sleep(self.ttl(rand::thread_rng().gen_range(1.0..2.0))).await;
+            sleep(self.ttl(self.random(|r| r.gen_range(1.0..2.0)))).await;
             if Instant::now() >= until || self.args.faults.is_empty() {
                 if self.args.faults.is_empty() {
                     tokio::time::sleep_until(until).await;
@@ -632,16 +736,38 @@ impl Run {
         match fault {
             FaultKind::Pause | FaultKind::ShortPause => {
                 let factor = match fault {
-                    FaultKind::Pause => rand::thread_rng().gen_range(1.5..2.0),
+                    FaultKind::Pause => self.random(|r| r.gen_range(1.5..2.0)),
                     _ => 0.3,
                 };
                 let Some((owner, pid)) = self.holder().await else {
                     return false;
                 };
+                // A `run` worker's command is in a process group of its own: both stop,
+                // as on a paused machine.
+                let command = self.resource.pid_inside(&owner).filter(|&p| p > 0);
                 signal(pid, libc::SIGSTOP);
+                if let Some(command) = command {
+                    signal(-command, libc::SIGSTOP);
+                }
                 self.fault_start(&kind, Some(&owner));
                 sleep(self.ttl(factor)).await;
                 signal(pid, libc::SIGCONT);
+                if let Some(command) = command {
+                    signal(-command, libc::SIGCONT);
+                }
+                self.fault_end(&kind, Some(&owner));
+            }
+            FaultKind::Kill if self.args.workers_as == WorkersAs::Run => {
+                let Some((owner, pid)) = self.holder().await else {
+                    return false;
+                };
+                self.fault_start(&kind, Some(&owner));
+                // Logged first: it cannot act after the signal. Its command dies with it
+                // (the run's watchdog); the slot starts the next run.
+                self.log.record(Event::Killed {
+                    owner: owner.clone(),
+                });
+                signal(pid, libc::SIGKILL);
                 self.fault_end(&kind, Some(&owner));
             }
             FaultKind::Kill => {
@@ -693,7 +819,7 @@ impl Run {
                         let lead = (0..10).find_map(|_| c.leader())?;
                         let i = match leader {
                             true => lead,
-                            false => (lead + 1 + rand::thread_rng().gen_range(0..2)) % 3,
+                            false => (lead + 1 + rand::random::<usize>() % 2) % 3,
                         };
                         c.members[i].kill();
                         Some(i)
@@ -784,15 +910,148 @@ impl Run {
                 break self.resource.in_phase(Phase::Held).pop()?;
             }
         };
+        if self.args.workers_as == WorkersAs::Run {
+            let pid = *self
+                .runs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&owner)?;
+            return Some((owner, pid));
+        }
         let workers = self.workers.lock().await;
         let worker = workers.iter().find(|w| w.owner == owner)?;
         Some((owner, worker.child.id()? as i32))
     }
 
+    /// A random choice from the run's seeded generator.
+    fn random<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
+        f(&mut self.rng.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// One `run` worker slot: starts `leasehold run` processes one after another (each
+    /// one acquisition) until the run ends, logging each one's start and exit status.
+    async fn slot(self: Arc<Self>, id: u32) {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("r{id}.stderr")));
+        for incarnation in 0.. {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let owner = format!("r{id}.{incarnation}");
+            let role = self.random(|r| worker::pick_role(self.args.primitive, r));
+            let seed = child_seed(self.seed, id, incarnation);
+            let stderr = match stderr.as_ref().map(|f| f.try_clone()) {
+                Ok(Ok(f)) => Stdio::from(f),
+                _ => Stdio::null(),
+            };
+            let mut child = match self.spawn_run(&owner, role, seed, stderr) {
+                Ok(child) => child,
+                Err(e) => {
+                    eprintln!("leasehold torture: cannot start leasehold run: {e}");
+                    return;
+                }
+            };
+            let pid = child.id().unwrap_or(0) as i32;
+            (self.runs.lock().unwrap_or_else(|e| e.into_inner())).insert(owner.clone(), pid);
+            self.log.record(Event::Spawned {
+                owner: owner.clone(),
+                pid,
+            });
+            self.log.record(Event::Invoke {
+                owner: owner.clone(),
+            });
+            let status = child.wait().await;
+            (self.runs.lock().unwrap_or_else(|e| e.into_inner())).remove(&owner);
+            self.resource.forget(&owner);
+            let (code, signal) = match status {
+                Ok(status) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    (status.code(), status.signal())
+                }
+                Err(_) => (None, None),
+            };
+            self.log.record(Event::RunExited {
+                owner,
+                code,
+                signal,
+            });
+            // A run that could not even start (the store away): not in a busy loop.
+            if code.is_some_and(|c| c != 0 && c != i32::from(command::REFUSED)) {
+                sleep(self.ttl(0.1)).await;
+            }
+        }
+    }
+
+    /// `leasehold --store URL run NAME --ttl TTL [kind] -- leasehold torture-command ...`.
+    fn spawn_run(
+        &self,
+        owner: &str,
+        role: Role,
+        seed: u64,
+        stderr: Stdio,
+    ) -> std::io::Result<Child> {
+        let exe = std::env::current_exe()?;
+        let ttl = humantime::format_duration(self.args.ttl).to_string();
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--store")
+            .arg(&self.url)
+            .args(["run", &self.lock, "--ttl", &ttl])
+            .arg(if self.fair { "--fair" } else { "--no-fair" });
+        match (self.args.primitive, role) {
+            (Primitive::Semaphore(n), _) => {
+                cmd.arg("--permits").arg(n.to_string());
+            }
+            (_, Role::Shared) => {
+                cmd.arg("--shared");
+            }
+            _ => {}
+        }
+        cmd.arg("--")
+            .arg(&exe)
+            .arg("torture-command")
+            .args(["--resource", &self.resource_addr, "--owner", owner])
+            .args(["--role", role.word(), "--ttl", &ttl])
+            .arg("--seed")
+            .arg(seed.to_string())
+            .env_remove("LEASEHOLD_OWNER")
+            .env_remove("LEASEHOLD_STORE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe. Runs die with the coordinator.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        cmd.spawn()
+    }
+
     /// Asks the workers to end after their cycle; kills those still running after a grace.
-    async fn finish(&self) {
+    async fn finish(&self, slots: Vec<tokio::task::JoinHandle<()>>) {
         self.resource.stop();
+        self.stopping.store(true, Ordering::SeqCst);
         let grace = Instant::now() + self.ttl(3.0) + Duration::from_secs(2);
+        // `run` workers: each command that enters now goes out at once, so the runs that
+        // wait get their turn and end; those left after the grace are stopped.
+        for slot in slots {
+            let abort = slot.abort_handle();
+            if tokio::time::timeout_at(grace, slot).await.is_err() {
+                let left: Vec<(String, i32)> = (self.runs.lock())
+                    .unwrap_or_else(|e| e.into_inner())
+                    .drain()
+                    .collect();
+                for (owner, pid) in left {
+                    self.log.record(Event::Killed { owner });
+                    signal(pid, libc::SIGKILL);
+                }
+                abort.abort();
+            }
+        }
         let mut workers = self.workers.lock().await;
         for w in workers.iter_mut() {
             if tokio::time::timeout_at(grace, w.child.wait())

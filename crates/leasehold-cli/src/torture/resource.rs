@@ -3,11 +3,25 @@
 //!
 //! ```text
 //! HELD owner token              -> OK | STOP     (the worker holds the lock)
-//! READ owner token              -> OK value | REJECTED
+//! READ owner token              -> OK value | REJECTED   (a mutex holder or a writer)
 //! WRITE owner token value base  -> OK | REJECTED (base: the value the writer read)
+//! READS owner token             -> OK value | REJECTED   (a reader's first read)
+//! REREAD owner token            -> OK value | REJECTED   (a reader's second read)
+//! ENTER owner token role pid    -> OK | STOP     (into the resource: a permit holder, a
+//!                                                 `run` command; pid: the command's)
+//! EXIT owner token role         -> OK | STOP
 //! DONE owner token              -> OK | STOP     (released)
 //! ```
 //! STOP asks the worker to end after this cycle.
+//!
+//! Fencing (`--fence all`): an exclusive holder's read or write is refused below the
+//! highest token accepted from anyone; a reader's read below the highest accepted from
+//! an exclusive holder (readers hold together: their tokens interleave). A writer that
+//! can hold has a token above every reader that held before it, and a reader above every
+//! writer before it, so nothing valid is refused. `writes` fences writes only. Enter and
+//! exit are never refused: a semaphore's permits hold together with interleaved tokens,
+//! and nothing in a token alone tells a stale permit from a live one with a lower token;
+//! the checker counts what the gauge saw instead.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +33,7 @@ use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
 use super::check::Fence;
-use super::history::{Event, Log, Op};
+use super::history::{Event, Log, Op, Role};
 
 /// Where a worker is in its cycle, as the resource saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +58,10 @@ pub struct Resource {
 struct State {
     value: u64,
     highest: u64,
+    highest_exclusive: u64,
     phases: HashMap<String, Phase>,
+    /// Inside (entered, not out): owner → the pid it gave.
+    inside: HashMap<String, i32>,
 }
 
 impl Resource {
@@ -90,6 +107,13 @@ impl Resource {
     pub fn forget(&self, owner: &str) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.phases.remove(owner);
+        state.inside.remove(owner);
+    }
+
+    /// The pid `owner` gave when it entered, if it is inside.
+    pub fn pid_inside(&self, owner: &str) -> Option<i32> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.inside.get(owner).copied()
     }
 
     async fn session(&self, stream: TcpStream) {
@@ -115,6 +139,7 @@ impl Resource {
             false => "OK\n".to_string(),
         };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let exclusive_ok = |state: &State, fenced: bool| !fenced || token >= state.highest;
         match (verb, num(3)) {
             ("HELD", _) => {
                 state.phases.insert(owner.to_string(), Phase::Held);
@@ -125,12 +150,21 @@ impl Resource {
                 stop_or_ok()
             }
             ("READ", _) => {
-                let accepted = self.fence != Fence::All || token >= state.highest;
+                let accepted = exclusive_ok(&state, self.fence == Fence::All);
                 if accepted && self.fence == Fence::All {
                     state.highest = token;
+                    state.highest_exclusive = token;
                 }
                 let value = state.value;
-                self.access(owner, token, Op::Read, value, None, accepted);
+                self.access(
+                    owner,
+                    token,
+                    Op::Read,
+                    value,
+                    None,
+                    accepted,
+                    Role::Exclusive,
+                );
                 if !accepted {
                     return "REJECTED\n".into();
                 }
@@ -138,24 +172,88 @@ impl Resource {
                 format!("OK {value}\n")
             }
             ("WRITE", Some(value)) => {
-                let accepted = self.fence == Fence::None || token >= state.highest;
+                let accepted = exclusive_ok(&state, self.fence != Fence::None);
                 if accepted {
                     state.highest = state.highest.max(token);
+                    state.highest_exclusive = state.highest_exclusive.max(token);
                     state.value = value;
                 }
-                self.access(owner, token, Op::Write, value, num(4), accepted);
+                let base = num(4);
+                self.access(
+                    owner,
+                    token,
+                    Op::Write,
+                    value,
+                    base,
+                    accepted,
+                    Role::Exclusive,
+                );
                 state.phases.insert(owner.to_string(), Phase::Held);
                 match accepted {
                     true => "OK\n".into(),
                     false => "REJECTED\n".into(),
                 }
             }
+            ("READS" | "REREAD", _) => {
+                let fenced = self.fence == Fence::All;
+                let accepted = !fenced || token >= state.highest_exclusive;
+                if accepted && fenced {
+                    state.highest = state.highest.max(token);
+                }
+                let (op, phase) = match verb {
+                    "READS" => (Op::ReadShared, Phase::Thinking),
+                    _ => (Op::Reread, Phase::Held),
+                };
+                let value = state.value;
+                self.access(owner, token, op, value, None, accepted, Role::Shared);
+                if !accepted {
+                    return "REJECTED\n".into();
+                }
+                state.phases.insert(owner.to_string(), phase);
+                format!("OK {value}\n")
+            }
+            ("ENTER" | "EXIT", _) => {
+                let Some(role) = words.get(3).and_then(|w| Role::from_word(w)) else {
+                    return "ERROR bad role\n".into();
+                };
+                let op = match verb {
+                    "ENTER" => {
+                        let pid = words.get(4).and_then(|w| w.parse().ok()).unwrap_or(0);
+                        state.inside.insert(owner.to_string(), pid);
+                        // A permit holder has nothing to read: it thinks inside.
+                        let phase = match role {
+                            Role::Permit => Phase::Thinking,
+                            _ => Phase::Held,
+                        };
+                        state.phases.insert(owner.to_string(), phase);
+                        Op::Enter
+                    }
+                    _ => {
+                        state.inside.remove(owner);
+                        state.phases.insert(owner.to_string(), Phase::Held);
+                        Op::Exit
+                    }
+                };
+                let inside = state.inside.len() as u64;
+                self.access(owner, token, op, inside, None, true, role);
+                stop_or_ok()
+            }
             _ => "ERROR bad request\n".into(),
         }
     }
 
     /// Logged under the state lock, so the history has the order the counter saw.
-    fn access(&self, owner: &str, token: u64, op: Op, value: u64, base: Option<u64>, ok: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn access(
+        &self,
+        owner: &str,
+        token: u64,
+        op: Op,
+        value: u64,
+        base: Option<u64>,
+        ok: bool,
+        role: Role,
+    ) {
         self.log.record(Event::Access {
             owner: owner.to_string(),
             token,
@@ -163,6 +261,7 @@ impl Resource {
             value,
             base,
             accepted: ok,
+            role,
         });
     }
 }
@@ -199,9 +298,22 @@ impl Client {
 
     /// Sends `VERB owner token args...` and reads the reply.
     pub async fn ask(&mut self, verb: &str, token: u64, args: &[u64]) -> std::io::Result<Reply> {
+        let args: Vec<String> = args.iter().map(u64::to_string).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ask_words(verb, token, &args).await
+    }
+
+    /// Sends `VERB owner token words...` and reads the reply.
+    pub async fn ask_words(
+        &mut self,
+        verb: &str,
+        token: u64,
+        words: &[&str],
+    ) -> std::io::Result<Reply> {
         let mut line = format!("{verb} {} {token}", self.owner);
-        for a in args {
-            line.push_str(&format!(" {a}"));
+        for w in words {
+            line.push(' ');
+            line.push_str(w);
         }
         line.push('\n');
         self.write.write_all(line.as_bytes()).await?;

@@ -1,17 +1,25 @@
 //! One torture worker process: acquire, read the counter, think, write counter+1, release;
 //! every step logged. It writes without asking the lock again after thinking, like an
 //! application that checked and was then paused: fencing is what must stop it.
+//!
+//! A read-write lock's worker is a writer in one cycle in three (as above) and else a
+//! reader (read, think, read again); a semaphore's enters the resource, thinks there and
+//! goes out.
 
 use std::cell::Cell;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use leasehold::{Error, Leasehold, Lock, LockGuard, Released};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
-use super::history::{instant_ns, Event, Log};
+use super::check::Primitive;
+use super::history::{instant_ns, Event, Log, Role};
 use super::resource::{Client, Reply};
 use crate::exit::{self, Failure};
 
@@ -39,22 +47,110 @@ pub struct WorkerArgs {
     /// Fair (FIFO) or not.
     #[arg(long)]
     pub fair: bool,
+    /// The lock: mutex, semaphore:N or rwlock.
+    #[arg(long, default_value = "mutex")]
+    pub primitive: Primitive,
+    /// Seeds this worker's random choices (role, think time, re-entry).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Picks the role of the next acquisition: one in three a writer on a read-write lock.
+pub fn pick_role(primitive: Primitive, rng: &mut impl Rng) -> Role {
+    match primitive {
+        Primitive::Mutex => Role::Exclusive,
+        Primitive::Semaphore(_) => Role::Permit,
+        Primitive::RwLock if rng.gen_ratio(1, 3) => Role::Exclusive,
+        Primitive::RwLock => Role::Shared,
+    }
+}
+
+/// The critical section of `role`, once the holder has checked its lock: a mutex holder
+/// or writer reads, thinks and writes the value plus one; a reader reads, thinks and
+/// reads again; a permit holder thinks (`gauge`: entering and leaving the resource's
+/// gauge around it). Ok(false) if the resource refused an access.
+pub async fn critical(
+    resource: &mut Client,
+    role: Role,
+    token: u64,
+    think: Duration,
+    gauge: bool,
+) -> std::io::Result<bool> {
+    match role {
+        Role::Exclusive => {
+            let Reply::Ok(value) = resource.ask("READ", token, &[]).await? else {
+                return Ok(false);
+            };
+            tokio::time::sleep(think).await;
+            let written = resource.ask("WRITE", token, &[value + 1, value]).await?;
+            Ok(written != Reply::Rejected)
+        }
+        Role::Shared => {
+            let Reply::Ok(_) = resource.ask("READS", token, &[]).await? else {
+                return Ok(false);
+            };
+            tokio::time::sleep(think).await;
+            Ok(resource.ask("REREAD", token, &[]).await? != Reply::Rejected)
+        }
+        Role::Permit => {
+            if gauge {
+                resource.ask_words("ENTER", token, &["permit", "0"]).await?;
+            }
+            tokio::time::sleep(think).await;
+            if gauge {
+                resource.ask_words("EXIT", token, &["permit"]).await?;
+            }
+            Ok(true)
+        }
+    }
 }
 
 /// Runs cycles until the resource says STOP.
 pub async fn worker(store: Option<&str>, args: WorkerArgs) -> Result<ExitCode, Failure> {
-    let log = Log::create(&args.history)
-        .map_err(|e| Failure::new(exit::USAGE, format!("{}: {e}", args.history.display())))?;
+    let log = Arc::new(
+        Log::create(&args.history)
+            .map_err(|e| Failure::new(exit::USAGE, format!("{}: {e}", args.history.display())))?,
+    );
     let locks = Leasehold::from_store(crate::open_store(store).await?);
-    let lock = (locks.mutex(args.lock.as_str())?)
-        .with_ttl(args.ttl)
-        .with_fair(args.fair)
-        .with_owner(args.owner.clone());
+    let name = args.lock.as_str();
+    // Logs the first answer of each acquire that says the store has queued it.
+    let queued = Arc::new(AtomicBool::new(false));
+    let handle = |lock: Lock| {
+        let (log, queued, owner) = (log.clone(), queued.clone(), args.owner.clone());
+        lock.with_ttl(args.ttl)
+            .with_fair(args.fair)
+            .with_owner(args.owner.clone())
+            .on_wait(move |busy| {
+                if busy.position.is_some() && !queued.swap(true, Ordering::SeqCst) {
+                    log.record(Event::Queued {
+                        owner: owner.clone(),
+                    });
+                }
+            })
+    };
+    let (exclusive, shared) = match args.primitive {
+        Primitive::Mutex => (locks.mutex(name)?, None),
+        Primitive::Semaphore(n) => (locks.semaphore(name, n)?, None),
+        Primitive::RwLock => (locks.write(name)?, Some(handle(locks.read(name)?))),
+    };
+    let exclusive = handle(exclusive);
     let mut resource = Client::connect(&args.resource, &args.owner)
         .await
         .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("the resource: {e}")))?;
+    let mut rng = StdRng::seed_from_u64(args.seed);
     let owner = || args.owner.clone();
     loop {
+        let role = pick_role(args.primitive, &mut rng);
+        let lock = match (role, &shared) {
+            (Role::Shared, Some(shared)) => shared,
+            _ => &exclusive,
+        };
+        let plan = Plan {
+            role,
+            reenter: rng.gen_bool(0.1),
+            think: think(args.ttl, &mut rng),
+        };
+        queued.store(false, Ordering::SeqCst);
         log.record(Event::Invoke { owner: owner() });
         let guard = match lock.try_lock_for(args.wait).await {
             Ok(Some(guard)) => guard,
@@ -85,8 +181,9 @@ pub async fn worker(store: Option<&str>, args: WorkerArgs) -> Result<ExitCode, F
             owner: owner(),
             token,
             deadline: instant_ns(guard.valid_until()),
+            role,
         });
-        let stop = cycle(&lock, &guard, &mut resource, &log, &args).await;
+        let stop = cycle(lock, &guard, &mut resource, &log, &args, &plan).await;
         log.record(Event::Release {
             owner: owner(),
             token,
@@ -109,6 +206,14 @@ pub async fn worker(store: Option<&str>, args: WorkerArgs) -> Result<ExitCode, F
     }
 }
 
+/// One cycle's random choices, made before it starts.
+#[derive(Debug)]
+struct Plan {
+    role: Role,
+    reenter: bool,
+    think: Duration,
+}
+
 /// Holds the lock for one cycle while logging renewals and the loss. Returns whether to
 /// stop afterwards.
 async fn cycle(
@@ -117,6 +222,7 @@ async fn cycle(
     resource: &mut Client,
     log: &Log,
     args: &WorkerArgs,
+    plan: &Plan,
 ) -> bool {
     let token = guard.token().get();
     let owner = || args.owner.clone();
@@ -152,7 +258,7 @@ async fn cycle(
         ) {
             return true;
         }
-        if rand::thread_rng().gen_bool(0.1) {
+        if plan.reenter {
             reenter(lock, token, log, &owner()).await;
         }
         let ok = guard.check().is_ok();
@@ -166,14 +272,7 @@ async fn cycle(
         if !ok {
             return false;
         }
-        let value = match resource.ask("READ", token, &[]).await {
-            Ok(Reply::Ok(value)) => value,
-            Ok(_) => return false,
-            Err(_) => return true,
-        };
-        tokio::time::sleep(think(args.ttl)).await;
-        resource
-            .ask("WRITE", token, &[value + 1, value])
+        critical(resource, plan.role, token, plan.think, true)
             .await
             .is_err()
     };
@@ -205,8 +304,7 @@ async fn reenter(lock: &Lock, outer: u64, log: &Log, owner: &str) {
 }
 
 /// Mostly short; one cycle in five longer than the TTL, which renewals must cover.
-fn think(ttl: Duration) -> Duration {
-    let mut rng = rand::thread_rng();
+pub fn think(ttl: Duration, rng: &mut impl Rng) -> Duration {
     match rng.gen_bool(0.2) {
         true => ttl.mul_f64(rng.gen_range(1.0..1.5)),
         false => ttl.mul_f64(rng.gen_range(0.0..0.1)),
