@@ -108,7 +108,6 @@ impl Kind {
 /// stopped when the world is dropped.
 struct World {
     cli: Cli,
-    store: StoreKind,
     _server: Box<dyn Any>,
 }
 
@@ -133,7 +132,6 @@ impl World {
         cli.script("cs.sh", CRITICAL_SECTION);
         World {
             cli,
-            store,
             _server: server,
         }
     }
@@ -173,23 +171,14 @@ impl World {
     }
 
     /// Starts `leasehold run [flags] NAME -- sh cs.sh KIND ID` and waits until it waits:
-    /// until `status` lists it as one more waiter (`listed` counts those before it), or,
-    /// for a waiter the store does not list (a non-fair writer on etcd puts no key in
-    /// the queue), until its debug log says it is waiting.
+    /// until `status` lists it as one more waiter (`listed` counts those before it).
     fn queue(&self, id: &str, kind: Kind, flags: &[&str], listed: &mut usize) -> Proc {
         let mut args = vec!["run"];
         args.extend_from_slice(flags);
         args.extend_from_slice(&[NAME, "--", "sh", "cs.sh", kind.letter(), id]);
-        let listed_by_status = !(self.store == StoreKind::Etcd
-            && kind == Kind::Writer
-            && flags.contains(&"--no-fair"));
-        let mut cmd = self.cli.cmd(&args);
-        if !listed_by_status {
-            cmd.env("RUST_LOG", "leasehold=debug");
-        }
-        let mut proc = self.cli.start(id, cmd);
+        let mut proc = self.cli.start(id, self.cli.cmd(&args));
         let pid = proc.pid();
-        let queued = *listed + usize::from(listed_by_status);
+        let queued = *listed + 1;
         wait_for(&format!("{id} to wait for {NAME:?}"), || {
             if let Some(status) = proc.child.try_wait().unwrap() {
                 panic!(
@@ -197,9 +186,6 @@ impl World {
                     self.read_log(),
                     proc.stderr()
                 );
-            }
-            if !listed_by_status {
-                return proc.stderr().contains(" waiting");
             }
             let waiters = self.cli.waiters(NAME);
             waiters.len() == queued && waiters.iter().any(|w| w["pid"] == pid)
@@ -415,10 +401,8 @@ fn interrupted_waiter_leaves(store: StoreKind, fairness: Fairness) {
     expect_exit(&mut first, 130);
     // Gone from the queue once it has exited (at once, not when its waiter lease ends).
     let waiters = world.cli.waiters(NAME);
-    // Both waiters are listed, or (non-fair writers on etcd) neither.
-    let second_listed = usize::from(listed == 2);
     assert!(
-        !waiters.iter().any(|w| w["pid"] == first.pid()) && waiters.len() == second_listed,
+        !waiters.iter().any(|w| w["pid"] == first.pid()) && waiters.len() == 1,
         "the interrupted waiter (pid {}) did not leave the queue: {waiters:?}",
         first.pid()
     );
