@@ -153,18 +153,15 @@ impl LockGuard {
     /// Resolves once the lock can no longer be proven held: at the safe deadline if no
     /// renewal was confirmed by then, or at once when the store says the lease is gone.
     ///
+    /// The first call starts one watch of the store for this guard; every later call,
+    /// however often it is polled anew (in a `select!` loop), only watches its status.
+    ///
     /// # Cancel safety
     /// Cancel-safe: it only watches.
     pub async fn lost(&self) {
-        let line = &self.held().line;
-        tokio::select! {
-            _ = self.deadline_or_known_loss() => {}
-            ended = line.store.ended(&line.lease) => match ended {
-                Ok(()) => line.mark_lost("the store no longer has the lease (it was force-released or ended)"),
-                // The store cannot watch now: the deadline still decides.
-                Err(_) => self.deadline_or_known_loss().await,
-            },
-        }
+        // One watch of the store per guard, however often this is polled anew.
+        self.held().line.watch_ended();
+        self.deadline_or_known_loss().await
     }
 
     /// Whether the last renewal attempt failed (an error, or no answer within its

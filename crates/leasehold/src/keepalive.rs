@@ -51,6 +51,9 @@ pub(crate) struct Lifeline {
     renewing: Mutex<()>,
     /// Released, leaked or dropped: renew no more.
     closed: AtomicBool,
+    /// The one task that waits for the store to say the lease is gone ([`Store::ended`]),
+    /// started by the first [`watch_ended`](Self::watch_ended); it ends with the lease.
+    ended_watch: std::sync::Mutex<Option<tokio_util::task::AbortOnDropHandle<()>>>,
 }
 
 impl Lifeline {
@@ -76,6 +79,7 @@ impl Lifeline {
             status,
             renewing: Mutex::new(()),
             closed: AtomicBool::new(false),
+            ended_watch: std::sync::Mutex::new(None),
         })
     }
 
@@ -172,6 +176,33 @@ impl Lifeline {
     /// No renewals after the guard is released, leaked or dropped.
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        self.ended_watch.locked().take();
+    }
+
+    /// Starts, once, the task that marks the lease lost as soon as the store says it is
+    /// gone (a force-release, a store that forgot it): every `lost()` of the guard then
+    /// only watches the status, however often it is polled anew.
+    pub fn watch_ended(self: &Arc<Self>) {
+        let mut watch = self.ended_watch.locked();
+        if watch.is_some() || self.is_closed() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, lease, line) = (self.store.clone(), self.lease.clone(), Arc::downgrade(self));
+        *watch = Some(tokio_util::task::AbortOnDropHandle::new(runtime.spawn(
+            async move {
+                // An error: the store cannot watch now; the safe deadline still decides.
+                if store.ended(&lease).await.is_ok() {
+                    if let Some(line) = line.upgrade() {
+                        line.mark_lost(
+                            "the store no longer has the lease (it was force-released or ended)",
+                        );
+                    }
+                }
+            },
+        )));
     }
 
     fn is_closed(&self) -> bool {

@@ -449,14 +449,6 @@ async fn a_holder_learns_at_once_that_a_restarted_redis_forgot_its_lock() {
         .unwrap();
     let guard = std::sync::Arc::new(guard.unwrap());
     // Scripts run so far: the watcher's first look is one more.
-    let scripts_run = |server: &RedisServer| -> u64 {
-        let stats = server.cli(&["INFO", "commandstats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
-    };
     let before = scripts_run(&server);
     let watcher = tokio::spawn({
         let guard = guard.clone();
@@ -474,4 +466,39 @@ async fn a_holder_learns_at_once_that_a_restarted_redis_forgot_its_lock() {
     assert!(learned.is_ok(), "the holder did not learn of the lost lock");
     assert!(guard.check().is_err());
     drop(restart.await.unwrap());
+}
+
+/// How many scripts the server has run (`EVALSHA` calls).
+fn scripts_run(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `lost()` polled anew in a loop (as in `select!` beside a channel) watches the store
+/// once per guard, not once per poll: 200 polls cost no 200 scripts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_lost_again_and_again_asks_the_store_once() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let lock = locks.mutex("polled").unwrap();
+    let guard = lock
+        .with_ttl(Duration::from_secs(60))
+        .try_lock()
+        .await
+        .unwrap();
+    let guard = guard.unwrap();
+    let before = scripts_run(&server);
+    for _ in 0..200 {
+        tokio::select! {
+            _ = guard.lost() => panic!("lost while held"),
+            _ = tokio::task::yield_now() => {}
+        }
+    }
+    let asked = scripts_run(&server) - before;
+    assert!(asked <= 2, "{asked} scripts for 200 polls of lost()");
+    guard.release().await.unwrap();
 }
