@@ -8,6 +8,8 @@ pub const USAGE: u8 = 64;
 pub const UNAVAILABLE: u8 = 69;
 /// An internal error (including unreadable store state).
 pub const INTERNAL: u8 = 70;
+/// The store refused us for a configuration reason (credentials, permissions, database).
+pub const CONFIG: u8 = 78;
 /// Not acquired within `--wait`, or busy with `--no-wait`.
 pub const NOT_ACQUIRED: u8 = 75;
 /// The lock was lost while the command ran (the command was stopped).
@@ -25,6 +27,7 @@ Exit status:
   64     bad usage or bad input (name, duration, URL, permits, owner, store directory)
   69     the store is unreachable
   70     internal error (including unreadable store state)
+  78     the store refused the configuration (credentials, permissions, database)
   75     not acquired within --wait, or busy with --no-wait
   76     the lock was lost while the command ran; the command was stopped
   126    the command could not be executed
@@ -64,6 +67,7 @@ impl From<leasehold::Error> for Failure {
             | E::InvalidStore { .. }
             | E::Conflict { .. } => USAGE,
             E::Unavailable { .. } | E::WaitEnded { .. } => UNAVAILABLE,
+            E::Config { .. } => CONFIG,
             E::Lost { .. } => LOST,
             _ => INTERNAL,
         };

@@ -47,7 +47,7 @@ fn unreachable_etcd_exits_69_with_the_address() {
 }
 
 #[test]
-fn wrong_etcd_password_exits_69_without_showing_it() {
+fn wrong_etcd_password_exits_78_without_showing_it() {
     let server = EtcdServer::start();
     server.etcdctl(&["user", "add", "root:right-secret"]);
     let enabled = server.etcdctl(&["auth", "enable"]);
@@ -55,7 +55,7 @@ fn wrong_etcd_password_exits_69_without_showing_it() {
     let url = format!("{}?user=root&password=wrong-secret", server.url());
     let out = Cli::with_store("etcd-auth", Some(url))
         .run(&["run", "k", "--", "true"])
-        .expect(69);
+        .expect(78);
     assert!(out.stderr.contains("authentication"), "{}", out.stderr);
     assert!(
         !out.stderr.contains("wrong-secret"),

@@ -25,11 +25,12 @@ fn unreachable_redis_exits_69_with_the_address() {
 }
 
 #[test]
-fn wrong_redis_password_exits_69_without_showing_it() {
+fn wrong_redis_password_or_database_exits_78_without_showing_it() {
     let server = RedisServer::start_with(&["--save", "", "--requirepass", "right-secret"]);
     let url = format!("redis://:wrong-secret@127.0.0.1:{}/0", server.port());
     let cli = Cli::with_store("redis-auth", Some(url));
-    let out = cli.run(&["run", "k", "--", "true"]).expect(69);
+    let out = cli.run(&["run", "k", "--", "true"]).expect(78);
+    assert!(out.stderr.contains("password"), "{}", out.stderr);
     assert!(
         !out.stderr.contains("wrong-secret"),
         "the password leaked: {}",
@@ -39,6 +40,12 @@ fn wrong_redis_password_exits_69_without_showing_it() {
     Cli::with_store("redis-auth-ok", Some(good))
         .run(&["run", "k", "--", "true"])
         .expect(0);
+    // A database the server does not have (it has 16): configuration too.
+    let no_db = format!("redis://:right-secret@127.0.0.1:{}/99", server.port());
+    let out = Cli::with_store("redis-no-db", Some(no_db))
+        .run(&["run", "k", "--", "true"])
+        .expect(78);
+    assert!(out.stderr.contains("database"), "{}", out.stderr);
 }
 
 #[test]

@@ -57,6 +57,16 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// The store refused us for a reason retrying cannot fix: wrong credentials, missing
+    /// permissions, an unknown database. Not retryable: fix the configuration.
+    #[error("store {store} refused the connection: {reason}")]
+    Config {
+        /// Which store (URL or path, without secrets).
+        store: String,
+        /// What it said, and what to check.
+        reason: String,
+    },
+
     /// The store's data for a lock cannot be read back.
     #[error("store {store} holds unreadable state for lock \"{name}\": {reason}")]
     Corrupt {

@@ -531,12 +531,24 @@ impl EtcdStore {
 
     fn unavailable(&self, status: tonic::Status) -> Error {
         let message = status.message().to_string();
-        let reason = match status.code() {
-            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
-                format!("authentication failed: {message} (check user= and password=)")
+        // Refused after the client authenticated again once, a wrong password, or auth
+        // options for a server without auth: a configuration to fix, not to retry.
+        let refused = match status.code() {
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => true,
+            tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
+                message.contains("authentication")
             }
-            _ if message.is_empty() => format!("{}", status.code()),
-            _ => message,
+            _ => false,
+        };
+        if refused {
+            return Error::Config {
+                store: self.inner.shown.clone(),
+                reason: format!("authentication failed: {message} (check user= and password=)"),
+            };
+        }
+        let reason = match message.is_empty() {
+            true => format!("{}", status.code()),
+            false => message,
         };
         Error::Unavailable {
             store: self.inner.shown.clone(),

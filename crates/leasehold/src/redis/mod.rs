@@ -217,6 +217,37 @@ impl Waiters {
     }
 }
 
+/// A Redis error as ours: refusals that retrying cannot fix (credentials, ACL
+/// permissions, an unknown database) are [`Error::Config`]; the rest are
+/// [`Error::Unavailable`].
+fn failed(store: &str, e: redis::RedisError) -> Error {
+    use redis::{ErrorKind, ServerErrorKind};
+    let text = e.to_string();
+    let config = match e.kind() {
+        ErrorKind::AuthenticationFailed => Some("check the URL's user and password"),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            Some("the user lacks a permission leasehold needs (EVALSHA, PUBLISH, SUBSCRIBE)")
+        }
+        _ if matches!(e.code(), Some("WRONGPASS" | "NOAUTH")) => {
+            Some("check the URL's user and password")
+        }
+        _ if text.contains("DB index is out of range") || text.contains("invalid DB index") => {
+            Some("the database in the URL (/N) does not exist on this server")
+        }
+        _ => None,
+    };
+    match config {
+        Some(what) => Error::Config {
+            store: store.to_string(),
+            reason: format!("{text}; {what}"),
+        },
+        None => Error::Unavailable {
+            store: store.to_string(),
+            source: Box::new(e),
+        },
+    }
+}
+
 /// The URL without its password, for messages.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -403,10 +434,7 @@ impl RedisStore {
                 "?replicas is for a single server; a cluster's WAIT is per node".into(),
             ));
         }
-        let unavailable = |e: redis::RedisError| Error::Unavailable {
-            store: shown.clone(),
-            source: Box::new(e),
-        };
+        let unavailable = |e: redis::RedisError| failed(&shown, e);
         let mut caveat_found = None;
         let (conn, subscribe_to) = match cluster_nodes(url) {
             Some(nodes) => {
@@ -612,10 +640,7 @@ impl RedisStore {
                 reason,
             };
         }
-        Error::Unavailable {
-            store: self.inner.shown.clone(),
-            source: Box::new(e),
-        }
+        failed(&self.inner.shown, e)
     }
 
     async fn run<T: redis::FromRedisValue>(
@@ -709,10 +734,7 @@ impl RedisStore {
 
     /// Every key of ours that matches `pattern`, from each master when clustered.
     async fn scan(&self, pattern: &str) -> Result<Vec<String>> {
-        let unavailable = |e: redis::RedisError| Error::Unavailable {
-            store: self.inner.shown.clone(),
-            source: Box::new(e),
-        };
+        let unavailable = |e: redis::RedisError| failed(&self.inner.shown, e);
         let mut conns = Vec::new();
         match self.inner.conn.clone() {
             Conn::Single(c) => conns.push(c),
