@@ -205,27 +205,35 @@ impl LockGuard {
         }
     }
 
-    /// Resolves at the safe deadline, or once a renewal found the lease gone.
+    /// Resolves at the safe deadline, or once the lease is known to be gone.
     async fn deadline_or_known_loss(&self) {
-        let mut status = self.held().status.clone();
-        loop {
-            let valid_until = {
-                let s = status.borrow_and_update();
-                if s.is_lost(Instant::now()) {
-                    return;
-                }
-                s.valid_until
-            };
-            tokio::select! {
-                _ = sleep_until(valid_until) => {}
-                changed = status.changed() => {
-                    if changed.is_err() {
-                        // The renewal task is gone; nothing will move the deadline.
-                        sleep_until(valid_until).await;
-                        return;
-                    }
-                }
-            }
+        deadline_or_known_loss(self.held().status.clone()).await
+    }
+
+    /// A handle on this lock's loss, cheap to clone into spawned tasks: it watches the
+    /// same local state as [`lost`](Self::lost) (no store call per poll) and outlives
+    /// neither the guard's meaning nor its deadline — once the guard is released or
+    /// dropped it reads as lost.
+    pub fn lost_signal(&self) -> LostSignal {
+        let held = self.held();
+        held.line.watch_ended();
+        LostSignal(held.status.clone())
+    }
+
+    /// Runs `work` while the lock is held: its output, or [`Error::Lost`] (with `work`
+    /// dropped, so cancelled at its next await) once the lock can no longer be proven
+    /// held.
+    ///
+    /// # Cancel safety
+    /// Cancelling drops `work`; the lock stays held.
+    pub async fn run_while_held<F: std::future::Future>(&self, work: F) -> Result<F::Output> {
+        tokio::select! {
+            output = work => Ok(output),
+            _ = self.lost() => Err(self.check().err().unwrap_or_else(|| Error::Lost {
+                name: self.name().to_string(),
+                token: self.token().0,
+                reason: "it can no longer be proven held".into(),
+            })),
         }
     }
 
@@ -275,6 +283,49 @@ impl LockGuard {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
         held.line.lease.clone()
+    }
+}
+
+/// Resolves at the safe deadline that `status` carries, or once it says the lease is
+/// gone (a renewal found it gone, the store said so, or the guard ended).
+async fn deadline_or_known_loss(mut status: watch::Receiver<Status>) {
+    loop {
+        let valid_until = {
+            let s = status.borrow_and_update();
+            if s.is_lost(Instant::now()) {
+                return;
+            }
+            s.valid_until
+        };
+        tokio::select! {
+            _ = sleep_until(valid_until) => {}
+            changed = status.changed() => {
+                if changed.is_err() {
+                    // The guard is gone: so is the lock, as far as its holder knows.
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A lock's loss, to watch from other tasks (see [`LockGuard::lost_signal`]). Clone it
+/// freely; every clone watches the same guard.
+#[derive(Clone, Debug)]
+pub struct LostSignal(watch::Receiver<Status>);
+
+impl LostSignal {
+    /// Whether the lock can no longer be proven held (or its guard has ended).
+    pub fn is_lost(&self) -> bool {
+        self.0.has_changed().is_err() || self.0.borrow().is_lost(Instant::now())
+    }
+
+    /// Resolves once the lock can no longer be proven held, or its guard has ended.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only watches.
+    pub async fn lost(&self) {
+        deadline_or_known_loss(self.0.clone()).await
     }
 }
 

@@ -117,7 +117,7 @@ pub use error::{BoxError, Error, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;
 pub use fence::{FenceGate, FencingToken};
-pub use guard::{Deadlines, LockGuard};
+pub use guard::{Deadlines, LockGuard, LostSignal};
 pub use keepalive::{safe_deadline, DRIFT, MARGIN};
 #[cfg(feature = "local")]
 pub use local::LocalStore;

@@ -862,12 +862,22 @@ pub async fn force_release_is_seen_as_lost(store: Arc<dyn Store>) {
         listed.iter().any(|s| s.name == name),
         "list misses a held lock"
     );
+    // A task of its own watches through a signal, and work runs while the lock is held.
+    let signal = guard.lost_signal();
+    let watcher = tokio::spawn({
+        let signal = signal.clone();
+        async move { signal.lost().await }
+    });
+    let work = guard.run_while_held(std::future::pending::<()>());
     // With a one-hour lease no renewal comes within the test: the store must say it.
-    let (released, ()) = within("the guard to see the loss", async {
-        tokio::join!(locks.force_release(name.as_str()), guard.lost())
+    let (released, (), stopped) = within("the guard to see the loss", async {
+        tokio::join!(locks.force_release(name.as_str()), guard.lost(), work)
     })
     .await;
     assert!(released.unwrap());
+    assert!(matches!(stopped, Err(Error::Lost { .. })), "{stopped:?}");
+    within("the signal in another task", watcher).await.unwrap();
+    assert!(signal.is_lost());
     assert!(
         !locks.force_release(name.as_str()).await.unwrap(),
         "nothing left to release"
