@@ -802,18 +802,7 @@ impl Driver {
                 self.model[held.name].drop_hold(&held.owner);
                 if let Op::Handoff { req, .. } = op {
                     let got = self.lock(&req, TTL).try_lock().await;
-                    let (outcome, guard) = match got {
-                        Ok(Some(guard)) => (
-                            Outcome::Granted {
-                                token: guard.token().get(),
-                                holds: guard.holds(),
-                            },
-                            Some(guard),
-                        ),
-                        Ok(None) => (Outcome::Busy, None),
-                        Err(Error::Conflict { .. }) => (Outcome::Refused, None),
-                        Err(e) => return Err(format!("the request failed: {e}")),
-                    };
+                    let (outcome, guard) = outcome_of(got)?;
                     self.note(format!("then {outcome:?}"));
                     self.direct = Some(Direct {
                         name: req.name,
@@ -873,18 +862,7 @@ impl Driver {
         req: &Req,
         got: crate::Result<Option<LockGuard>>,
     ) -> Check<Option<LockGuard>> {
-        let (outcome, guard) = match got {
-            Ok(Some(guard)) => (
-                Outcome::Granted {
-                    token: guard.token().get(),
-                    holds: guard.holds(),
-                },
-                Some(guard),
-            ),
-            Ok(None) => (Outcome::Busy, None),
-            Err(Error::Conflict { .. }) => (Outcome::Refused, None),
-            Err(e) => return Err(format!("the request failed: {e}")),
-        };
+        let (outcome, guard) = outcome_of(got)?;
         self.note(format!("{outcome:?}"));
         let (owner, kind) = (OWNERS[req.owner], req.asked.kind());
         let name = &mut self.model[req.name];
@@ -1203,6 +1181,24 @@ async fn shrink(
         }
     }
     (ops, last, runs)
+}
+
+/// What a request's answer was, as the model records it, with the guard if granted.
+fn outcome_of(
+    got: crate::Result<Option<LockGuard>>,
+) -> std::result::Result<(Outcome, Option<LockGuard>), String> {
+    Ok(match got {
+        Ok(Some(guard)) => (
+            Outcome::Granted {
+                token: guard.token().get(),
+                holds: guard.holds(),
+            },
+            Some(guard),
+        ),
+        Ok(None) => (Outcome::Busy, None),
+        Err(Error::Conflict { .. }) => (Outcome::Refused, None),
+        Err(e) => return Err(format!("the request failed: {e}")),
+    })
 }
 
 #[cfg(test)]
