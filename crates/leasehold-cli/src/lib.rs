@@ -71,9 +71,10 @@ pub enum Command {
 
 const RUN_AFTER_HELP: &str = "\
 The command gets LEASEHOLD_NAME, LEASEHOLD_TOKEN (the fencing token, decimal),
-LEASEHOLD_OWNER and, with --store, LEASEHOLD_STORE. A nested `leasehold run` of the
-same NAME inside it re-enters the lock (same owner from LEASEHOLD_OWNER) instead of
-waiting for itself.
+LEASEHOLD_OWNER, LEASEHOLD_HELD (every lock the enclosing runs hold, NAME<tab>OWNER per
+line) and, with --store, LEASEHOLD_STORE. A nested `leasehold run` of a NAME held
+around it re-enters that lock instead of waiting for itself; a run of any other name
+inside it is a holder of its own (parallel jobs under one run exclude each other).
 
 SIGINT, SIGTERM and SIGHUP are passed to the command's process group; the lock is
 released after the command exits (what it left running in the background is left
@@ -137,9 +138,43 @@ pub struct LockArgs {
     #[arg(long)]
     pub shared: bool,
 
-    /// Owner id: holders with the same id re-enter instead of waiting [default: random]
-    #[arg(long, value_name = "ID", env = "LEASEHOLD_OWNER")]
+    /// Owner id: holders with the same id re-enter instead of waiting [default: the
+    /// owner of this NAME held by an enclosing `leasehold run` (LEASEHOLD_HELD), else
+    /// LEASEHOLD_OWNER when not inside a run, else random]
+    #[arg(long, value_name = "ID")]
     pub owner: Option<String>,
+}
+
+/// The locks that enclosing `leasehold run`s hold for the command, one `NAME\tOWNER`
+/// line each (names and owner ids have no control characters): a nested run of one of
+/// those names re-enters it, and only of those names.
+pub const HELD_VAR: &str = "LEASEHOLD_HELD";
+
+/// The owner a run of `name` uses without `--owner`: the enclosing run's owner of that
+/// name, if any; else `LEASEHOLD_OWNER` as the user set it (not inside a run, which sets
+/// it for its own name only); else none (a fresh owner).
+fn inherited_owner(name: &str) -> Option<String> {
+    let held = std::env::var(HELD_VAR).unwrap_or_default();
+    let enclosing = held.lines().find_map(|line| {
+        let (held_name, owner) = line.split_once('\t')?;
+        (held_name == name).then(|| owner.to_string())
+    });
+    let outside_a_run = std::env::var_os("LEASEHOLD_NAME").is_none();
+    enclosing.or_else(|| {
+        std::env::var("LEASEHOLD_OWNER")
+            .ok()
+            .filter(|owner| outside_a_run && !owner.is_empty())
+    })
+}
+
+/// `LEASEHOLD_HELD` for a command run under `name` held by `owner`.
+pub fn held_with(name: &str, owner: &str) -> String {
+    let mut held = std::env::var(HELD_VAR).unwrap_or_default();
+    if !held.is_empty() {
+        held.push('\n');
+    }
+    held.push_str(&format!("{name}\t{owner}"));
+    held
 }
 
 impl LockArgs {
@@ -150,7 +185,9 @@ impl LockArgs {
             (None, true) => locks.read(self.name.as_str())?,
             (None, false) => locks.write(self.name.as_str())?,
         };
-        let owner = self.owner.clone().unwrap_or_else(random_owner);
+        let owner = (self.owner.clone())
+            .or_else(|| inherited_owner(&self.name))
+            .unwrap_or_else(random_owner);
         let lock = match (self.fair, self.no_fair) {
             (true, _) => lock.with_fair(true),
             (_, true) => lock.with_fair(false),

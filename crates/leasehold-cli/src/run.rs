@@ -348,7 +348,11 @@ fn spawn(
     cmd.args(&args.command[1..])
         .env("LEASEHOLD_NAME", &args.lock.name)
         .env("LEASEHOLD_TOKEN", guard.token().to_string())
-        .env("LEASEHOLD_OWNER", guard.owner());
+        .env("LEASEHOLD_OWNER", guard.owner())
+        .env(
+            crate::HELD_VAR,
+            crate::held_with(&args.lock.name, guard.owner()),
+        );
     if let Some(store) = store {
         cmd.env("LEASEHOLD_STORE", store);
     }

@@ -350,7 +350,7 @@ fn sigint_while_waiting_stops_hold() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn nested_run_reenters_with_the_same_token_via_leasehold_owner() {
+fn nested_run_of_the_same_name_reenters_with_the_same_token() {
     let cli = Cli::new("nested");
     // Move the token past 1, so a nested run on another store cannot match by chance.
     cli.run(&["run", "k", "--", "true"]).expect(0);
@@ -359,8 +359,8 @@ fn nested_run_reenters_with_the_same_token_via_leasehold_owner() {
         "outer.sh",
         r#"echo "$LEASEHOLD_TOKEN" > outer.token
 "$LH" run k --no-wait -- sh -c 'echo "$LEASEHOLD_TOKEN"' > inner.token || exit 90
-# Control: without our owner id the same nested run is just another contender.
-env -u LEASEHOLD_OWNER "$LH" run k --no-wait -- true
+# Control: without what the outer run passes down, the same run is another contender.
+env -u LEASEHOLD_OWNER -u LEASEHOLD_HELD "$LH" run k --no-wait -- true
 echo $? > stranger.code
 "#,
     );
@@ -887,4 +887,28 @@ fn fair_waiters_in_separate_processes_get_the_lock_in_arrival_order() {
 fn a_waiter_stopped_by_sigint_leaves_the_fair_queue_before_it_exits() {
     let cli = Cli::new("interrupted-waiter");
     interrupted_waiter_leaves_the_queue(&cli, libc::SIGINT, &["--fair"]);
+}
+
+/// Runs of another name started in parallel inside a run's command are holders of their
+/// own and exclude one another (they used to inherit the outer run's owner, re-enter each
+/// other and run together with one token). A run of the outer name still re-enters it,
+/// also through a run of another name in between.
+#[test]
+fn parallel_runs_of_another_name_inside_a_run_exclude_each_other() {
+    let cli = Cli::new("nested-names");
+    let job = r#"$LH run inner -- sh -c 'echo $LEASEHOLD_TOKEN >> tokens
+        mkdir inside 2>/dev/null || echo overlap >> overlaps; sleep 0.2; rmdir inside'"#;
+    let jobs = format!("for i in 1 2 3; do {job} & done; wait");
+    cli.run(&["run", "outer", "--", "sh", "-c", &jobs])
+        .expect(0);
+    assert!(!cli.exists("overlaps"), "inner runs overlapped");
+    let mut tokens: Vec<String> = cli.read("tokens").lines().map(String::from).collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "inner runs shared a token: {tokens:?}");
+    // outer -> other -> outer: the innermost re-enters outer instead of waiting for it.
+    let chain = "$LH run other -- $LH run --no-wait outer -- touch reentered";
+    cli.run(&["run", "outer", "--", "sh", "-c", chain])
+        .expect(0);
+    assert!(cli.exists("reentered"));
 }

@@ -443,7 +443,7 @@ fn killed_waiter_stops_blocking(store: StoreKind, fairness: Fairness) {
 }
 
 /// The outer command of the re-entry test: `sh reenter.sh FLAGS...` runs a nested
-/// `leasehold run FLAGS k` (its owner from LEASEHOLD_OWNER unless FLAGS name one) with
+/// `leasehold run FLAGS k` (its owner passed down by the outer run unless FLAGS name one) with
 /// --no-wait, so that waiting shows as 75, not a hang.
 const REENTER: &str = r#"echo "$LEASEHOLD_TOKEN" > outer.token
 "$LH" run "$@" k --no-wait -- sh -c 'echo "$LEASEHOLD_TOKEN" > inner.token'

@@ -1016,6 +1016,8 @@ impl Run {
             .arg("--seed")
             .arg(seed.to_string())
             .env_remove("LEASEHOLD_OWNER")
+            .env_remove("LEASEHOLD_HELD")
+            .env_remove("LEASEHOLD_NAME")
             .env_remove("LEASEHOLD_STORE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

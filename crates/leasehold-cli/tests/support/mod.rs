@@ -93,6 +93,8 @@ impl Cli {
         let mut cmd = Command::new(program);
         cmd.current_dir(&self.work)
             .env_remove("LEASEHOLD_OWNER")
+            .env_remove("LEASEHOLD_HELD")
+            .env_remove("LEASEHOLD_NAME")
             .env_remove("LEASEHOLD_STORE")
             .env_remove("RUST_LOG")
             .env("LEASEHOLD_HOME", &self.home)
