@@ -121,7 +121,7 @@ pub struct LockArgs {
     pub fair: bool,
 
     /// Not first come, first served: a release may go to any waiter (the fastest
-    /// hand-off; on etcd, waiters of a non-fair mutex all wake at each release)
+    /// hand-off; on etcd, whose queue is its shape, waiters are still served in order)
     #[arg(long, overrides_with = "fair")]
     pub no_fair: bool,
 

@@ -150,8 +150,10 @@ fn take_terminal_back() {
     unsafe { libc::tcsetpgrp(0, libc::getpgrp()) };
 }
 
-/// How long a lost lock's release may take before `run` exits without its answer.
-const LOST_RELEASE_PATIENCE: Duration = Duration::from_secs(1);
+/// How long the release after the command may take before `run` exits without its
+/// answer (it goes on in the background for the shutdown's patience; else the lease
+/// ends it): a store that went away must not hold a finished job for long.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Kills the command's process group if `leasehold` dies without standing it down
 /// (SIGKILL, the OOM killer), or stalls past the lease (SIGSTOP, a frozen VM):
@@ -519,14 +521,14 @@ async fn run_with(
             }
         }
     };
-    let (code, lost) = match ended {
+    let code = match ended {
         // Work that finished after the deadline was not protected by the lock.
         Ended::Exited(status) => match guard.check() {
-            Ok(_) => (exit_code(status), false),
+            Ok(_) => exit_code(status),
             Err(lost) => {
                 kill_group(pgid, libc::SIGKILL);
                 eprintln!("leasehold: {lost}; the command ended after that");
-                (ExitCode::from(exit::LOST), true)
+                ExitCode::from(exit::LOST)
             }
         },
         Ended::Lost { kill_at, why } => {
@@ -544,7 +546,7 @@ async fn run_with(
             }
             // Whatever is left in its group must not outlive the lock either.
             kill_group(pgid, libc::SIGKILL);
-            (ExitCode::from(exit::LOST), true)
+            ExitCode::from(exit::LOST)
         }
     };
     // The command is reaped (and its group killed if the lock was lost): from here on a
@@ -555,18 +557,10 @@ async fn run_with(
     if foreground {
         take_terminal_back();
     }
-    // A lost lock is released only to tidy up: if the store is away, do not wait on it.
-    let release = guard.release();
-    let released = if lost {
-        match tokio::time::timeout(LOST_RELEASE_PATIENCE, release).await {
-            Ok(released) => released.map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
-                "no answer within {}",
-                humanize(LOST_RELEASE_PATIENCE)
-            )),
-        }
-    } else {
-        release.await.map_err(|e| e.to_string())
+    // If the store is away, do not wait on it: the lease ends the lock anyway.
+    let released = match tokio::time::timeout(RELEASE_PATIENCE, guard.release()).await {
+        Ok(released) => released.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {}", humanize(RELEASE_PATIENCE))),
     };
     if let Err(e) = released {
         eprintln!(

@@ -495,3 +495,23 @@ fn status_says_what_a_restart_of_redis_can_lose_and_durable_refuses_it() {
     );
     assert!(cli.status("k").get("store_caveat").is_none());
 }
+
+/// A key of ours that something else wrote (garbage, another type) is unreadable state:
+/// exit 70 with the key named, not "unavailable".
+#[test]
+fn garbage_in_a_lock_key_exits_70_naming_the_key() {
+    let server = RedisServer::start();
+    let cli = world("redis-garbage", &server);
+    server.cli(&["SET", "lh:{bad}", "garbage"]);
+    server.cli(&["HSET", "lh:{hash}", "f", "v"]);
+    for name in ["bad", "hash"] {
+        let out = cli.run(&["run", name, "--", "touch", "ran"]).expect(70);
+        assert!(
+            out.stderr.contains(&format!("lh:{{{name}}}")),
+            "{}",
+            out.stderr
+        );
+        cli.run(&["status", name]).expect(70);
+    }
+    assert!(!cli.exists("ran"));
+}

@@ -624,6 +624,19 @@ impl RedisStore {
     }
 
     fn error(&self, e: redis::RedisError, name: &LockName) -> Error {
+        // A script that failed on what it read (a key of ours that something else wrote,
+        // of another type or format): unreadable state, not a store that is away.
+        let text = e.to_string();
+        if text.contains("user_script:") || text.contains("WRONGTYPE") {
+            return Error::Corrupt {
+                store: self.inner.shown.clone(),
+                name: name.to_string(),
+                reason: format!(
+                    "{} (or its :hold or :token key) does not hold leasehold's data ({text}); delete those keys to start the lock afresh (tokens then start again from the server's clock)",
+                    key(name)
+                ),
+            };
+        }
         if let Some(reason) = e.detail().filter(|_| e.code() == Some("LHCONFLICT")) {
             return Error::Conflict {
                 name: name.to_string(),
