@@ -251,6 +251,9 @@ struct Hold {
     killed: Option<u64>,
     /// A `run` command paused by the nemesis while inside.
     paused: bool,
+    /// Its release answered an error: the hold may be left in the store until the
+    /// library's retry of the release gets through.
+    release_failed: bool,
 }
 
 impl Hold {
@@ -406,6 +409,7 @@ pub fn check(history: &[Entry], setup: &Setup) -> Report {
                     release: None,
                     killed: None,
                     paused: false,
+                    release_failed: false,
                 });
             }
             Event::AcquireFailed { unknown, .. } => match unknown {
@@ -447,8 +451,10 @@ pub fn check(history: &[Entry], setup: &Setup) -> Report {
                     holds[i].deadline = holds[i].deadline.max(*deadline);
                 }
             }
-            Event::Released { owner, .. } => {
-                current.remove(owner.as_str());
+            Event::Released { owner, outcome, .. } => {
+                if let Some(i) = current.remove(owner.as_str()) {
+                    holds[i].release_failed = outcome.starts_with("error");
+                }
             }
             Event::Access {
                 owner,
@@ -561,6 +567,7 @@ fn command_access<'a>(
                 release: Some(t),
                 killed: None,
                 paused: false,
+                release_failed: false,
             });
         }
     }
@@ -613,26 +620,28 @@ fn overlaps_of_commands(holds: &[Hold], primitive: Primitive, report: &mut Repor
 /// every valid hold `x` that the store must have granted before it — one that began
 /// before `y` did when either excludes the other (their valid leases cannot overlap), or
 /// one that began before `y` was even asked for (any kind). An owner may see a token it
-/// had before again: a release of it did not reach the store (store trouble: it is sent
-/// again in the background), and the owner's next acquisition re-entered the hold that
-/// was left, as re-entry must; meanwhile readers or permit holders of other owners may
-/// have been granted higher tokens. Such a shared or permit hold is not judged for order
-/// (tokens stay unique across owners; an exclusive one still is).
+/// had before again when its release of it answered an error (store trouble: it is sent
+/// again in the background): its next acquisition re-entered the hold that was left, as
+/// re-entry must, while readers or permit holders of other owners may have been granted
+/// higher tokens. Such a shared or permit hold is not judged for order (tokens stay
+/// unique across owners; an exclusive one still is).
 fn tokens(holds: &[Hold], report: &mut Report) {
-    let mut owners: HashMap<u64, &str> = HashMap::new();
+    // Token -> the owner that got it, and whether its last release by that owner failed.
+    let mut owners: HashMap<u64, (&str, bool)> = HashMap::new();
     let mut again = HashSet::new();
     for (i, h) in holds.iter().enumerate() {
         match owners.entry(h.token) {
-            // (Not an exclusive hold: no other owner can have been granted the lock
-            // while the left-over hold stood, so its token must still be the top.)
-            std::collections::hash_map::Entry::Occupied(first) if *first.get() == h.owner => {
-                if h.role != Role::Exclusive {
+            std::collections::hash_map::Entry::Occupied(mut first) if first.get().0 == h.owner => {
+                // (Not an exclusive hold: no other owner can have been granted the lock
+                // while the left-over hold stood, so its token must still be the top.)
+                if first.get().1 && h.role != Role::Exclusive {
                     again.insert(i);
                 }
+                first.get_mut().1 = h.release_failed;
             }
             std::collections::hash_map::Entry::Occupied(_) => report.duplicate_tokens += 1,
             std::collections::hash_map::Entry::Vacant(first) => {
-                first.insert(&h.owner);
+                first.insert((&h.owner, h.release_failed));
             }
         }
     }
@@ -887,6 +896,26 @@ mod tests {
                 },
             )
         }
+        /// A release that answered an error (the store was away).
+        fn release_failed(self, t: u64, owner: &str, token: u64) -> Self {
+            let o = owner.to_string();
+            self.at(
+                t,
+                Event::Release {
+                    owner: o.clone(),
+                    token,
+                    deadline: 1000 * MS,
+                },
+            )
+            .at(
+                t,
+                Event::Released {
+                    owner: o,
+                    token,
+                    outcome: "error: store unavailable".into(),
+                },
+            )
+        }
         fn access(self, t: u64, owner: &str, token: u64, op: Op, value: u64, ok: bool) -> Self {
             let base = (op == Op::Write).then(|| value - 1);
             let role = match op {
@@ -1088,19 +1117,25 @@ mod tests {
 
     /// Reader `a` sees its token 5 again after reader `b` got 6: a release of `a`'s that
     /// met store trouble left a hold, which `a`'s next acquire re-entered, as it must.
-    /// A token no one had before that comes below one given earlier still fails.
+    /// After a release that said `released`, or for a token no one had before, it fails.
     #[test]
     fn an_owner_seeing_its_own_token_again_is_a_re_entry_not_a_token_going_back() {
         let setup = Setup::new(Fence::All, Primitive::RwLock);
-        let r = H::default()
-            .acquired_as(0, 10, "a", 5, 1000, Role::Shared)
-            .acquired_as(15, 20, "b", 6, 1000, Role::Shared)
-            .released(25, "a", 5, 1000)
-            .acquired_as(30, 31, "a", 5, 1000, Role::Shared)
-            .released(40, "a", 5, 1000)
-            .released(41, "b", 6, 1000)
-            .check_as(&setup);
+        let history = |failed: bool| {
+            let h = H::default()
+                .acquired_as(0, 10, "a", 5, 1000, Role::Shared)
+                .acquired_as(15, 20, "b", 6, 1000, Role::Shared);
+            let h = match failed {
+                true => h.release_failed(25, "a", 5),
+                false => h.released(25, "a", 5, 1000),
+            };
+            h.acquired_as(30, 31, "a", 5, 1000, Role::Shared)
+                .released(40, "a", 5, 1000)
+                .released(41, "b", 6, 1000)
+        };
+        let r = history(true).check_as(&setup);
         assert_eq!(r.tokens_backwards, 0, "{:?}", r.violations);
+        assert_eq!(history(false).check_as(&setup).tokens_backwards, 1);
         let r = H::default()
             .acquired_as(0, 10, "a", 5, 1000, Role::Shared)
             .released(25, "a", 5, 1000)
