@@ -130,7 +130,8 @@ pub struct LockArgs {
         long,
         value_name = "N",
         conflicts_with = "shared",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_parser = parse_permits
     )]
     pub permits: Option<u32>,
 
@@ -222,6 +223,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(format!("at most {}d", MAX_DURATION.as_secs() / 86_400));
     }
     Ok(duration)
+}
+
+/// `--permits N`: a whole number from 1 to the library's limit, said as such for any
+/// other input (clap's own message for a u32 names the type's range).
+fn parse_permits(text: &str) -> Result<u32, String> {
+    let max = leasehold::MAX_PERMITS;
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| format!("a semaphore has 1 to {max} permits"))
 }
 
 /// `pid-random`: unique, and readable in `status`.

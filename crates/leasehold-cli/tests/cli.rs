@@ -568,8 +568,10 @@ fn store_dir_that_is_a_regular_file_is_rejected_with_64() {
 }
 
 #[test]
-fn zero_permits_are_rejected_with_64() {
-    rejects("bad-permits", &["--permits", "0", "k"], "permits");
+fn permits_out_of_range_are_rejected_with_64_and_the_range() {
+    for (label, n) in [("bad-permits", "0"), ("huge-permits", "99999999999")] {
+        rejects(label, &["--permits", n, "k"], "1 to 100000 permits");
+    }
 }
 
 #[test]
