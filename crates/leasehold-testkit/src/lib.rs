@@ -1017,13 +1017,17 @@ mod tests {
     /// tied to the thread that forked it, so that must be one that lasts).
     #[test]
     fn a_server_outlives_the_thread_that_started_it() {
-        let server = std::thread::spawn(RedisServer::start).join().unwrap();
-        assert!(
-            server.ping(),
-            "redis-server died with the thread that started it"
-        );
-        // Past any delay of the signal: still up.
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (server, tid) = std::thread::spawn(|| {
+            // SAFETY: plain syscall.
+            (RedisServer::start(), unsafe { libc::gettid() })
+        })
+        .join()
+        .unwrap();
+        // The kernel sends the death signal while the thread exits, before its task
+        // leaves /proc: once it has left, a server tied to it has been told to die.
+        wait_for("the starting thread to be gone", || {
+            !Path::new(&format!("/proc/self/task/{tid}")).exists()
+        });
         assert!(
             server.ping(),
             "redis-server died with the thread that started it"
