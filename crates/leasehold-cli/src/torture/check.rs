@@ -118,6 +118,9 @@ pub struct Setup {
     pub fair: bool,
     /// Workers are `leasehold run` processes (no deadlines in the history).
     pub via_run: bool,
+    /// The workers themselves lock the store for their updates (library workers on the
+    /// local store): a pause of any of them may stall the store.
+    pub workers_lock_the_store: bool,
 }
 
 impl Setup {
@@ -128,6 +131,7 @@ impl Setup {
             primitive,
             fair: false,
             via_run: false,
+            workers_lock_the_store: false,
         }
     }
 }
@@ -417,12 +421,16 @@ pub fn check(history: &[Entry], setup: &Setup) -> Report {
                 false => report.acquire_failed += 1,
             },
             Event::Reentered {
-                owner: _,
+                owner,
                 token,
                 outer,
             } => {
                 report.reentries += 1;
-                if token != outer {
+                // Once the outer hold is gone (lost, or past its safe deadline), the
+                // inner acquisition is a new hold and rightly gets a new token.
+                let outer_held = (current.get(owner.as_str()))
+                    .is_some_and(|&i| holds[i].lost.is_none() && t <= holds[i].deadline);
+                if token != outer && outer_held {
                     report.reentry_token_changed += 1;
                 }
             }
@@ -518,6 +526,21 @@ pub fn check(history: &[Entry], setup: &Setup) -> Report {
     }
 
     report.acquire = Spread::of(acquire_ns);
+    if setup.workers_lock_the_store {
+        // Every worker takes the store's file lock for its updates: one paused in that
+        // moment stalls the store for all of them (calls fail after the file lock's
+        // patience), which is a fault of the store's.
+        let stalls: Vec<Fault> = (faults.iter())
+            .filter(|f| f.kind == "pause" && f.target.is_some())
+            .map(|f| Fault {
+                kind: "store stalled by a paused worker".into(),
+                target: None,
+                start: f.start,
+                end: f.end,
+            })
+            .collect();
+        faults.extend(stalls);
+    }
     if setup.via_run {
         for h in &mut holds {
             let end = h.release.unwrap_or(h.got);
@@ -1236,6 +1259,48 @@ mod tests {
 
     fn setup(primitive: Primitive) -> Setup {
         Setup::new(Fence::All, primitive)
+    }
+
+    /// a's outer hold was lost before it re-entered: the inner acquisition is a hold of
+    /// its own, whose new token is no change. While the outer holds, it is.
+    #[test]
+    fn a_re_entry_after_the_outer_hold_was_lost_may_get_a_new_token() {
+        let reentered = |t| {
+            let changed = Event::Reentered {
+                owner: "a".into(),
+                token: 2,
+                outer: 1,
+            };
+            H::default()
+                .acquired(0, "a", 1, 100)
+                .fault(10, 150, "pause", Some("a"))
+                .lost(99, "a", 1)
+                .at(t, changed)
+                .released(160, "a", 1, 100)
+                .check(Fence::All)
+        };
+        assert_eq!(reentered(151).reentry_token_changed, 0);
+        assert_eq!(reentered(50).reentry_token_changed, 1);
+    }
+
+    /// On the local store a worker paused while it held the store's file lock stalls
+    /// everyone's renewals: b's loss during a's pause is the store's fault there, and
+    /// false elsewhere.
+    #[test]
+    fn a_loss_during_another_workers_pause_is_excused_where_workers_lock_the_store() {
+        let h = || {
+            H::default()
+                .acquired(0, "b", 1, 100)
+                .fault(10, 150, "pause", Some("a"))
+                .lost(99, "b", 1)
+                .released(100, "b", 1, 100)
+        };
+        let local = Setup {
+            workers_lock_the_store: true,
+            ..setup(Primitive::Mutex)
+        };
+        assert_eq!(h().check_as(&local).false_losses, 0);
+        assert_eq!(h().check_as(&setup(Primitive::Mutex)).false_losses, 1);
     }
 
     /// Three permit holders invoked together at 0, granted out of order, overlapping from

@@ -468,6 +468,7 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
         primitive: run.args.primitive,
         fair,
         via_run,
+        workers_lock_the_store: label == "local" && !via_run,
     };
     let report = check::check(&entries, &setup);
     let headline = summary(&label, &run.args, ttl, fair, seed, &report);

@@ -464,37 +464,51 @@ const WATCH_AFTER: Duration = Duration::from_millis(50);
 /// stretch a bounded wait by much.
 const FLOCK_PATIENCE: Duration = Duration::from_secs(1);
 
-/// Holds a file's `flock` until dropped.
-struct Flock(Arc<LockFile>);
+/// Holds a file's `flock` until dropped: on the store's open file of the lock, or on an
+/// open file of its own that a blocking wait made.
+enum Flock {
+    Shared(Arc<LockFile>),
+    /// Closing it lets the lock go.
+    Own {
+        _file: File,
+    },
+}
 
 impl Drop for Flock {
     fn drop(&mut self) {
-        // SAFETY: the fd is open for as long as the Arc lives.
-        unsafe { libc::flock(self.0.file.as_raw_fd(), libc::LOCK_UN) };
+        if let Flock::Shared(lf) = self {
+            // SAFETY: the fd is open for as long as the Arc lives.
+            unsafe { libc::flock(lf.file.as_raw_fd(), libc::LOCK_UN) };
+        }
     }
 }
 
 /// Takes the file lock: at once if free, else on a blocking thread, so a process stopped
-/// in the middle of its few-microsecond update cannot stall this runtime. (A caller that
-/// stops waiting leaves the thread to take the lock and let it go at once.)
+/// in the middle of its few-microsecond update cannot stall this runtime.
+///
+/// The blocking wait locks an open file of its own. `flock` belongs to the open file, not
+/// to the thread: a wait whose caller gave up (a timeout, a cancelled renewal) goes on in
+/// its thread, and had it waited on the shared open file, its lock and unlock when it
+/// finally got through would land on the lock a later caller of this process holds
+/// there, letting another process in beside it.
 async fn flock(lf: &Arc<LockFile>) -> std::io::Result<Flock> {
     let fd = lf.file.as_raw_fd();
     // SAFETY: valid fd; non-blocking attempt.
     if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(Flock(lf.clone()));
+        return Ok(Flock::Shared(lf.clone()));
     }
     let err = std::io::Error::last_os_error();
     if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
         return Err(err);
     }
-    let lf = lf.clone();
+    // The same file (even if its path was replaced since), opened anew.
+    let own = File::open(format!("/proc/self/fd/{fd}"))?;
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::task::spawn_blocking(move || loop {
-        // SAFETY: valid fd; blocking attempt.
-        if unsafe { libc::flock(lf.file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            // If our caller was cancelled, the Flock comes back (or is dropped with the
-            // channel) and unlocks.
-            let _ = tx.send(Ok(Flock(lf)));
+        // SAFETY: valid fd, owned by `own`; blocking attempt.
+        if unsafe { libc::flock(own.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            // If our caller has given up, the lock goes with the channel's drop.
+            let _ = tx.send(Ok(Flock::Own { _file: own }));
             return;
         }
         let err = std::io::Error::last_os_error();
@@ -700,5 +714,83 @@ impl Store for LocalStore {
 
     fn caveat(&self) -> Option<String> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn try_flock(file: &File) -> bool {
+        // SAFETY: valid fd; non-blocking attempt.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    }
+
+    /// A caller that gave up waiting for the file lock leaves its wait running on a
+    /// thread. When that wait gets through, it must not let go of the lock a later caller
+    /// of this process took meanwhile: another process would get in beside it (two
+    /// writers of one record: a token given twice, a semaphore over its size).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_file_lock_wait_leaves_a_later_holder_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .unwrap()
+        };
+        let lf = Arc::new(LockFile {
+            file: open(),
+            turn: tokio::sync::Mutex::new(None),
+        });
+        let (other, third) = (open(), open());
+        // Each round: another process holds the file lock; a caller here waits behind
+        // it and gives up; the other lets go and a later caller here takes the lock,
+        // while the abandoned wait wakes and gets through too. (A wait on the shared open
+        // file broke the later caller's lock in about half the rounds: when it got
+        // through after that caller did.)
+        for round in 0..8 {
+            assert!(try_flock(&other));
+            let gave_up = tokio::time::timeout(Duration::from_millis(20), flock(&lf)).await;
+            assert!(gave_up.is_err(), "the file lock was free");
+            // SAFETY: valid fd.
+            unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_UN) };
+            let held = flock(&lf).await.unwrap();
+            // Nobody else gets in while `held` lives. (The abandoned wait let go within
+            // microseconds of getting through; 100 ms shows it on a loaded machine.)
+            let until = Instant::now() + Duration::from_millis(100);
+            while Instant::now() < until {
+                assert!(
+                    !try_flock(&third),
+                    "round {round}: another process got the file lock beside ours"
+                );
+                tokio::task::yield_now().await;
+            }
+            drop(held);
+            // The abandoned wait gets through and lets go.
+            assert!(
+                eventually(|| try_flock(&third)).await,
+                "the lock was not let go"
+            );
+            // SAFETY: valid fd.
+            unsafe { libc::flock(third.as_raw_fd(), libc::LOCK_UN) };
+        }
+    }
+
+    /// Polls `ready` until it says yes, for at most 10 s.
+    async fn eventually(mut ready: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if ready() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        false
     }
 }
