@@ -122,6 +122,59 @@ fn redis_holds_under_holder_store_and_link_faults() {
     );
 }
 
+/// A Redis without persistence forgets every lock when it restarts: the holder it leaves
+/// behind overlaps the next one until it learns of the loss, and fencing must refuse it
+/// (tokens start from the server's clock, above the forgotten ones); the unfenced control
+/// shows the damage.
+#[test]
+fn a_redis_that_forgets_its_locks_is_made_safe_by_fencing() {
+    let run = |label: &str, fence: &str| {
+        let args = [
+            "--spawn",
+            "redis-volatile",
+            "--duration",
+            "12s",
+            "--ttl",
+            "1s",
+        ];
+        let mut args = args.to_vec();
+        args.extend(["--fence", fence, "--faults", "restart-store"]);
+        torture(label, &args)
+    };
+    let fenced = run("t-volatile", "all");
+    assert!(faults(&fenced, "restart-store") > 0, "{fenced}");
+    assert_eq!(count(&fenced, "stale_accepted"), 0, "{fenced}");
+    assert_eq!(count(&fenced, "tokens_backwards"), 0, "{fenced}");
+    assert_eq!(
+        count(&fenced, "losses_reported"),
+        count(&fenced, "expired_while_held"),
+        "{fenced}"
+    );
+    let control = run("t-volatile-control", "none");
+    assert!(count(&control, "lost_updates") > 0, "{control}");
+}
+
+/// `leasehold run` itself stalled (SIGSTOP of `leasehold` alone) past its lease: its
+/// watchdog stops the command by the safe deadline, so no command acts beside the next
+/// holder's, and the stalled run exits 76.
+#[test]
+fn the_command_of_a_stalled_leasehold_run_is_stopped_in_time() {
+    for (label, store) in [("t-stall-local", LOCAL), ("t-stall-redis", REDIS)] {
+        let mut args = vec!["--workers-as", "run", "--duration", "10s", "--ttl", "1s"];
+        args.extend(["--faults", "stall-run"]);
+        args.extend(store);
+        let report = torture(label, &args);
+        assert!(faults(&report, "stall-run") > 0, "{report}");
+        assert_eq!(count(&report, "service_overlap"), 0, "{report}");
+        assert!(count(&report, "expired_while_held") > 0, "{report}");
+        assert_eq!(
+            count(&report, "losses_reported"),
+            count(&report, "expired_while_held"),
+            "{report}"
+        );
+    }
+}
+
 #[test]
 fn etcd_holds_under_holder_and_store_faults() {
     let report = torture(
@@ -267,6 +320,9 @@ fn faults_the_run_cannot_apply_are_usage_errors() {
         out.stderr.contains("needs a redis:// or etcd:// store"),
         "{out:#?}"
     );
+    let out = cli.cmd(&["torture", "--faults", "stall-run"]).output();
+    let out = support::Out::from(out.unwrap()).expect(64);
+    assert!(out.stderr.contains("needs --workers-as run"), "{out:#?}");
     let out = cli.cmd(&["torture", "--faults", "explode"]).output();
     support::Out::from(out.unwrap()).expect(64);
     for bad in ["semaphore:0", "semaphore", "queue"] {

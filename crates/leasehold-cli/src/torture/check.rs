@@ -121,6 +121,10 @@ pub struct Setup {
     /// The workers themselves lock the store for their updates (library workers on the
     /// local store): a pause of any of them may stall the store.
     pub workers_lock_the_store: bool,
+    /// A restart of the store forgets every lock (Redis without persistence): the
+    /// holder it leaves behind overlaps the next one until it learns of the loss, and
+    /// fencing is what must refuse it.
+    pub store_forgets: bool,
 }
 
 impl Setup {
@@ -132,13 +136,14 @@ impl Setup {
             fair: false,
             via_run: false,
             workers_lock_the_store: false,
+            store_forgets: false,
         }
     }
 }
 
 /// Faults that explain a lost lease: a long pause or kill of that worker, or any fault
 /// of the store or the link (no target).
-const EXCUSING_HOLDER_FAULTS: &[&str] = &["pause", "kill"];
+const EXCUSING_HOLDER_FAULTS: &[&str] = &["pause", "stall-run", "kill"];
 
 /// The CLI's exit status for a lock lost while the command ran.
 const RUN_LOST: i32 = crate::exit::LOST as i32;
@@ -763,8 +768,9 @@ fn excused(faults: &[Fault], owner: &str, from: u64, to: u64) -> bool {
     })
 }
 
-/// `run` workers: a command paused past its lease (a `pause`, 1.5-2 TTL) must end with
-/// `run` exiting 76, unless the coordinator killed that `run`; exit 76 needs a fault.
+/// `run` workers: a command paused past its lease (a `pause`, 1.5-2 TTL), or one whose
+/// `run` alone was (a `stall-run`: its watchdog stops the command), must end with `run`
+/// exiting 76, unless the coordinator killed that `run`; exit 76 needs a fault.
 fn run_losses(
     holds: &[Hold],
     faults: &[Fault],
@@ -773,7 +779,7 @@ fn run_losses(
     report: &mut Report,
 ) {
     let mut delays = Vec::new();
-    for f in faults.iter().filter(|f| f.kind == "pause") {
+    for f in (faults.iter()).filter(|f| f.kind == "pause" || f.kind == "stall-run") {
         let Some(owner) = f.target.as_deref() else {
             continue;
         };
@@ -824,8 +830,9 @@ fn violations(r: &Report, setup: &Setup) -> Vec<String> {
             v.push(format!("{what}: {count}"));
         }
     };
+    let forgotten = setup.store_forgets && r.faults.get("restart-store").is_some_and(|&n| n > 0);
     must_be_zero(
-        r.service_overlap,
+        if forgotten { 0 } else { r.service_overlap },
         match (setup.via_run, setup.primitive) {
             (false, Primitive::Semaphore(_)) => "service overlap (more than N valid permits)",
             (false, _) => "service overlap (incompatible valid leases at once)",
@@ -851,8 +858,9 @@ fn violations(r: &Report, setup: &Setup) -> Vec<String> {
         must_be_zero(r.torn_reads, "a write inside a reader's reads");
     }
     let damage = r.lost_updates + r.torn_reads + r.resource_over_capacity;
-    if setup.fence == Fence::None && r.faults.get("pause").is_some_and(|&n| n > 0) && damage == 0 {
-        v.push("the unfenced control showed no damage: the pauses did not land".to_string());
+    let paused = r.faults.get("pause").is_some_and(|&n| n > 0);
+    if setup.fence == Fence::None && (paused || forgotten) && damage == 0 {
+        v.push("the unfenced control showed no damage: the faults did not land".to_string());
     }
     v
 }
@@ -1085,12 +1093,57 @@ mod tests {
         assert_eq!(control.violations, Vec::<String>::new());
     }
 
+    /// A restart of a store that forgets (Redis without persistence) lets b in while a
+    /// still holds a valid lease: an overlap that only fencing can make harmless. There
+    /// it is reported, not a violation, and a's stale write must be refused; elsewhere it
+    /// is a violation.
+    #[test]
+    fn a_store_that_forgets_may_overlap_and_fencing_must_refuse_the_old_holder() {
+        let h = |accepted: bool| {
+            H::default()
+                .acquired(0, "a", 5, 1000)
+                .access(1, "a", 5, Op::Read, 0, true)
+                .fault(10, 20, "restart-store", None)
+                .acquired(30, "b", 9, 1030)
+                .access(31, "b", 9, Op::Read, 0, true)
+                .access(32, "b", 9, Op::Write, 1, true)
+                .access(40, "a", 5, Op::Write, 1, accepted)
+                .lost(41, "a", 5)
+                .released(42, "a", 5, 1000)
+                .released(50, "b", 9, 1030)
+        };
+        let forgets = Setup {
+            store_forgets: true,
+            ..Setup::new(Fence::All, Primitive::Mutex)
+        };
+        let r = h(false).check_as(&forgets);
+        assert_eq!(r.service_overlap, 1);
+        assert_eq!(r.violations, Vec::<String>::new());
+        let r = h(true).check_as(&forgets);
+        assert!(r
+            .violations
+            .iter()
+            .any(|v| v.starts_with("stale access accepted")));
+        let r = h(false).check(Fence::All);
+        assert!(r
+            .violations
+            .iter()
+            .any(|v| v.starts_with("service overlap")));
+        // The unfenced control must show the damage.
+        let control = Setup {
+            fence: Fence::None,
+            ..forgets
+        };
+        assert_eq!(h(true).check_as(&control).lost_updates, 1);
+        assert_eq!(h(true).check_as(&control).violations, Vec::<String>::new());
+    }
+
     #[test]
     fn a_control_without_damage_fails() {
         let r = clean().fault(10, 20, "pause", Some("a")).check(Fence::None);
         assert_eq!(
             r.violations,
-            vec!["the unfenced control showed no damage: the pauses did not land"]
+            vec!["the unfenced control showed no damage: the faults did not land"]
         );
     }
 
@@ -1549,6 +1602,24 @@ mod tests {
         // Done before b entered: no overlap.
         let r = commands(30, false).check_as(&via_run(Primitive::Mutex));
         assert_eq!(r.service_overlap, 0);
+    }
+
+    /// a's `leasehold run` alone was stalled: its command is not paused, so whatever it
+    /// does after b entered is an overlap (the watchdog should have stopped it); done
+    /// before, it is not. Either way the stalled run must exit 76, which is no false loss.
+    #[test]
+    fn a_command_of_a_stalled_run_must_be_stopped_before_the_next_holder_enters() {
+        let stalled = |a_last: u64| {
+            commands(a_last, false)
+                .fault(12, 150, "stall-run", Some("a"))
+                .check_as(&via_run(Primitive::Mutex))
+        };
+        let r = stalled(160);
+        assert_eq!(r.service_overlap, 1);
+        assert!(r.violations[0].contains("commands inside at once"), "{r:?}");
+        let r = stalled(30);
+        assert_eq!((r.service_overlap, r.false_losses), (0, 0));
+        assert_eq!((r.expired_while_held, r.losses_reported), (1, 1));
     }
 
     #[test]

@@ -41,8 +41,8 @@ pub const VIOLATED: u8 = 1;
 #[command(after_help = TORTURE_AFTER_HELP)]
 pub struct TortureArgs {
     /// Start the store for this run, so the nemesis can pause, kill and restart it:
-    /// a persistent redis-server, one etcd member, or a 3-member etcd cluster (instead of
-    /// --store)
+    /// a persistent redis-server, one without persistence (a restart forgets every lock),
+    /// one etcd member, or a 3-member etcd cluster (instead of --store)
     #[arg(long, value_enum, value_name = "KIND")]
     pub spawn: Option<Spawn>,
 
@@ -120,9 +120,12 @@ cycle; the nemesis pauses (SIGSTOP) the run and its command together, and kills 
 Faults (the nemesis targets the worker that holds the lock and has read the counter):
   pause          SIGSTOP the holder for 1.5-2x TTL, then SIGCONT: it must report the loss
   short-pause    SIGSTOP the holder for 0.3x TTL: it must NOT report a loss
+  stall-run      SIGSTOP a holding `leasehold run` alone (not its command) for 1.5-2x
+                 TTL: its watchdog must stop the command by the lease's safe deadline
+                 (--workers-as run)
   kill           SIGKILL the holder and start a new worker
   pause-store    SIGSTOP the store for 1.5x TTL (--spawn only)
-  restart-store  kill the store and start it again (--spawn redis or etcd)
+  restart-store  kill the store and start it again (--spawn redis, redis-volatile or etcd)
   kill-member    kill an etcd member that does not lead, restart it after 2x TTL
   kill-leader    kill the etcd leader, restart it after 2x TTL (--spawn etcd-cluster)
   delay          a proxy holds store replies back 1.5x TTL for 1x TTL (grants arrive late)
@@ -131,14 +134,17 @@ Faults (the nemesis targets the worker that holds the lock and has read the coun
 The link faults (delay, drop, reset) need a redis:// or etcd:// store. Without --store
 or --spawn the run uses a local store of its own, in the history directory.
 
-The report: service overlap (two valid leases at once; must be 0), belief overlap
+The report: service overlap (two valid leases at once; must be 0, except where a
+restart of --spawn redis-volatile forgot the lock: fencing must then refuse the holder
+it left behind, so stale accesses accepted must be 0 with --fence all), belief overlap
 (workers that believed they held at once; reported), stale accesses accepted and lost
 updates (must be 0 with --fence all), tokens (unique, rising, unchanged on re-entry),
 expired leases reported lost, false losses (must be 0), takeover after a kill, acquire
 latency.
 
 Exit status: 0 all invariants held; 1 an invariant was broken, or the unfenced control
-(--fence none with pauses) lost no update, which means the faults did not land;
+(--fence none with pauses, or restarts of redis-volatile) showed no damage, which means
+the faults did not land;
 64 bad usage; 69 the store is unreachable.
 
 Examples:
@@ -147,7 +153,8 @@ Examples:
   leasehold torture --primitive rwlock --workers-as run --fair
   leasehold torture --spawn redis --faults pause,short-pause,kill,restart-store
   leasehold torture --spawn etcd-cluster --ttl 2s --faults pause,kill,kill-member,kill-leader
-  leasehold torture --spawn redis --fence none --faults pause    # the control";
+  leasehold torture --spawn redis --fence none --faults pause    # the control
+  leasehold torture --spawn redis-volatile --faults restart-store # a Redis that forgets";
 
 /// What a worker process is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -164,10 +171,25 @@ pub enum WorkersAs {
 pub enum Spawn {
     /// redis-server with every write fsynced before it answers (a restart loses nothing)
     Redis,
+    /// redis-server without persistence, as a cache is run: a restart forgets every
+    /// lock (fencing must refuse the holder it leaves behind)
+    RedisVolatile,
     /// one etcd member
     Etcd,
     /// three etcd members (kill-member, kill-leader)
     EtcdCluster,
+}
+
+impl Spawn {
+    /// The store's name in the report.
+    fn label(self) -> &'static str {
+        match self {
+            Spawn::Redis => "redis",
+            Spawn::RedisVolatile => "redis-volatile",
+            Spawn::Etcd => "etcd",
+            Spawn::EtcdCluster => "etcd-cluster",
+        }
+    }
 }
 
 /// What the nemesis does (see the help).
@@ -177,6 +199,8 @@ pub enum FaultKind {
     Pause,
     /// Pause the holder for a third of its lease
     ShortPause,
+    /// Pause a `run` worker's `leasehold` alone, past its lease (not its command)
+    StallRun,
     /// Kill the holder
     Kill,
     /// Pause the store
@@ -229,7 +253,7 @@ impl Keeper {
                 Ok(spawned) => spawned,
                 Err(failure) => return drop(started_tx.send(Err(failure))),
             };
-            let _ = started_tx.send(Ok((spawned.url(), spawned.label())));
+            let _ = started_tx.send(Ok((spawned.url(), kind.label())));
             // Until the run drops its sender; then the store is stopped with `spawned`.
             for job in inbox {
                 job(&mut spawned);
@@ -268,7 +292,7 @@ enum Spawned {
 impl Spawned {
     fn start(kind: Spawn) -> Result<Self, Failure> {
         let (program, package) = match kind {
-            Spawn::Redis => ("redis-server", "redis-server"),
+            Spawn::Redis | Spawn::RedisVolatile => ("redis-server", "redis-server"),
             Spawn::Etcd | Spawn::EtcdCluster => ("etcd", "etcd-server"),
         };
         if !on_path(program) {
@@ -280,6 +304,7 @@ impl Spawned {
         // The testkit reports a server that does not come up by panicking.
         std::panic::catch_unwind(|| match kind {
             Spawn::Redis => Spawned::Redis(RedisServer::start_persistent()),
+            Spawn::RedisVolatile => Spawned::Redis(RedisServer::start()),
             Spawn::Etcd => Spawned::Etcd(EtcdServer::start()),
             Spawn::EtcdCluster => Spawned::Cluster(EtcdCluster::start()),
         })
@@ -291,14 +316,6 @@ impl Spawned {
             Spawned::Redis(s) => s.url(),
             Spawned::Etcd(s) => s.url(),
             Spawned::Cluster(c) => c.url(),
-        }
-    }
-
-    fn label(&self) -> &'static str {
-        match self {
-            Spawned::Redis(_) => "redis",
-            Spawned::Etcd(_) => "etcd",
-            Spawned::Cluster(_) => "etcd-cluster",
         }
     }
 
@@ -387,7 +404,12 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
             "--spawn starts its own store: leave out --store",
         ));
     }
-    check_faults(&args.faults, args.spawn, store)?;
+    check_faults(
+        &args.faults,
+        args.spawn,
+        store,
+        args.workers_as == WorkersAs::Run,
+    )?;
     let keeper = args.spawn.map(Keeper::start).transpose()?;
     let (mut url, label) = match (&keeper, store) {
         (Some(k), _) => (k.url.clone(), k.label.to_string()),
@@ -469,6 +491,7 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
         fair,
         via_run,
         workers_lock_the_store: label == "local" && !via_run,
+        store_forgets: run.args.spawn == Some(Spawn::RedisVolatile),
     };
     let report = check::check(&entries, &setup);
     let headline = summary(&label, &run.args, ttl, fair, seed, &report);
@@ -519,6 +542,7 @@ fn check_faults(
     faults: &[FaultKind],
     spawn: Option<Spawn>,
     store: Option<&str>,
+    via_run: bool,
 ) -> Result<(), Failure> {
     for &f in faults {
         let problem = match (f, spawn) {
@@ -530,6 +554,7 @@ fn check_faults(
             (FaultKind::KillMember | FaultKind::KillLeader, _) => {
                 Some("needs --spawn etcd-cluster")
             }
+            (FaultKind::StallRun, _) if !via_run => Some("needs --workers-as run"),
             (f, None)
                 if f.on_link()
                     && store.is_none_or(|s| rewrite_endpoints(s, |e| e.into()).is_none()) =>
@@ -735,17 +760,18 @@ impl Run {
     async fn apply(&self, fault: FaultKind) -> bool {
         let kind = fault.name();
         match fault {
-            FaultKind::Pause | FaultKind::ShortPause => {
+            FaultKind::Pause | FaultKind::ShortPause | FaultKind::StallRun => {
                 let factor = match fault {
-                    FaultKind::Pause => self.random(|r| r.gen_range(1.5..2.0)),
-                    _ => 0.3,
+                    FaultKind::ShortPause => 0.3,
+                    _ => self.random(|r| r.gen_range(1.5..2.0)),
                 };
                 let Some((owner, pid)) = self.holder().await else {
                     return false;
                 };
                 // A `run` worker's command is in a process group of its own: both stop,
-                // as on a paused machine.
-                let command = self.resource.pid_inside(&owner).filter(|&p| p > 0);
+                // as on a paused machine; or `leasehold` alone stalls.
+                let command = (self.resource.pid_inside(&owner))
+                    .filter(|&p| p > 0 && fault != FaultKind::StallRun);
                 signal(pid, libc::SIGSTOP);
                 if let Some(command) = command {
                     signal(-command, libc::SIGSTOP);
