@@ -367,3 +367,35 @@ async fn a_short_lease_is_renewed_through_another_member_while_its_member_is_pau
     cluster.members[first].resume();
     guard.release().await.unwrap();
 }
+
+/// A holder cut off from etcd while its lock was force-released through another member
+/// learns it as soon as its own member is back (its watch is made again, and a read finds
+/// the key gone), not at its next renewal (about 20 s after the acquire here; the test
+/// allows 15), by when another client could long have been granted the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_learns_at_once_of_a_release_made_while_it_was_cut_off() {
+    let mut cluster = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .unwrap();
+    // The holder reaches one follower only (killing it needs no election).
+    let leader = tokio::task::block_in_place(|| cluster.wait_for_leader());
+    let cut = (leader + 1) % cluster.members.len();
+    let only = |i: usize| format!("etcd://{}", cluster.members[i].endpoint());
+    let holders = Leasehold::new(EtcdStore::connect(&only(cut)).await.unwrap());
+    let others = Leasehold::new(EtcdStore::connect(&only(leader)).await.unwrap());
+    let lock = holders.mutex("k").unwrap();
+    let guard = (lock.with_ttl(Duration::from_secs(60)))
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let before_renewal = Instant::now() + Duration::from_secs(15);
+    let lost = guard.lost_signal();
+    let watcher = tokio::spawn(async move { lost.lost().await });
+    tokio::task::block_in_place(|| cluster.members[cut].kill());
+    assert!(others.force_release("k").await.unwrap());
+    tokio::task::block_in_place(|| cluster.members[cut].restart());
+    let learned = tokio::time::timeout_at(before_renewal, watcher).await;
+    assert!(learned.is_ok(), "the holder learned only at its renewal");
+    assert!(guard.check().is_err());
+}
