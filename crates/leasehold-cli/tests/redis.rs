@@ -496,6 +496,66 @@ fn status_says_what_a_restart_of_redis_can_lose_and_durable_refuses_it() {
     assert!(cli.status("k").get("store_caveat").is_none());
 }
 
+/// Each row of the README's table of Redis settings: what `status` says of a server that
+/// writes its append-only file once a second, and of one with a replica (with and
+/// without `?replicas`), and whether `?durable=1` takes it.
+#[test]
+fn the_readme_table_of_redis_settings_holds() {
+    let store_line = |url: String, label: &str| {
+        let out = Cli::with_store(label, Some(url))
+            .run(&["status", "k"])
+            .expect(0);
+        (out.stdout.lines())
+            .find_map(|l| l.trim_start().strip_prefix("store: "))
+            .map(str::to_string)
+    };
+    let durable = |url: String, label: &str| {
+        let join = if url.contains('?') { '&' } else { '?' };
+        let cli = Cli::with_store(label, Some(format!("{url}{join}durable=1")));
+        cli.run(&["status", "k"]).code
+    };
+    let everysec = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "everysec"]);
+    let said = store_line(everysec.url(), "redis-everysec");
+    assert!(said.is_some_and(|s| s.contains("last second")));
+    assert_eq!(durable(everysec.url(), "redis-everysec-durable"), Some(64));
+
+    let master = RedisServer::start_persistent();
+    let port = master.port().to_string();
+    let _replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    wait_for("the replica to connect", || {
+        master
+            .cli(&["INFO", "replication"])
+            .contains("connected_slaves:1")
+    });
+    let said = store_line(master.url(), "redis-replicated");
+    assert!(said.is_some_and(|s| s.contains("failover to a replica")));
+    assert_eq!(durable(master.url(), "redis-replicated-durable"), Some(64));
+    let waits = format!("{}?replicas=1", master.url());
+    assert_eq!(store_line(waits.clone(), "redis-replicas"), None);
+    assert_eq!(durable(waits, "redis-replicas-durable"), Some(0));
+}
+
+/// The same for a Redis Cluster: each master is asked, and a cluster whose masters keep
+/// nothing across a restart is named in `status` and refused by `?durable=1`.
+#[test]
+fn status_says_what_a_restart_of_a_cluster_can_lose_and_durable_refuses_it() {
+    let cluster = leasehold_testkit::RedisCluster::start();
+    let cli = Cli::with_store("cluster-volatile", Some(cluster.url()));
+    let out = cli.run(&["status", "k"]).expect(0);
+    assert!(
+        out.stdout
+            .contains("store: a restart forgets every held lock"),
+        "{out:?}"
+    );
+    let durable = Cli::with_store(
+        "cluster-durable",
+        Some(format!("{}?durable=1", cluster.url())),
+    );
+    let out = durable.run(&["run", "k", "--", "touch", "ran"]).expect(64);
+    assert!(out.stderr.contains("appendonly yes"), "{out:?}");
+    assert!(!durable.exists("ran"));
+}
+
 /// A key of ours that something else wrote (garbage, another type) is unreadable state:
 /// exit 70 with the key named, not "unavailable".
 #[test]

@@ -322,8 +322,12 @@ fn url_options(url: &str) -> std::result::Result<(String, UrlOptions), String> {
 /// What a restart or failover of the server behind `conn` can lose, from its settings:
 /// `None` when nothing (the append-only file written before every answer, no replicas
 /// or `?replicas`), or when it does not say (`CONFIG` renamed away, as on some hosted
-/// Redis). Read on a single server; a cluster's nodes are not asked.
-async fn caveat(conn: &mut ConnectionManager, replicas: bool) -> Option<String> {
+/// Redis). `replicas`: `Some(asked)` on a single server, where `?replicas` can make
+/// grants wait for replicas; `None` on a cluster's node, where it cannot.
+async fn caveat<C>(conn: &mut C, replicas: Option<bool>) -> Option<String>
+where
+    C: redis::aio::ConnectionLike + Clone + Send,
+{
     let info = |section: &'static str| {
         let mut conn = conn.clone();
         async move {
@@ -359,10 +363,62 @@ async fn caveat(conn: &mut ConnectionManager, replicas: bool) -> Option<String> 
     let replication = info("replication").await.unwrap_or_default();
     let replicated = field(&replication, "role").as_deref() == Some("slave")
         || field(&replication, "connected_slaves").is_some_and(|n| n != "0");
-    if replicated && !replicas {
-        risks.push("a failover to a replica that missed writes can grant a held lock again (use ?replicas=N)");
+    match replicas {
+        Some(false) if replicated => risks.push("a failover to a replica that missed writes can grant a held lock again (use ?replicas=N)"),
+        None if replicated => risks.push("a failover to a replica that missed writes can grant a held lock again"),
+        _ => {}
     }
     (!risks.is_empty()).then(|| risks.join("; "))
+}
+
+/// What a restart or failover of a cluster's masters can lose, each asked as a server of
+/// its own (a lock lives on the master of its slot): every distinct risk once, with the
+/// masters it applies to unless it is all of them. A master that cannot be asked is left
+/// out, as a server that does not say is.
+async fn cluster_caveat(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    prefix: &str,
+) -> Option<String> {
+    let masters = cluster_masters(conn).await.ok()?;
+    let asked = masters.iter().map(|addr| async move {
+        let client = redis::Client::open(format!("{prefix}{addr}"))?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
+        let mut conn = (client.get_multiplexed_async_connection_with_config(&config)).await?;
+        redis::RedisResult::Ok((addr, caveat(&mut conn, None).await))
+    });
+    let mut risks: Vec<(String, Vec<&String>)> = Vec::new();
+    for answer in futures_util::future::join_all(asked).await {
+        let Ok((addr, Some(caveat))) = answer else {
+            continue;
+        };
+        match risks.iter_mut().find(|(c, _)| *c == caveat) {
+            Some((_, addrs)) => addrs.push(addr),
+            None => risks.push((caveat, vec![addr])),
+        }
+    }
+    let named = risks.into_iter().map(|(caveat, addrs)| {
+        let addrs: Vec<&str> = addrs.iter().map(|a| a.as_str()).collect();
+        match addrs.len() == masters.len() {
+            true => caveat,
+            false => format!("on master {}: {caveat}", addrs.join(", ")),
+        }
+    });
+    let named: Vec<String> = named.collect();
+    (!named.is_empty()).then(|| named.join("; "))
+}
+
+/// The `host:port` of each master of a cluster that is not failed.
+async fn cluster_masters(
+    conn: &mut redis::cluster_async::ClusterConnection,
+) -> redis::RedisResult<Vec<String>> {
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await?;
+    let masters = (nodes.lines())
+        .filter(|l| l.contains("master") && !l.contains("fail"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.split('@').next())
+        .map(String::from);
+    Ok(masters.collect())
 }
 
 /// `250ms` or `2s`.
@@ -435,8 +491,7 @@ impl RedisStore {
             ));
         }
         let unavailable = |e: redis::RedisError| failed(&shown, e);
-        let mut caveat_found = None;
-        let (conn, subscribe_to) = match cluster_nodes(url) {
+        let (conn, subscribe_to, caveat_found) = match cluster_nodes(url) {
             Some(nodes) => {
                 let (prefix, nodes) = nodes.map_err(invalid)?;
                 let client = redis::cluster::ClusterClient::builder(nodes.clone())
@@ -444,11 +499,12 @@ impl RedisStore {
                     .response_timeout(Duration::from_secs(5))
                     .build()
                     .map_err(|e| invalid(e.to_string()))?;
-                let conn = client.get_async_connection().await.map_err(unavailable)?;
+                let mut conn = client.get_async_connection().await.map_err(unavailable)?;
+                let caveat = cluster_caveat(&mut conn, &prefix).await;
                 // PUBLISH reaches every node of a cluster: any one node will do.
                 let first =
                     redis::Client::open(nodes[0].as_str()).map_err(|e| invalid(e.to_string()))?;
-                (Conn::Cluster(conn, prefix), first)
+                (Conn::Cluster(conn, prefix), first, caveat)
             }
             None => {
                 let client = redis::Client::open(url).map_err(|e| {
@@ -462,8 +518,8 @@ impl RedisStore {
                     .get_connection_manager_with_config(config)
                     .await
                     .map_err(unavailable)?;
-                caveat_found = caveat(&mut conn, replicas.is_some()).await;
-                (Conn::Single(conn), client)
+                let caveat = caveat(&mut conn, Some(replicas.is_some())).await;
+                (Conn::Single(conn), client, caveat)
             }
         };
         match (&caveat_found, options.durable) {
@@ -752,22 +808,7 @@ impl RedisStore {
         match self.inner.conn.clone() {
             Conn::Single(c) => conns.push(c),
             Conn::Cluster(mut c, prefix) => {
-                let nodes: String = redis::cmd("CLUSTER")
-                    .arg("NODES")
-                    .query_async(&mut c)
-                    .await
-                    .map_err(unavailable)?;
-                for line in nodes
-                    .lines()
-                    .filter(|l| l.contains("master") && !l.contains("fail"))
-                {
-                    let Some(addr) = line
-                        .split_whitespace()
-                        .nth(1)
-                        .and_then(|a| a.split('@').next())
-                    else {
-                        continue;
-                    };
+                for addr in cluster_masters(&mut c).await.map_err(unavailable)? {
                     let client =
                         redis::Client::open(format!("{prefix}{addr}")).map_err(unavailable)?;
                     conns.push(client.get_connection_manager().await.map_err(unavailable)?);
