@@ -11,6 +11,7 @@ pub mod command;
 pub mod history;
 mod proxy;
 mod resource;
+mod spawn;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -21,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use leasehold_testkit::{EtcdCluster, EtcdServer, RedisServer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
@@ -31,6 +31,7 @@ use self::check::{Fence, Primitive, Report, Setup};
 use self::history::{Event, Log, Role};
 use self::proxy::Link;
 use self::resource::{Phase, Resource};
+use self::spawn::{Keeper, Spawned};
 use crate::exit::{self, Failure};
 
 /// Exit status when the history broke an invariant (or the control stayed clean).
@@ -42,7 +43,8 @@ pub const VIOLATED: u8 = 1;
 pub struct TortureArgs {
     /// Start the store for this run, so the nemesis can pause, kill and restart it:
     /// a persistent redis-server, one without persistence (a restart forgets every lock),
-    /// one etcd member, or a 3-member etcd cluster (instead of --store)
+    /// one etcd member, or a 3-member etcd cluster (instead of --store; needs a build
+    /// with the `spawn` feature)
     #[arg(long, value_enum, value_name = "KIND")]
     pub spawn: Option<Spawn>,
 
@@ -231,111 +233,6 @@ impl FaultKind {
     }
 }
 
-type Job = Box<dyn FnOnce(&mut Spawned) + Send>;
-
-/// The thread that starts, pauses, restarts and finally stops a `--spawn` store. One
-/// thread for the whole run: the testkit's processes die with the *thread* that started
-/// them (`PR_SET_PDEATHSIG`), and a blocking-pool thread ends when it idles.
-#[derive(Debug)]
-struct Keeper {
-    jobs: Option<std::sync::mpsc::Sender<Job>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    url: String,
-    label: &'static str,
-}
-
-impl Keeper {
-    fn start(kind: Spawn) -> Result<Self, Failure> {
-        let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
-        let (started_tx, started) = std::sync::mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            let mut spawned = match Spawned::start(kind) {
-                Ok(spawned) => spawned,
-                Err(failure) => return drop(started_tx.send(Err(failure))),
-            };
-            let _ = started_tx.send(Ok((spawned.url(), kind.label())));
-            // Until the run drops its sender; then the store is stopped with `spawned`.
-            for job in inbox {
-                job(&mut spawned);
-            }
-        });
-        let (url, label) = started
-            .recv()
-            .map_err(|_| Failure::new(exit::INTERNAL, "the store thread ended"))??;
-        Ok(Keeper {
-            jobs: Some(jobs),
-            thread: Some(thread),
-            url,
-            label,
-        })
-    }
-}
-
-impl Drop for Keeper {
-    /// Stops the store before the run goes on (or the process exits).
-    fn drop(&mut self) {
-        drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The store processes of a `--spawn` run.
-#[derive(Debug)]
-enum Spawned {
-    Redis(RedisServer),
-    Etcd(EtcdServer),
-    Cluster(EtcdCluster),
-}
-
-impl Spawned {
-    fn start(kind: Spawn) -> Result<Self, Failure> {
-        let (program, package) = match kind {
-            Spawn::Redis | Spawn::RedisVolatile => ("redis-server", "redis-server"),
-            Spawn::Etcd | Spawn::EtcdCluster => ("etcd", "etcd-server"),
-        };
-        if !on_path(program) {
-            return Err(Failure::new(
-                exit::UNAVAILABLE,
-                format!("--spawn needs {program}: apt-get install {package}"),
-            ));
-        }
-        // The testkit reports a server that does not come up by panicking.
-        std::panic::catch_unwind(|| match kind {
-            Spawn::Redis => Spawned::Redis(RedisServer::start_persistent()),
-            Spawn::RedisVolatile => Spawned::Redis(RedisServer::start()),
-            Spawn::Etcd => Spawned::Etcd(EtcdServer::start()),
-            Spawn::EtcdCluster => Spawned::Cluster(EtcdCluster::start()),
-        })
-        .map_err(|_| Failure::new(exit::UNAVAILABLE, format!("{program} did not start")))
-    }
-
-    fn url(&self) -> String {
-        match self {
-            Spawned::Redis(s) => s.url(),
-            Spawned::Etcd(s) => s.url(),
-            Spawned::Cluster(c) => c.url(),
-        }
-    }
-
-    /// Stops (SIGSTOP, waiting until stopped, as the testkit's `pause` does) or resumes
-    /// every server process.
-    fn pause(&self, stop: bool) {
-        let pids = match self {
-            Spawned::Redis(s) => vec![s.pid()],
-            Spawned::Etcd(s) => vec![s.pid()],
-            Spawned::Cluster(c) => c.members.iter().map(EtcdServer::pid).collect(),
-        };
-        for pid in pids {
-            match stop {
-                true => leasehold_testkit::stop_process(pid),
-                false => leasehold_testkit::send_signal(pid, libc::SIGCONT),
-            }
-        }
-    }
-}
-
 /// Signals a worker; one that has just exited is no error (the testkit's `send_signal`
 /// panics on that, as a test should).
 fn signal(pid: i32, signal: i32) {
@@ -343,11 +240,6 @@ fn signal(pid: i32, signal: i32) {
         // SAFETY: kill has no memory effects; a gone process gives ESRCH.
         unsafe { libc::kill(pid, signal) };
     }
-}
-
-fn on_path(program: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
 }
 
 /// One worker slot: its current process (library workers).
@@ -829,40 +721,18 @@ impl Run {
             }
             FaultKind::RestartStore => {
                 self.fault_start(&kind, None);
-                self.with_store(|s| match s {
-                    Spawned::Redis(r) => r.restart(),
-                    Spawned::Etcd(e) => e.restart(),
-                    Spawned::Cluster(_) => {}
-                })
-                .await;
+                self.with_store(Spawned::restart).await;
                 self.fault_end(&kind, None);
             }
             FaultKind::KillMember | FaultKind::KillLeader => {
                 let leader = fault == FaultKind::KillLeader;
-                let killed = self
-                    .with_store(move |s| {
-                        let Spawned::Cluster(c) = s else { return None };
-                        // No leader found (each look waits a second at most): skip it.
-                        let lead = (0..10).find_map(|_| c.leader())?;
-                        let i = match leader {
-                            true => lead,
-                            false => (lead + 1 + rand::random::<usize>() % 2) % 3,
-                        };
-                        c.members[i].kill();
-                        Some(i)
-                    })
-                    .await;
+                let killed = (self.with_store(move |s| s.kill_member(leader))).await;
                 let Some(i) = killed.flatten() else {
                     return false;
                 };
                 self.fault_start(&kind, None);
                 sleep(self.ttl(2.0)).await;
-                self.with_store(move |s| {
-                    if let Spawned::Cluster(c) = s {
-                        c.members[i].restart();
-                    }
-                })
-                .await;
+                self.with_store(move |s| s.restart_member(i)).await;
                 self.fault_end(&kind, None);
             }
             FaultKind::Delay => {
@@ -914,11 +784,10 @@ impl Run {
         f: impl FnOnce(&mut Spawned) -> T + Send + 'static,
     ) -> Option<T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |s: &mut Spawned| {
+        self.keeper.as_ref()?.send(move |s: &mut Spawned| {
             let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(s)));
             let _ = tx.send(done.ok());
-        });
-        self.keeper.as_ref()?.jobs.as_ref()?.send(job).ok()?;
+        })?;
         rx.await.ok().flatten()
     }
 
