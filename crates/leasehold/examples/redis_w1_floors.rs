@@ -45,20 +45,20 @@ async fn run(
     let started = Instant::now();
     for i in 0..cycles {
         if mode == "store" {
-            let req = leasehold::AcquireRequest {
+            let req = leasehold::store::AcquireRequest {
                 name: tag.as_str().try_into()?,
-                lease: leasehold::LeaseId::random(),
+                lease: leasehold::store::LeaseId::random(),
                 owner: "o".into(),
                 kind: leasehold::LockKind::Exclusive,
                 ttl: Duration::from_secs(30),
                 fair: false,
                 enqueue: true,
                 waited: Duration::ZERO,
-                requester: std::sync::Arc::new(leasehold::Requester::this_process()),
+                requester: std::sync::Arc::new(leasehold::store::Requester::this_process()),
             };
             let store = locks.store();
             match store.acquire(&req).await? {
-                leasehold::Attempt::Granted(_) => {}
+                leasehold::store::Attempt::Granted(_) => {}
                 _ => return Err("busy".into()),
             }
             store.release(&req.lease()).await?;

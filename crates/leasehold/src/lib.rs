@@ -67,7 +67,8 @@
 //!   to install. The `leasehold` CLI's default.
 //! - `RedisStore` (feature `redis`): a Redis server or Redis Cluster.
 //! - `EtcdStore` (feature `etcd`): an etcd cluster; fair queues by create revision.
-//! - Any [`Store`] you implement; run the [`conformance`] suite against it.
+//! - Any [`Store`] you implement: the [`store`] module has what a store sees and
+//!   answers; run the `conformance` suite (feature `conformance`) against it.
 //!
 //! # Release
 //! [`LockGuard::release`] is the way to end a hold. Dropping a guard stops renewal and
@@ -78,12 +79,19 @@
 //! in the background. Before the process exits, call [`Leasehold::shutdown`]: it waits
 //! (for a bound you choose) for those releases and undos, which would otherwise end with
 //! the runtime. A process that dies without that chance holds up a fair queue for at
-//! most its waiter lease ([`waiter_lease`], at most 5 s), and a lock for its TTL.
+//! most its waiter lease ([`store::waiter_lease`], at most 5 s), and a lock for its TTL.
 //!
 //! # Features
 //! - `local` (default): the local store (Linux).
 //! - `redis`: the Redis store, one server or a Cluster (TLS with rustls).
 //! - `etcd`: the etcd store (gRPC with tonic, TLS with rustls; no `protoc` needed).
+//! - `conformance`: the behaviour suite every store passes, for authors of a store of
+//!   their own.
+//!
+//! # Who each name is for
+//! The crate root holds what a user of locks needs. [`store`] holds what an author of a
+//! store needs (the [`Store`] trait's requests and answers, the lease arithmetic). Names
+//! hidden from these docs serve the `leasehold` command and are not part of the API.
 
 #![warn(missing_docs)]
 
@@ -98,7 +106,7 @@ mod name;
 mod options;
 mod record;
 mod rules;
-mod store;
+pub mod store;
 mod sys;
 mod url;
 
@@ -111,6 +119,7 @@ pub mod redis;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 
+#[cfg(feature = "conformance")]
 pub mod conformance;
 
 pub use error::{BoxError, Error, Result};
@@ -118,23 +127,22 @@ pub use error::{BoxError, Error, Result};
 pub use etcd::EtcdStore;
 pub use fence::{FenceGate, FencingToken};
 pub use guard::{Deadlines, LockGuard, LostSignal};
-pub use keepalive::{safe_deadline, DRIFT, MARGIN};
 #[cfg(feature = "local")]
 pub use local::LocalStore;
 pub use lock::{Leasehold, Lock};
 pub use memory::MemoryStore;
 pub use name::{LockName, MAX_NAME_LEN};
-pub use options::{
-    humanize, waiter_lease, DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MAX_WAITER_LEASE,
-    MIN_TTL,
-};
+pub use options::{DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
-pub use store::{
-    AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId, LockKind,
-    LockState, Released, Renewal, Requester, Store, WaiterInfo, Watermark,
-};
-pub use url::{open_store, URL_FORMS};
+pub use store::{Busy, HolderInfo, LockKind, LockState, Released, Store, WaiterInfo};
+pub use url::open_store;
+
+// For the `leasehold` command: not part of the API.
+#[doc(hidden)]
+pub use options::humanize;
+#[doc(hidden)]
+pub use url::URL_FORMS;
 
 /// [`Mutex::lock`](std::sync::Mutex::lock) that goes on after a panic in another task:
 /// every critical section here is a few assignments that leave the data whole, and a lock

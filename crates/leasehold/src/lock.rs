@@ -82,7 +82,7 @@ impl Leasehold {
     /// Call it before the process exits, after dropping or releasing its guards: a
     /// runtime that ends drops its background tasks, and then a lock held by a dropped
     /// guard stays held until its lease ends, and a place in a fair queue holds up the
-    /// waiters behind it until its waiter lease ([`waiter_lease`](crate::waiter_lease))
+    /// waiters behind it until its waiter lease ([`waiter_lease`](crate::store::waiter_lease))
     /// ends. Guards that still live are left alone. The locks stay usable; a later call
     /// waits for what they leave behind after this one.
     ///
@@ -225,7 +225,7 @@ impl Lock {
     }
 
     /// FIFO: never pass a waiter queued earlier (default: off, the fastest hand-off; on
-    /// for stores whose [`Capabilities::fair_by_default`](crate::Capabilities) says so).
+    /// for stores whose [`Capabilities::fair_by_default`](crate::store::Capabilities) says so).
     pub fn with_fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self
@@ -265,7 +265,7 @@ impl Lock {
     /// Tasks of one process waiting for the same mutex (without an owner id) wait in the
     /// process, behind the one of them that asks the store; a release hands the lock to
     /// the next of them in the same store step. In fair mode this needs a store that
-    /// queues by arrival ([`Capabilities::queues_by_wait`](crate::Capabilities)): the
+    /// queues by arrival ([`Capabilities::queues_by_wait`](crate::store::Capabilities)): the
     /// task handed over takes its place in the store's queue by when it arrived.
     ///
     /// # Cancel safety

@@ -1,4 +1,5 @@
-//! The small trait every store implements, and the values that cross it.
+//! For store authors: the small trait every store implements, the values that cross it,
+//! and the lease arithmetic a store must agree with.
 //!
 //! A store answers single attempts and says when another attempt may be worth making.
 //! Waiting, deadlines, renewal, re-entry bookkeeping above the store and guards live once,
@@ -13,6 +14,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::{FencingToken, LockName, Result};
+
+pub use crate::keepalive::{safe_deadline, DRIFT, MARGIN};
+pub use crate::options::{waiter_lease, MAX_WAITER_LEASE};
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -68,7 +68,7 @@ async fn a_waiter_waits_on_a_short_lease_and_holds_on_the_full_ttl() {
     .await;
     let leases = queue_leases(&server);
     assert_eq!(granted_ttl(&server, leases[0]), 30, "the holder's lease");
-    let short = leasehold::MAX_WAITER_LEASE.as_secs() as i64;
+    let short = leasehold::store::MAX_WAITER_LEASE.as_secs() as i64;
     assert_eq!(granted_ttl(&server, leases[1]), short, "the waiter's lease");
     holder.release().await.unwrap();
     let guard = within("the hand-over", waiter).await.unwrap().unwrap();

@@ -5,10 +5,8 @@
 use std::time::Duration;
 
 use leasehold::conformance::{eventually, renews_again_after_a_restart, within};
-use leasehold::{
-    AcquireRequest, Attempt, LeaseId, Leasehold, LockKind, LockState, RedisStore, Released,
-    Requester, Store,
-};
+use leasehold::store::{AcquireRequest, Attempt, LeaseId, Requester};
+use leasehold::{Leasehold, LockKind, LockState, RedisStore, Released, Store};
 use leasehold_testkit::{DelayProxy, RedisCluster, RedisServer};
 use tokio::time::Instant;
 

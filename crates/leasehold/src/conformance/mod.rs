@@ -1106,7 +1106,7 @@ pub async fn dead_waiter_costs_at_most_its_waiter_lease(open: Open) {
     let (_locks, _name, holder, w2) = after_waiter_process(&open, false).await;
     holder.release().await.unwrap();
     // The waiter lease, a second of etcd's rounding, and a refresh of w2's wait.
-    let bound = crate::MAX_WAITER_LEASE * 2;
+    let bound = crate::store::MAX_WAITER_LEASE * 2;
     assert!(bound < LONG_TTL);
     let next = tokio::time::timeout(bound, w2).await;
     let next = next.expect("w2 is served within the dead waiter's lease");

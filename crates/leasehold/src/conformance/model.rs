@@ -78,7 +78,7 @@ pub const BOUNDED: Duration = Duration::from_millis(100);
 
 /// How soon the store must show a change that needs no waiting on a lease: a new waiter
 /// queued, a cancelled one gone. Shorter than any waiter lease can still run after a
-/// cancel (half of [`MAX_WAITER_LEASE`](crate::MAX_WAITER_LEASE) at least), so a waiter
+/// cancel (half of [`MAX_WAITER_LEASE`](crate::store::MAX_WAITER_LEASE) at least), so a waiter
 /// that leaves only when its lease ends is caught.
 pub const PROMPT: Duration = Duration::from_secs(2);
 
@@ -91,7 +91,7 @@ const OWNERS: [&str; 4] = ["ann", "bob", "cid", "dee"];
 
 /// Runs the model-based conformance case on `store` (see the [module docs](self)),
 /// with fair and non-fair requests. A store whose re-entries do not expire alone
-/// ([`Capabilities::reentries_expire_alone`](crate::Capabilities)) is not asked to let a
+/// ([`Capabilities::reentries_expire_alone`](crate::store::Capabilities)) is not asked to let a
 /// leaked re-entry expire while its owner holds on.
 pub async fn model_based(store: Arc<dyn Store>) {
     let restricted = !store.capabilities().reentries_expire_alone;
