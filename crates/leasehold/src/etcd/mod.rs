@@ -40,7 +40,21 @@
 //!   busy queue is joined by a second Txn. etcd spends about 35 µs more on a Txn that
 //!   carries the nested join, which an uncontended lock would pay on every acquire.
 //! - The fencing token is the key's create revision: strictly increasing cluster-wide,
-//!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
+//!   never reused, unchanged on re-entry (re-entry leaves the key as it is, and a key
+//!   moved onto another lease keeps its create revision).
+//! - **Re-entry.** The queue key carries one hold, on its lease (its id is in the value).
+//!   Each re-entry puts a hold key `leasehold\x02NAME\0CREATE\0L` on a lease `L` of
+//!   its own (of its TTL, spare or granted), filed under the queue key's create revision
+//!   so that no later key of the name counts it; etcd deletes it when that lease ends,
+//!   which ends the hold. The owner's hold count (`describe`) is the key's hold plus the
+//!   live hold keys. A re-entry's renewal checks its hold key and the queue key, and
+//!   keeps the queue key's lease alive too (the key must outlive every live hold); if
+//!   that lease is shorter than the TTL asked, the key moves onto the re-entry's lease
+//!   and the hold it carried gets a hold key on its own lease. Releasing the key's own
+//!   hold while re-entries live moves the key (same Txn) onto the live re-entry whose
+//!   lease has the most time left; the last hold deletes the key. An uncontended
+//!   acquire and release stay one Txn each (the release also compares that no hold key
+//!   is there); a re-entry costs a Txn, and its release two.
 //! - **Fair mode** (the default on etcd): a waiter puts its key at the end of the queue.
 //!   The waiters of a process share one watch of their queue's deletions, and each is let
 //!   in when enough of the keys that could keep it out have gone (every key ahead for a
@@ -72,14 +86,15 @@
 //!   returned; the short lease is revoked (the key keeps its name, so it is not reused). A waiter that finds its own key gone (its lease expired while the process
 //!   was paused or cut off) stops with [`Error::WaitEnded`].
 //! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
-//!   Renewal checks both the lease and the key.
+//!   Renewal checks both the lease and the key. A force-release deletes the key and its
+//!   hold keys: every hold ends.
 //!
 //! # Guarantees and limits
-//! - A re-entry's hold lives in its owner's key, on the key's lease, which every hold of
-//!   the owner renews: a leaked re-entry (a guard leaked, or a nested process killed)
-//!   ends when the owner's other holds have ended and the key's lease after them (at
-//!   most the key's TTL later), not at the end of its own TTL. A lease that still has a
-//!   key is never kept for reuse, so a stale hold cannot outlive that.
+//! - Each hold of an owner ends with its own lease, re-entries too: a leaked re-entry (a
+//!   guard leaked, or a nested process killed) ends at the end of its own TTL, and its
+//!   owner's other holds go on. One exception: the hold that the queue key itself
+//!   carries, leaked while re-entries of its owner go on, lasts as long as they do (their
+//!   renewals keep the key's lease alive) and then at most its TTL.
 //! - etcd is linearizable: with a majority of members up, a lock has at most one holder
 //!   and tokens never repeat, across leader changes and member restarts.
 //! - Holder times (`since`) are the clients' wall clocks; etcd keeps no time of its own.
