@@ -286,10 +286,8 @@ pub struct Capabilities {
     /// that is in the store's queue, without losing their place.
     pub queues_by_wait: bool,
     /// A re-entry's hold ends with its own lease: a re-entry that is leaked (its process
-    /// died, or `leak()`) expires at its TTL while the owner's other holds go on. Not on
-    /// etcd, where re-entries share the owner's key and its lease: there a leaked
-    /// re-entry ends only when the owner's other holds have ended (and then with the
-    /// key's lease). The conformance suite's model skips that case where it is false.
+    /// died, or `leak()`) expires at its TTL while the owner's other holds go on. True of
+    /// every store here; the conformance suite's model skips that case where it is false.
     pub reentries_expire_alone: bool,
 }
 

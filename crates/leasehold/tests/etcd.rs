@@ -2,7 +2,7 @@
 //! stops with a clear error, renewal across a member restart, `lost` when etcd stays
 //! away, non-fair waiting, extending past the lease etcd granted, re-entry by an owner
 //! that queued first, a waiter moving off a paused member, a short lease renewed through
-//! another member while its own is paused.
+//! another member while its own is paused, a re-entry's hold ending with its own lease.
 #![cfg(feature = "etcd")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -398,4 +398,195 @@ async fn a_holder_learns_at_once_of_a_release_made_while_it_was_cut_off() {
     let learned = tokio::time::timeout_at(before_renewal, watcher).await;
     assert!(learned.is_ok(), "the holder learned only at its renewal");
     assert!(guard.check().is_err());
+}
+
+/// How long after a leaked hold's TTL etcd may still show it: its lease is whole seconds
+/// (at least the server's minimum), and expired leases are revoked by a periodic check.
+const ETCD_LEASE_SLACK: Duration = Duration::from_millis(2500);
+
+/// A re-entry whose guard is leaked holds the lock only until its own TTL ends: once its
+/// owner has released its first hold, the lock is free again then, not a TTL of the
+/// first hold later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaked_re_entry_ends_at_its_own_ttl_after_its_owner_releases() {
+    let (_server, locks) = start().await;
+    let name = "leaked-re-entry-released";
+    let lock = locks.mutex(name).unwrap().with_owner("me");
+    let first = lock
+        .clone()
+        .with_ttl(Duration::from_secs(30))
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let short = Duration::from_secs(1);
+    let inner = lock.with_ttl(short).try_lock().await.unwrap().unwrap();
+    assert_eq!((inner.holds(), inner.token()), (2, first.token()));
+    let leaked_at = Instant::now();
+    let _lease = inner.leak();
+    first.release().await.unwrap();
+    let state = locks.describe(name).await.unwrap();
+    assert_eq!(state.holders.len(), 1, "the leaked re-entry still holds");
+    assert_eq!(state.holders[0].holds, 1);
+    let deadline = leaked_at + short + ETCD_LEASE_SLACK;
+    let other = locks.mutex(name).unwrap().with_owner("other");
+    loop {
+        if let Some(guard) = other.try_lock().await.unwrap() {
+            guard.release().await.unwrap();
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lock is still held {:?} after a re-entry of TTL {short:?} was leaked",
+            leaked_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A leaked re-entry expires at its own TTL while its owner's first hold goes on: the
+/// hold count drops from 2 to 1 and the lock stays held, with the same token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaked_re_entry_expires_while_its_owner_holds_on() {
+    let (_server, locks) = start().await;
+    let name = "leaked-re-entry-held";
+    let lock = locks.mutex(name).unwrap().with_owner("me");
+    let first = lock
+        .clone()
+        .with_ttl(Duration::from_secs(30))
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let short = Duration::from_secs(1);
+    let inner = lock.with_ttl(short).try_lock().await.unwrap().unwrap();
+    let leaked_at = Instant::now();
+    let _lease = inner.leak();
+    let state = locks.describe(name).await.unwrap();
+    assert_eq!(state.holders[0].holds, 2);
+    let deadline = leaked_at + short + ETCD_LEASE_SLACK;
+    loop {
+        let state = locks.describe(name).await.unwrap();
+        assert_eq!(state.holders.len(), 1, "the owner holds on");
+        assert_eq!(state.holders[0].token, first.token());
+        if state.holders[0].holds == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leaked re-entry still holds {:?} after it was leaked",
+            leaked_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.check().unwrap();
+    let busy = locks.mutex(name).unwrap().with_owner("other");
+    assert!(busy.try_lock().await.unwrap().is_none(), "still held");
+    first.release().await.unwrap();
+    let free = busy
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after the last release");
+    free.release().await.unwrap();
+}
+
+/// Releasing the hold whose lease carries the queue key keeps the lock for the owner's
+/// other hold, which renews it past the first hold's TTL; its release then frees the
+/// lock and leaves no key behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_entry_keeps_the_lock_after_its_first_hold_is_released() {
+    let (server, locks) = start().await;
+    let name = "re-entry-outlives-first";
+    let ttl = Duration::from_secs(2);
+    let lock = locks.mutex(name).unwrap().with_owner("me").with_ttl(ttl);
+    let first = lock.try_lock().await.unwrap().unwrap();
+    let other_client = Leasehold::new(EtcdStore::connect(&server.url()).await.unwrap());
+    let inner = other_client
+        .mutex(name)
+        .unwrap()
+        .with_owner("me")
+        .with_ttl(ttl)
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let released_at = Instant::now();
+    first.release().await.unwrap();
+    // Renewed on its own lease past the end of the first hold's.
+    let past = released_at + ttl + ETCD_LEASE_SLACK;
+    eventually(
+        "the re-entry to renew past the first hold's lease",
+        || async { inner.valid_until() > past + ttl / 2 },
+    )
+    .await;
+    tokio::time::sleep_until(past).await;
+    inner.check().unwrap();
+    let state = locks.describe(name).await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(
+        (state.holders[0].holds, state.holders[0].token),
+        (1, inner.token())
+    );
+    let busy = locks.mutex(name).unwrap().with_owner("other");
+    assert!(busy.try_lock().await.unwrap().is_none(), "still held");
+    inner.release().await.unwrap();
+    let free = busy
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after the last release");
+    free.release().await.unwrap();
+    let left = tokio::task::block_in_place(|| {
+        server.etcdctl(&["get", "--prefix", "leasehold", "--keys-only"])
+    });
+    assert!(left.trim().is_empty(), "keys left: {left:?}");
+}
+
+/// A re-entry released, the owner re-enters again: two holds, the same token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_entry_after_a_released_re_entry_counts_both_holds() {
+    let (_server, locks) = start().await;
+    let name = "re-entry-again";
+    let lock = locks.semaphore(name, 3).unwrap().with_owner("me");
+    let first = lock.try_lock().await.unwrap().unwrap();
+    let second = lock
+        .try_lock_for(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.holds(), 2);
+    second.release().await.unwrap();
+    let third = lock.try_lock().await.unwrap().unwrap();
+    assert_eq!((third.holds(), third.token()), (2, first.token()));
+    assert_eq!(locks.describe(name).await.unwrap().holders[0].holds, 2);
+    third.release().await.unwrap();
+    first.release().await.unwrap();
+}
+
+/// The first hold released while a re-entry holds on, the owner re-enters again: the
+/// released hold's lease, whose name the queue key keeps, is not reused for a new key of
+/// the same name (which would be taken for the owner's key, a first hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_entry_after_the_first_hold_is_released_counts_both_holds() {
+    let (_server, locks) = start().await;
+    let name = "re-entry-after-first";
+    let lock = locks.semaphore(name, 3).unwrap().with_owner("me");
+    let first = lock.try_lock().await.unwrap().unwrap();
+    let second = lock
+        .try_lock_for(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap();
+    first.release().await.unwrap();
+    let third = lock
+        .try_lock_for(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((third.holds(), third.token()), (2, second.token()));
+    assert_eq!(locks.describe(name).await.unwrap().holders[0].holds, 2);
+    third.release().await.unwrap();
+    second.release().await.unwrap();
+    assert!(locks.describe(name).await.unwrap().holders.is_empty());
 }

@@ -40,7 +40,21 @@
 //!   busy queue is joined by a second Txn. etcd spends about 35 µs more on a Txn that
 //!   carries the nested join, which an uncontended lock would pay on every acquire.
 //! - The fencing token is the key's create revision: strictly increasing cluster-wide,
-//!   never reused, unchanged on re-entry (re-entry rewrites the value, not the key).
+//!   never reused, unchanged on re-entry (re-entry leaves the key as it is, and a key
+//!   moved onto another lease keeps its create revision).
+//! - **Re-entry.** The queue key carries one hold, on its lease (its id is in the value).
+//!   Each re-entry puts a hold key `leasehold\x02NAME\0CREATE\0L` on a lease `L` of
+//!   its own (of its TTL, spare or granted), filed under the queue key's create revision
+//!   so that no later key of the name counts it; etcd deletes it when that lease ends,
+//!   which ends the hold. The owner's hold count (`describe`) is the key's hold plus the
+//!   live hold keys. A re-entry's renewal checks its hold key and the queue key, and
+//!   keeps the queue key's lease alive too (the key must outlive every live hold); if
+//!   that lease is shorter than the TTL asked, the key moves onto the re-entry's lease
+//!   and the hold it carried gets a hold key on its own lease. Releasing the key's own
+//!   hold while re-entries live moves the key (same Txn) onto the live re-entry whose
+//!   lease has the most time left; the last hold deletes the key. An uncontended
+//!   acquire and release stay one Txn each (the release also compares that no hold key
+//!   is there); a re-entry costs a Txn, and its release two.
 //! - **Fair mode** (the default on etcd): a waiter puts its key at the end of the queue.
 //!   The waiters of a process share one watch of their queue's deletions, and each is let
 //!   in when enough of the keys that could keep it out have gone (every key ahead for a
@@ -72,14 +86,15 @@
 //!   returned; the short lease is revoked (the key keeps its name, so it is not reused). A waiter that finds its own key gone (its lease expired while the process
 //!   was paused or cut off) stops with [`Error::WaitEnded`].
 //! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
-//!   Renewal checks both the lease and the key.
+//!   Renewal checks both the lease and the key. A force-release deletes the key and its
+//!   hold keys: every hold ends.
 //!
 //! # Guarantees and limits
-//! - A re-entry's hold lives in its owner's key, on the key's lease, which every hold of
-//!   the owner renews: a leaked re-entry (a guard leaked, or a nested process killed)
-//!   ends when the owner's other holds have ended and the key's lease after them (at
-//!   most the key's TTL later), not at the end of its own TTL. A lease that still has a
-//!   key is never kept for reuse, so a stale hold cannot outlive that.
+//! - Each hold of an owner ends with its own lease, re-entries too: a leaked re-entry (a
+//!   guard leaked, or a nested process killed) ends at the end of its own TTL, and its
+//!   owner's other holds go on. One exception: the hold that the queue key itself
+//!   carries, leaked while re-entries of its owner go on, lasts as long as they do (their
+//!   renewals keep the key's lease alive) and then at most its TTL.
 //! - etcd is linearizable: with a majority of members up, a lock has at most one holder
 //!   and tokens never repeat, across leader changes and member restarts.
 //! - Holder times (`since`) are the clients' wall clocks; etcd keeps no time of its own.
@@ -115,6 +130,8 @@ use rpc::{
 const ROOT: &[u8] = b"leasehold\0";
 /// Owner markers: outside every range under [`ROOT`].
 const MARKERS: &[u8] = b"leasehold\x01";
+/// Re-entry holds: outside every range under [`ROOT`] and [`MARKERS`].
+const HOLDS: &[u8] = b"leasehold\x02";
 
 /// The least time a renewal's call gives one member before trying the next: a healthy
 /// member under load can take this long, and a failed-over call restarts the watches.
@@ -184,6 +201,9 @@ struct Acquisition {
     marker: Vec<u8>,
     lease: Option<EtcdLease>,
     state: State,
+    /// A re-entry's hold key (see [`hold_key`]), on `lease`, as it was granted; `None`
+    /// for the hold that the queue key itself carries.
+    hold: Option<Vec<u8>>,
 }
 
 #[derive(Clone, Debug)]
@@ -200,12 +220,8 @@ enum State {
         attempted: Instant,
     },
     /// Granted: our key (or our owner's, re-entered) at `create`, last written at
-    /// `modified`, then with our hold `alone` in it.
-    Held {
-        create: i64,
-        modified: i64,
-        alone: bool,
-    },
+    /// `modified`.
+    Held { create: i64, modified: i64 },
 }
 
 /// A waiting acquisition's own key.
@@ -242,8 +258,22 @@ struct Entry {
     kind: LockKind,
     /// Client wall clock, ms since the epoch.
     since: u64,
-    /// Acquisition ids holding through this key (several after re-entry).
+    /// The acquisition whose hold the key itself carries, on its lease (one; older
+    /// versions listed re-entries here too). Re-entries have hold keys of their own
+    /// ([`hold_key`]).
     holds: Vec<LeaseId>,
+}
+
+/// The value of a re-entry's hold key.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct HoldEntry {
+    hold: LeaseId,
+}
+
+impl HoldEntry {
+    fn value(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain strings serialize")
+    }
 }
 
 impl Entry {
@@ -290,6 +320,38 @@ fn rewrite(key: &[u8], entry: &Entry) -> Op {
 struct Member {
     kv: KeyValue,
     entry: Entry,
+}
+
+/// A queue key and the re-entry holds filed under it, read together.
+struct Holding {
+    member: Member,
+    /// Hold keys, each with the acquisition it is for.
+    holds: Vec<(KeyValue, LeaseId)>,
+    /// The revision read at.
+    revision: i64,
+}
+
+/// How an acquisition holds through a queue key.
+enum Role {
+    /// The key's own hold: the key is on its lease.
+    Carrier,
+    /// A re-entry: this hold key, on its own lease.
+    Reentry(KeyValue),
+}
+
+impl Holding {
+    fn role(&self, id: &LeaseId) -> Option<Role> {
+        if self.member.entry.holds.contains(id) {
+            return Some(Role::Carrier);
+        }
+        (self.holds.iter())
+            .find(|(_, hold)| hold == id)
+            .map(|(kv, _)| Role::Reentry(kv.clone()))
+    }
+
+    fn count(&self) -> u32 {
+        (self.member.entry.holds.len() + self.holds.len()) as u32
+    }
 }
 
 /// Where one key stands in its queue.
@@ -394,6 +456,35 @@ fn marker_key(name: &LockName, owner: &str, key: &[u8]) -> Vec<u8> {
     [owner_markers(name, owner), lease.to_vec()].concat()
 }
 
+/// Where the re-entry holds of every queue key of `name` are.
+fn holds_of(name: &LockName) -> Vec<u8> {
+    [HOLDS, name.as_str().as_bytes(), b"\0"].concat()
+}
+
+/// Where the re-entry holds of `name`'s queue key created at `create` are: under its
+/// create revision, never reused, so a hold key left by a force-release never counts
+/// for a later key of the same name.
+fn holds_prefix(name: &LockName, create: i64) -> Vec<u8> {
+    [holds_of(name), format!("{create:x}\0").into_bytes()].concat()
+}
+
+/// A re-entry's hold key, on the hold's own `lease`: etcd deletes it when the lease
+/// ends, which ends the hold.
+fn hold_key(name: &LockName, create: i64, lease: i64) -> Vec<u8> {
+    [
+        holds_prefix(name, create),
+        format!("{lease:x}").into_bytes(),
+    ]
+    .concat()
+}
+
+/// The create revision a hold key of `name` is filed under.
+fn hold_create(name: &LockName, key: &[u8]) -> Option<i64> {
+    let rest = key.get(holds_of(name).len()..)?;
+    let create = rest.split(|&b| b == 0).next()?;
+    i64::from_str_radix(std::str::from_utf8(create).ok()?, 16).ok()
+}
+
 /// Takes `key` out of the queue with its owner's marker.
 fn remove(key: &[u8], marker: &[u8]) -> Vec<Op> {
     vec![delete(key), delete(marker)]
@@ -435,7 +526,26 @@ fn range_key(key: &[u8]) -> Op {
 }
 
 fn delete(key: &[u8]) -> Op {
-    Op::Delete(DeleteRangeRequest { key: key.to_vec() })
+    Op::Delete(DeleteRangeRequest {
+        key: key.to_vec(),
+        range_end: Vec::new(),
+    })
+}
+
+fn delete_prefix(prefix: &[u8]) -> Op {
+    Op::Delete(DeleteRangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+    })
+}
+
+fn range_prefix(prefix: &[u8], keys_only: bool) -> Op {
+    Op::Range(RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        keys_only,
+        ..Default::default()
+    })
 }
 
 fn txn(compare: Vec<Compare>, success: Vec<Op>, failure: Vec<Op>) -> TxnRequest {
@@ -755,17 +865,95 @@ impl EtcdStore {
         self.inner.acquisitions.locked().remove(id)
     }
 
-    /// The queue key holding acquisition `id` of `name`, found by reading the queue (for
-    /// acquisitions this client does not know: made by another client, or unanswered).
-    async fn find(&self, name: &LockName, id: &LeaseId) -> Result<Option<Member>> {
+    /// The queue key holding acquisition `id` of `name`, and the hold key if it is a
+    /// re-entry, found by reading them (for acquisitions this client does not know: made
+    /// by another client, or unanswered).
+    async fn find(
+        &self,
+        name: &LockName,
+        id: &LeaseId,
+    ) -> Result<Option<(Member, Option<KeyValue>)>> {
         let (queue, _) = self.queue(name).await?;
-        Ok(queue.into_iter().find(|m| m.entry.holds.contains(id)))
+        if let Some(member) = queue.iter().find(|m| m.entry.holds.contains(id)) {
+            return Ok(Some((member.clone(), None)));
+        }
+        let holds = self.range(range_prefix(&holds_of(name), false)).await?;
+        for kv in holds.kvs {
+            let ours = serde_json::from_slice::<HoldEntry>(&kv.value).is_ok_and(|h| &h.hold == id);
+            let create = hold_create(name, &kv.key);
+            let member = queue.iter().find(|m| Some(m.kv.create_revision) == create);
+            if let (true, Some(member)) = (ours, member) {
+                return Ok(Some((member.clone(), Some(kv))));
+            }
+        }
+        Ok(None)
+    }
+
+    /// `key`, if it is still the one created at `create`, with its re-entry holds.
+    async fn holding(&self, name: &LockName, key: &[u8], create: i64) -> Result<Option<Holding>> {
+        let answer = self
+            .call_txn(txn(
+                vec![Compare::created_at(key, create)],
+                vec![
+                    range_key(key),
+                    range_prefix(&holds_prefix(name, create), false),
+                ],
+                vec![],
+            ))
+            .await?;
+        match answer.succeeded {
+            true => self.holding_from(name, &answer),
+            false => Ok(None),
+        }
+    }
+
+    /// A [`Holding`] from the ranges of a queue key and its hold keys, in that order.
+    fn holding_from(&self, name: &LockName, answer: &TxnResponse) -> Result<Option<Holding>> {
+        let mut ranges = answer.ranges();
+        let Some(kv) = ranges.next().and_then(|r| r.kvs.first()) else {
+            return Ok(None);
+        };
+        let holds = ranges.next().map_or(&[][..], |r| &r.kvs[..]);
+        Ok(Some(Holding {
+            member: self.member(name, kv)?,
+            holds: (holds.iter())
+                .filter_map(|kv| {
+                    let entry = serde_json::from_slice::<HoldEntry>(&kv.value).ok()?;
+                    Some((kv.clone(), entry.hold))
+                })
+                .collect(),
+            revision: answer.revision(),
+        }))
+    }
+
+    /// Seconds left of etcd lease `id`, -1 if it has ended.
+    async fn time_to_live(&self, id: i64) -> Result<i64> {
+        let answer: LeaseTimeToLiveResponse = self
+            .inner
+            .client
+            .unary("/etcdserverpb.Lease/LeaseTimeToLive", rpc::LeaseId { id })
+            .await
+            .map_err(|s| self.unavailable(s))?;
+        Ok(answer.ttl)
     }
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         let started = Instant::now();
         let prefix = queue_prefix(&req.name);
-        let known = self.acquisition(&req.lease);
+        let mut known = self.acquisition(&req.lease);
+        if let Some(Acquisition {
+            lease: Some(lease),
+            state: State::Unknown,
+            hold: Some(_),
+            ..
+        }) = known
+        {
+            // A re-entry whose answer was lost: its hold key, if it was put, goes with its
+            // lease. (Reused for a queue key, the lease would keep it.)
+            self.revoke(lease.id).await?;
+            self.forget(&req.lease);
+            known = None;
+        }
         if let Some(Acquisition {
             key,
             lease: Some(lease),
@@ -805,6 +993,7 @@ impl EtcdStore {
                 marker: marker.clone(),
                 lease: Some(lease),
                 state: State::Unknown,
+                hold: None,
             },
         );
         let entry = Entry {
@@ -1183,11 +1372,8 @@ impl EtcdStore {
                 key: key.to_vec(),
                 marker: marker_key(&req.name, &req.owner, key),
                 lease: Some(lease),
-                state: State::Held {
-                    create,
-                    modified,
-                    alone: holds == 1,
-                },
+                state: State::Held { create, modified },
+                hold: None,
             },
         );
         Attempt::Granted(grant(req, lease, create, holds, started))
@@ -1214,6 +1400,7 @@ impl EtcdStore {
                     waiting,
                     attempted: started,
                 },
+                hold: None,
             },
         );
     }
@@ -1238,6 +1425,7 @@ impl EtcdStore {
                 marker: Vec::new(),
                 lease: None,
                 state: State::Outside { blocker },
+                hold: None,
             },
         );
         self.busy(queue.first(), None, revision)
@@ -1277,47 +1465,82 @@ impl EtcdStore {
         Ok(())
     }
 
-    /// Adds a hold to our owner's key, which holds the lock.
+    /// Re-enters our owner's key, which holds the lock: a hold key of our own, on a lease
+    /// of our own, so that our hold ends with that lease (see the module docs). Our
+    /// renewals keep the queue key's lease alive too: the key must outlive our hold.
     async fn reenter(
         &self,
         req: &AcquireRequest,
         member: &Member,
         started: Instant,
     ) -> Result<Attempt> {
-        let mut entry = member.entry.clone();
-        entry.holds.push(req.lease.clone());
-        let put = rewrite(&member.kv.key, &entry);
-        let borrowed = borrowed(member.kv.lease);
-        let (answer, alive) = tokio::join!(
+        let (key, create) = (&member.kv.key, member.kv.create_revision);
+        let lease = self.lease_for(req.ttl).await?;
+        let hold = hold_key(&req.name, create, lease.id);
+        let marker = marker_key(&req.name, &req.owner, key);
+        let acquisition = |state| Acquisition {
+            key: key.clone(),
+            marker: marker.clone(),
+            lease: Some(lease),
+            state,
+            hold: Some(hold.clone()),
+        };
+        // Unanswered, the hold key is undone by revoking its lease.
+        self.record(&req.lease, acquisition(State::Unknown));
+        let value = HoldEntry {
+            hold: req.lease.clone(),
+        }
+        .value();
+        let (answer, carrier) = tokio::join!(
             self.call_txn(txn(
-                vec![Compare::modified_at(&member.kv.key, member.kv.mod_revision)],
-                vec![put],
+                vec![Compare::created_at(key, create)],
+                vec![
+                    put_on(lease.id, &hold, &value),
+                    range_key(key),
+                    range_prefix(&holds_prefix(&req.name, create), false),
+                ],
                 vec![],
             )),
-            self.keep_alive(borrowed)
+            self.keep_alive(borrowed(member.kv.lease))
         );
         let answer = answer?;
-        let Some(lease) = alive? else {
-            // The key's lease just ended: wait for etcd to delete the key.
+        let now = match answer.succeeded {
+            true => self.holding_from(&req.name, &answer)?,
+            false => None,
+        };
+        let Some(now) = now else {
+            // The key is gone: nothing was put.
+            self.forget(&req.lease);
+            self.spare(lease);
+            return Box::pin(self.attempt(req)).await;
+        };
+        let carrier = match carrier {
+            Ok(Some(carrier)) if carrier.id == now.member.kv.lease => Some(carrier),
+            _ => self.keep_alive(borrowed(now.member.kv.lease)).await?,
+        };
+        let Some(carrier) = carrier else {
+            // The key's lease just ended: our hold key goes with our lease, and we wait
+            // for etcd to delete the key.
+            self.forget(&req.lease);
+            self.revoke_later(lease.id);
             let prefix = queue_prefix(&req.name);
             let revision = answer.revision();
             return Ok(self.outside(req, std::slice::from_ref(member), &prefix, revision));
         };
-        if !answer.succeeded {
-            // Another hold of this owner changed the key meanwhile.
-            return Box::pin(self.attempt(req)).await;
-        }
-        let holds = entry.holds.len() as u32;
-        let create = member.kv.create_revision;
-        Ok(self.granted(
+        let modified = now.member.kv.mod_revision;
+        self.record(&req.lease, acquisition(State::Held { create, modified }));
+        // The grant lasts as long as both leases.
+        let bound = match carrier.left(started) < lease.left(started) {
+            true => carrier,
+            false => lease,
+        };
+        Ok(Attempt::Granted(grant(
             req,
-            &member.kv.key,
-            lease,
+            bound,
             create,
-            answer.revision(),
-            holds,
+            now.count(),
             started,
-        ))
+        )))
     }
 
     // --- watching ----------------------------------------------------------------------
@@ -1563,19 +1786,29 @@ impl Store for EtcdStore {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
-        let (key, etcd_lease, create) = match self.acquisition(&lease.id) {
+        let (key, etcd_lease, create, hold) = match self.acquisition(&lease.id) {
             Some(Acquisition {
                 key,
                 lease: Some(etcd_lease),
                 state: State::Held { create, .. },
+                hold,
                 ..
-            }) => (key, etcd_lease, create),
+            }) => (key, etcd_lease, create, hold),
             Some(_) => return Ok(Renewal::Lost),
             None => match self.find(&lease.name, &lease.id).await? {
-                Some(m) => (m.kv.key, borrowed(m.kv.lease), m.kv.create_revision),
+                Some((m, hold)) => {
+                    let on = hold.as_ref().map_or(m.kv.lease, |h| h.lease);
+                    let hold = hold.map(|h| h.key);
+                    (m.kv.key, borrowed(on), m.kv.create_revision, hold)
+                }
                 None => return Ok(Renewal::Lost),
             },
         };
+        if hold.is_some() {
+            return self
+                .renew_reentry(lease, ttl, &key, etcd_lease, create)
+                .await;
+        }
         // The key is checked too: a force-release deletes it but leaves the lease.
         // A renewal starts with two thirds of the lease left: room for a try on a member
         // that does not answer, a retry after the guard's back-off, and a healthy member.
@@ -1586,16 +1819,22 @@ impl Store for EtcdStore {
             rpc::trying_each_for(per_member, self.range(range_key(&key)))
         );
         let (alive, current) = (alive?, current?);
-        let Some(kv) = current.kvs.into_iter().next().filter(|kv| {
-            kv.create_revision == create
-                && serde_json::from_slice::<Entry>(&kv.value)
-                    .is_ok_and(|e| e.holds.contains(&lease.id))
-        }) else {
+        let Some(kv) = (current.kvs.into_iter().next()).filter(|kv| kv.create_revision == create)
+        else {
             self.forget(&lease.id);
             return Ok(Renewal::Lost);
         };
+        let carried =
+            serde_json::from_slice::<Entry>(&kv.value).is_ok_and(|e| e.holds.contains(&lease.id));
+        if !carried {
+            // Another hold of our owner took the key onto its lease: ours is a hold key
+            // now (or gone).
+            return self
+                .renew_reentry(lease, ttl, &key, etcd_lease, create)
+                .await;
+        }
         if kv.lease != etcd_lease.id {
-            // Another hold of our owner moved the key to a longer lease: follow it.
+            // We moved the key to a longer lease, unanswered: follow it.
             self.set_lease(&lease.id, borrowed(kv.lease), None);
             return Box::pin(self.renew(lease, ttl)).await;
         }
@@ -1612,8 +1851,7 @@ impl Store for EtcdStore {
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
         let known = self.forget(&lease.id);
-        // `alone`: the key is ours with our hold alone, last written at the revision given.
-        let (key, alone) = match known {
+        let (key, create, own) = match known {
             Some(Acquisition {
                 lease: Some(etcd_lease),
                 state: State::Unknown,
@@ -1623,73 +1861,40 @@ impl Store for EtcdStore {
                 self.revoke(etcd_lease.id).await?;
                 return Ok(Released::Released);
             }
+            // The key's own hold, or a waiting key: with no re-entries, delete it.
             Some(Acquisition {
                 key,
                 marker,
                 lease: Some(etcd_lease),
-                state:
-                    State::Held {
-                        modified: at,
-                        alone: true,
-                        ..
-                    }
-                    | State::Queued { create: at, .. },
-            }) => (key, Some((marker, etcd_lease, at))),
-            // Re-entered: other holds share the key; take ours out of it.
+                state,
+                hold: None,
+            }) if matches!(state, State::Held { .. } | State::Queued { .. }) => {
+                let (create, modified) = match state {
+                    State::Held { create, modified } => (create, modified),
+                    State::Queued { create, .. } => (create, create),
+                    _ => unreachable!("matched above"),
+                };
+                if self
+                    .delete_alone(&lease.name, &key, &marker, etcd_lease, create, modified)
+                    .await?
+                {
+                    return Ok(Released::Released);
+                }
+                (key, create, Some(etcd_lease))
+            }
             Some(Acquisition {
                 key,
-                state: State::Held { .. },
+                lease,
+                state: State::Held { create, .. },
                 ..
-            }) => (key, None),
+            }) => (key, create, lease),
             Some(_) => return Ok(Released::NotHeld),
             None => match self.find(&lease.name, &lease.id).await? {
-                Some(member) => (member.kv.key, None),
+                Some((member, _)) => (member.kv.key, member.kv.create_revision, None),
                 None => return Ok(Released::NotHeld),
             },
         };
-        let mut current = match alone {
-            Some((marker, etcd_lease, modified)) => {
-                match self
-                    .delete_alone(&key, &marker, etcd_lease, modified)
-                    .await?
-                {
-                    None => return Ok(Released::Released),
-                    Some(current) => current,
-                }
-            }
-            None => self.range(range_key(&key)).await?.kvs.into_iter().next(),
-        };
-        // Other holds of our owner share the key (or it is not ours any more): take our
-        // hold out, deleting the key with the last one.
-        loop {
-            let Some(kv) = current else {
-                return Ok(Released::NotHeld);
-            };
-            let Ok(mut entry) = serde_json::from_slice::<Entry>(&kv.value) else {
-                return Ok(Released::NotHeld);
-            };
-            let before = entry.holds.len();
-            entry.holds.retain(|h| h != &lease.id);
-            if entry.holds.len() == before {
-                return Ok(Released::NotHeld);
-            }
-            let change = if entry.holds.is_empty() {
-                remove(&key, &marker_key(&lease.name, &entry.owner, &key))
-            } else {
-                vec![rewrite(&key, &entry)]
-            };
-            let answer = self
-                .call_txn(txn(
-                    vec![Compare::modified_at(&key, kv.mod_revision)],
-                    change,
-                    vec![range_key(&key)],
-                ))
-                .await?;
-            if answer.succeeded {
-                return Ok(Released::Released);
-            }
-            current = answer.range().and_then(|kvs| kvs.first().cloned());
-        }
+        self.release_hold(lease, &key, create, own).await
     }
 
     async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
@@ -1770,6 +1975,10 @@ impl Store for EtcdStore {
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         let (queue, _) = self.queue(name).await?;
+        let hold_keys = match queue.is_empty() {
+            true => Vec::new(),
+            false => self.range(range_prefix(&holds_of(name), true)).await?.kvs,
+        };
         let mut state = LockState {
             name: name.to_string(),
             last_token: FencingToken(0),
@@ -1779,19 +1988,14 @@ impl Store for EtcdStore {
         for at in 0..queue.len() {
             let member = &queue[at];
             if standing(&queue, at).waiting.is_none() {
-                let answer: LeaseTimeToLiveResponse = self
-                    .inner
-                    .client
-                    .unary(
-                        "/etcdserverpb.Lease/LeaseTimeToLive",
-                        rpc::LeaseId {
-                            id: member.kv.lease,
-                        },
-                    )
-                    .await
-                    .map_err(|s| self.unavailable(s))?;
-                let left = Duration::from_secs(answer.ttl.max(0) as u64);
-                state.holders.push(holder_info(member, left));
+                let left = self.time_to_live(member.kv.lease).await?;
+                let mut holder = holder_info(member, Duration::from_secs(left.max(0) as u64));
+                // Live re-entries: etcd deletes a hold key when its lease ends.
+                let create = Some(member.kv.create_revision);
+                holder.holds += (hold_keys.iter())
+                    .filter(|kv| hold_create(name, &kv.key) == create)
+                    .count() as u32;
+                state.holders.push(holder);
             } else {
                 state.waiters.push(WaiterInfo {
                     owner: member.entry.owner.clone(),
@@ -1845,14 +2049,13 @@ impl Store for EtcdStore {
             if standing(&queue, at).waiting.is_some() {
                 continue;
             }
-            let key = &queue[at].kv.key;
+            let (key, create) = (&queue[at].kv.key, queue[at].kv.create_revision);
             let marker = marker_key(name, &queue[at].entry.owner, key);
+            // Every hold: the key's own, and its re-entries' hold keys.
+            let mut ends = remove(key, &marker);
+            ends.push(delete_prefix(&holds_prefix(name, create)));
             let answer = self
-                .call_txn(txn(
-                    vec![Compare::created_at(key, queue[at].kv.create_revision)],
-                    remove(key, &marker),
-                    vec![],
-                ))
+                .call_txn(txn(vec![Compare::created_at(key, create)], ends, vec![]))
                 .await?;
             any |= answer.succeeded;
         }
@@ -1865,7 +2068,7 @@ impl Store for EtcdStore {
             reclaims_dead_processes: false,
             fair_by_default: true,
             queues_by_wait: false,
-            reentries_expire_alone: false,
+            reentries_expire_alone: true,
         }
     }
 
@@ -1879,20 +2082,26 @@ impl Store for EtcdStore {
 }
 
 impl EtcdStore {
-    /// Deletes our key if it is unchanged since `modified` (our hold alone in it), and
-    /// keeps its lease for the next acquisition, refreshed on the way if it has aged.
-    /// `Some(the key as it is now)` if it changed.
+    /// Deletes our key if it is unchanged since `modified` and has no re-entry holds,
+    /// and keeps its lease for the next acquisition, refreshed on the way if it has aged.
+    /// Whether it did.
     async fn delete_alone(
         &self,
+        name: &LockName,
         key: &[u8],
         marker: &[u8],
         lease: EtcdLease,
+        create: i64,
         modified: i64,
-    ) -> Result<Option<Option<KeyValue>>> {
+    ) -> Result<bool> {
+        let holds = holds_prefix(name, create);
         let delete_if_unchanged = self.call_txn(txn(
-            vec![Compare::modified_at(key, modified)],
+            vec![
+                Compare::modified_at(key, modified),
+                Compare::empty(&holds, &prefix_end(&holds)),
+            ],
             remove(key, marker),
-            vec![range_key(key)],
+            vec![],
         ));
         let aged = lease.ours && lease.left(Instant::now()) * 3 < lease.ttl() * 2;
         let (answer, lease) = if aged {
@@ -1902,12 +2111,231 @@ impl EtcdStore {
             (delete_if_unchanged.await?, Some(lease))
         };
         if !answer.succeeded {
-            return Ok(Some(answer.range().and_then(|kvs| kvs.first().cloned())));
+            return Ok(false);
         }
         if let Some(lease) = lease {
             self.spare(lease);
         }
-        Ok(None)
+        Ok(true)
+    }
+
+    /// Takes acquisition `lease`'s hold out of `key` (created at `create`), whatever it
+    /// is now. A re-entry deletes its hold key. The key's own hold moves the key onto the
+    /// lease of a live re-entry, whose hold it becomes (the key keeps its create
+    /// revision, the token), or deletes it with the last hold. `own`: our etcd lease, kept
+    /// for reuse once it has no key.
+    async fn release_hold(
+        &self,
+        lease: &Lease,
+        key: &[u8],
+        create: i64,
+        own: Option<EtcdLease>,
+    ) -> Result<Released> {
+        let name = &lease.name;
+        let holds = holds_prefix(name, create);
+        loop {
+            let Some(now) = self.holding(name, key, create).await? else {
+                return Ok(Released::NotHeld);
+            };
+            let m = &now.member;
+            let marker = marker_key(name, &m.entry.owner, key);
+            let unchanged = Compare::modified_at(key, m.kv.mod_revision);
+            let (compare, change, freed) = match now.role(&lease.id) {
+                None => return Ok(Released::NotHeld),
+                Some(Role::Reentry(hold)) => (
+                    vec![Compare::modified_at(&hold.key, hold.mod_revision)],
+                    vec![delete(&hold.key)],
+                    hold.lease,
+                ),
+                Some(Role::Carrier) if m.entry.holds.len() > 1 => {
+                    // Re-entries of an older version, in the key's value.
+                    let mut entry = m.entry.clone();
+                    entry.holds.retain(|h| h != &lease.id);
+                    (vec![unchanged], vec![rewrite(key, &entry)], 0)
+                }
+                Some(Role::Carrier) => match self.heir(&now).await? {
+                    Some((hold, id)) => {
+                        let mut entry = m.entry.clone();
+                        entry.holds = vec![id];
+                        (
+                            vec![
+                                unchanged,
+                                Compare::modified_at(&hold.key, hold.mod_revision),
+                            ],
+                            vec![
+                                put_on(hold.lease, key, &entry.value()),
+                                put_on(hold.lease, &marker, key),
+                                delete(&hold.key),
+                            ],
+                            m.kv.lease,
+                        )
+                    }
+                    // Hold keys whose leases have ended, if any, go with the key (unless
+                    // a re-entry came since).
+                    None => {
+                        let mut change = remove(key, &marker);
+                        change.push(delete_prefix(&holds));
+                        let none_new =
+                            Compare::created_before(&holds, &prefix_end(&holds), now.revision + 1);
+                        (vec![unchanged, none_new], change, m.kv.lease)
+                    }
+                },
+            };
+            if self.call_txn(txn(compare, change, vec![])).await?.succeeded {
+                match own.filter(|l| l.id == freed) {
+                    // Keyless, but the queue key moved off it keeps its name: reused, it
+                    // would name that key again.
+                    Some(own) if queue_key(name, own.id) == key => self.revoke_later(own.id),
+                    Some(own) => self.spare(own),
+                    None => {}
+                }
+                return Ok(Released::Released);
+            }
+        }
+    }
+
+    /// The re-entry that takes the queue key over when the key's own hold is released:
+    /// the one whose lease has the most time left (the others' renewals keep the key's
+    /// lease alive, whichever it is). `None` if every hold key's lease has ended.
+    async fn heir(&self, now: &Holding) -> Result<Option<(KeyValue, LeaseId)>> {
+        let mut best: Option<(i64, &KeyValue, &LeaseId)> = None;
+        for (kv, id) in &now.holds {
+            let left = self.time_to_live(kv.lease).await?;
+            if left >= 0 && best.is_none_or(|(most, ..)| left > most) {
+                best = Some((left, kv, id));
+            }
+        }
+        Ok(best.map(|(_, kv, id)| (kv.clone(), id.clone())))
+    }
+
+    /// Renews a re-entry's hold: its own lease, which its hold key is on, and the queue
+    /// key's lease, which must outlive it. If the key's lease is shorter than the TTL
+    /// asked, or our own is (an extend), the key moves onto a lease of ours
+    /// ([`carry`](Self::carry)).
+    async fn renew_reentry(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        key: &[u8],
+        known: EtcdLease,
+        create: i64,
+    ) -> Result<Renewal> {
+        let lost = || {
+            self.forget(&lease.id);
+            Ok(Renewal::Lost)
+        };
+        let Some(now) = self.holding(&lease.name, key, create).await? else {
+            return lost();
+        };
+        let carrier = now.member.kv.lease;
+        let hold = match now.role(&lease.id) {
+            None => return lost(),
+            Some(Role::Carrier) => {
+                // Our hold is the key's own now: the hold that carried it was released.
+                self.update(&lease.id, |a| {
+                    a.hold = None;
+                    if known.id != carrier {
+                        a.lease = Some(borrowed(carrier));
+                    }
+                });
+                return Box::pin(self.renew(lease, ttl)).await;
+            }
+            Some(Role::Reentry(hold)) => hold,
+        };
+        let own = match known.id == hold.lease {
+            true => known,
+            false => borrowed(hold.lease),
+        };
+        let per_member = (ttl.min(own.ttl()) / 6).max(MIN_TRY_PER_MEMBER);
+        let (alive, key_alive) = tokio::join!(
+            rpc::trying_each_for(per_member, self.keep_alive(own)),
+            rpc::trying_each_for(per_member, self.keep_alive(borrowed(carrier)))
+        );
+        let (Some(alive), Some(key_alive)) = (alive?, key_alive?) else {
+            return lost();
+        };
+        self.update(&lease.id, |a| {
+            a.lease = Some(alive);
+            a.hold = Some(hold.key.clone());
+        });
+        if key_alive.ttl() >= ttl && alive.ttl() >= ttl {
+            return Ok(Renewal::Renewed);
+        }
+        self.carry(lease, ttl, &now, &hold, alive).await
+    }
+
+    /// Moves the queue key onto a lease of this re-entry's (its own, or a new one of `ttl`
+    /// if its own is shorter), whose hold the key then carries; the hold the key carried
+    /// gets a hold key on its own lease, and still ends with it. The key keeps its create
+    /// revision (the token).
+    async fn carry(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        now: &Holding,
+        hold: &KeyValue,
+        own: EtcdLease,
+    ) -> Result<Renewal> {
+        let target = match own.ttl() >= ttl {
+            true => own,
+            false => self.grant(ttl).await?,
+        };
+        let m = &now.member;
+        let mut entry = m.entry.clone();
+        let carried = std::mem::replace(&mut entry.holds, vec![lease.id.clone()]);
+        let mut moves = vec![
+            put_on(target.id, &m.kv.key, &entry.value()),
+            put_on(
+                target.id,
+                &marker_key(&lease.name, &entry.owner, &m.kv.key),
+                &m.kv.key,
+            ),
+            delete(&hold.key),
+        ];
+        if let Some(first) = carried.first() {
+            let value = HoldEntry {
+                hold: first.clone(),
+            }
+            .value();
+            let create = m.kv.create_revision;
+            let key = hold_key(&lease.name, create, m.kv.lease);
+            moves.push(put_on(m.kv.lease, &key, &value));
+        }
+        let answer = self
+            .call_txn(txn(
+                vec![
+                    Compare::modified_at(&m.kv.key, m.kv.mod_revision),
+                    Compare::modified_at(&hold.key, hold.mod_revision),
+                ],
+                moves,
+                vec![],
+            ))
+            .await?;
+        if !answer.succeeded {
+            // Changed meanwhile: look again.
+            if target.id != own.id {
+                self.revoke_later(target.id);
+            }
+            return Box::pin(self.renew(lease, ttl)).await;
+        }
+        if target.id != own.id {
+            // Keyless now, but named in no key: not worth keeping.
+            self.revoke_later(own.id);
+        }
+        self.update(&lease.id, |a| {
+            a.lease = Some(target);
+            a.hold = None;
+            if let State::Held { modified, .. } = &mut a.state {
+                *modified = answer.revision();
+            }
+        });
+        Ok(Renewal::Renewed)
+    }
+
+    fn update(&self, id: &LeaseId, change: impl FnOnce(&mut Acquisition)) {
+        if let Some(a) = self.inner.acquisitions.locked().get_mut(id) {
+            change(a);
+        }
     }
 
     fn set_lease(&self, id: &LeaseId, lease: EtcdLease, modified: Option<i64>) {
@@ -1930,6 +2358,7 @@ impl EtcdStore {
             marker,
             lease: Some(short),
             state: State::Held { create, .. },
+            hold: None,
         }) = self.acquisition(&req.lease)
         else {
             return grant;
@@ -2082,6 +2511,7 @@ mod tests {
                 marker,
                 lease: Some(lease),
                 state: State::Unknown,
+                hold: None,
             },
         );
         // The retry re-enters the older key, which holds.

@@ -108,6 +108,9 @@ pub struct PutRequest {
 pub struct DeleteRangeRequest {
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
+    /// Empty: `key` alone.
+    #[prost(bytes = "vec", tag = "2")]
+    pub range_end: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -152,6 +155,8 @@ pub enum OpResponse {
 pub const EQUAL: i32 = 0;
 pub const CREATE: i32 = 1;
 pub const MOD: i32 = 2;
+/// `Compare.CompareResult.LESS`.
+pub const LESS: i32 = 2;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Compare {
@@ -198,6 +203,16 @@ impl Compare {
             key: key.to_vec(),
             revision: Some(Revision::Mod(revision)),
             range_end: Vec::new(),
+        }
+    }
+
+    /// Every key in `[key, range_end)` was created before `revision` (so, also, when
+    /// there is none).
+    pub fn created_before(key: &[u8], range_end: &[u8], revision: i64) -> Self {
+        Compare {
+            result: LESS,
+            range_end: range_end.to_vec(),
+            ..Self::created_at(key, revision)
         }
     }
 
