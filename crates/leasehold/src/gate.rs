@@ -5,7 +5,8 @@
 //! ([`Store::transfer`]): one round trip per hand-over instead of two, one wake-up
 //! through the store for all of them. A fair task handed over this way takes its place
 //! in the store's queue by when it arrived here, so other processes' waiters keep the
-//! order they arrived in.
+//! order they arrived in; so does one whose turn came without the lock (the task before
+//! it gave up), which asks the store itself with how long it waited here.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -323,7 +323,7 @@ impl Lock {
     }
 
     async fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
-        let req = self.request(!matches!(wait, Wait::No))?;
+        let mut req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::info_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
         async {
             let gated = self.kind == LockKind::Exclusive
@@ -338,13 +338,22 @@ impl Lock {
                     Wait::Forever => Until::Forever,
                 };
                 let undo = Pending::new(self.store.clone(), &req, &self.tasks);
+                let arrived = Instant::now();
                 match self.gates.gate(&self.name).enter(&req, until, undo).await {
                     None => return Ok(None),
                     // Handed over by the task before us, in one store step.
                     Some((turn, Some((grant, sent)))) => {
                         return Ok(Some(self.guard(&req, grant, sent).with_turn(Some(turn))))
                     }
-                    Some((turn, None)) => Some(turn),
+                    // Our turn to ask (the task before us gave up, or its hold ended
+                    // without a hand-over): a fair request keeps its place by when it
+                    // arrived here, as a hand-over would have kept it.
+                    Some((turn, None)) => {
+                        if self.fair {
+                            req.waited = arrived.elapsed();
+                        }
+                        Some(turn)
+                    }
                 }
             };
             let guard = self.acquire_from_store(req, wait).await?;

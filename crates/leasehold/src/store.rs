@@ -280,7 +280,8 @@ pub struct Capabilities {
     /// Locks are fair (FIFO) unless [`Lock::with_fair`](crate::Lock::with_fair) says
     /// otherwise: the store's queue is its natural shape (etcd).
     pub fair_by_default: bool,
-    /// [`Store::transfer`] queues a fair request by [`AcquireRequest::waited`]: behind
+    /// [`Store::acquire`] and [`Store::transfer`] queue a fair request by
+    /// [`AcquireRequest::waited`]: behind
     /// the waiters that arrived before it, ahead of those that arrived after. Tasks of
     /// one process can then wait for a fair lock in the process, behind the one of them
     /// that is in the store's queue, without losing their place.

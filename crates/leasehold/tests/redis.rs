@@ -165,6 +165,57 @@ async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
     assert_eq!(*order.lock().unwrap(), ["here-1", "elsewhere", "here-2"]);
 }
 
+/// A fair task at its process's gate that gets the turn because the task ahead of it gave
+/// up (not because a release handed it the lock) still takes its place in Redis's queue
+/// by when it arrived, ahead of another process's waiter that came after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_task_that_gets_its_gate_s_turn_from_a_cancelled_one_keeps_its_arrival_place() {
+    let server = RedisServer::start();
+    let (here, elsewhere) = (locks(&server).await, locks(&server).await);
+    let lock = |locks: &Leasehold| locks.mutex("k").unwrap().with_fair(true);
+    let holder = lock(&elsewhere)
+        .with_owner("holder")
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (i, (who, locks)) in [
+        ("here-1", &here),
+        ("here-2", &here),
+        ("elsewhere", &elsewhere),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (lock, order) = (lock(locks), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            order.lock().unwrap().push(who);
+            guard.release().await.unwrap();
+        }));
+        eventually("the waiter to arrive", || async {
+            here.describe("k").await.unwrap().waiters.len() == i + 1
+        })
+        .await;
+        // Keep the arrivals apart by more than their precision (see above).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // here-1, in Redis's queue with its gate's turn, gives up: here-2 gets the turn.
+    let first = waiters.remove(0);
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    eventually("here-2 to be in Redis's queue", || async {
+        let queued = here.store().describe(&"k".try_into().unwrap()).await;
+        queued.unwrap().waiters.len() == 2
+    })
+    .await;
+    holder.release().await.unwrap();
+    leasehold::conformance::join_all("every waiter", waiters).await;
+    assert_eq!(*order.lock().unwrap(), ["here-2", "elsewhere"]);
+}
+
 /// The lock's keys, sorted.
 fn keys_of(server: &RedisServer, name: &str) -> Vec<String> {
     let mut keys: Vec<String> = server

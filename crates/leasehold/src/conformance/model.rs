@@ -5,8 +5,12 @@
 //!
 //! # What a run does
 //! - **Actors.** Three clients (each its own [`Leasehold`] on the store, as separate
-//!   processes would be) and four owner ids (always explicit, so re-entry happens, also
-//!   across clients). Three names: a mutex, a read-write lock and a semaphore of 2 or 3
+//!   processes would be) and four owner ids (so re-entry happens, also across clients).
+//!   Most requests for a mutex give no owner id (the commonest use; most of them from
+//!   client 0, so that its tasks queue together): each is then its own owner, and a
+//!   non-fair one (a fair one too where the store queues by arrival,
+//!   [`Capabilities::queues_by_wait`](crate::Capabilities)) waits in its client's gate
+//!   behind the task of that client that asks the store or holds the lock. Three names: a mutex, a read-write lock and a semaphore of 2 or 3
 //!   permits; now and then a request asks for another primitive or another number of
 //!   permits, which must be refused while the name is in use (and is granted, and makes
 //!   the name that primitive, while it is not).
@@ -32,7 +36,14 @@
 //!   racing try) finished, it looks for an order in which each was allowed when it was
 //!   served (fair waiters only in their turn). Then it compares the model with [`Leasehold::describe`]:
 //!   holders (owner, kind, hold count, token) and waiters (owner and kind, in queue
-//!   order).
+//!   order; an ownerless waiter's owner id is not known to the model, see
+//!   `Driver::compare`), from client 0 and from each client with tasks at its gate.
+//! - **Gates.** The model keeps each gate's queue: only the task with the turn is in the
+//!   store; a release of a hold with the turn hands it to the gate's next task (which,
+//!   when the rules let it in even as a fair request, must be the next holder within
+//!   [`PROMPT`]); a task at the gate is never served before it gets the turn (FIFO in
+//!   the client); a non-fair task joins the store's queue when it gets the turn, and a
+//!   fair one keeps its arrival place (FIFO across clients).
 //! - **Invariants** at every step: who holds matches the model; tokens strictly increase
 //!   across holders of a name and are unchanged on re-entry; no two incompatible holders
 //!   in `describe`; a waiter is granted only when the rules grant it; every waiter the
@@ -88,6 +99,9 @@ const TTL: Duration = Duration::from_secs(20);
 
 const CLIENTS: usize = 3;
 const OWNERS: [&str; 4] = ["ann", "bob", "cid", "dee"];
+
+/// The share (percent) of requests for a mutex that give no owner id.
+const OWNERLESS: u64 = 70;
 
 /// Runs the model-based conformance case on `store` (see the [module docs](self)),
 /// with fair and non-fair requests. A store whose re-entries do not expire alone
@@ -223,11 +237,12 @@ impl fmt::Display for Asked {
     }
 }
 
-/// One request: which client, owner, name, what and how.
+/// One request: which client, owner (`None`: none given, as most users ask for a mutex),
+/// name, what and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Req {
     client: usize,
-    owner: usize,
+    owner: Option<usize>,
     name: usize,
     asked: Asked,
     fair: bool,
@@ -239,7 +254,7 @@ impl fmt::Display for Req {
             f,
             "c{} {} {} n{} {}",
             self.client,
-            OWNERS[self.owner],
+            self.owner.map_or("ownerless", |o| OWNERS[o]),
             self.asked,
             self.name,
             if self.fair { "fair" } else { "unfair" }
@@ -326,9 +341,18 @@ impl Plan {
                     _ => Asked::Permits(n + 1),
                 },
             };
+            let client = rng.below(CLIENTS as u64) as usize;
+            let owner = rng.below(OWNERS.len() as u64) as usize;
+            // A share of mutex requests give no owner: the commonest use. Most of them
+            // come from one client, so that its tasks queue at its gate.
+            let (client, owner) = match asked == Asked::Mutex && rng.chance(OWNERLESS) {
+                true if rng.chance(75) => (0, None),
+                true => (client, None),
+                false => (client, Some(owner)),
+            };
             Req {
-                client: rng.below(CLIENTS as u64) as usize,
-                owner: rng.below(OWNERS.len() as u64) as usize,
+                client,
+                owner,
                 name,
                 asked,
                 fair: rng.chance(50),
@@ -402,15 +426,46 @@ struct Holder {
     kind: LockKind,
     token: u64,
     holds: u32,
+    /// The client whose gate's turn this hold has (an ownerless request that came
+    /// through the gate): its release hands the lock to that gate's next task.
+    turn: Option<usize>,
 }
 
-/// A waiter in the model's queue (arrival order).
+/// A waiter in the model's queue: the store's order, which is arrival order but for a
+/// non-fair task of a gate, which joins the store's queue at its end when it gets the
+/// turn.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Waiter {
     id: usize,
+    /// Its owner id; an ownerless request's is unknown until granted (`~w` and its id).
     owner: String,
     kind: LockKind,
     fair: bool,
+    /// The client whose gate it goes through (see [`gated`]).
+    gate: Option<usize>,
+    /// Still at the gate, behind the task that has its turn: not in the store. A fair
+    /// one keeps its arrival place all the same (the store queues it by how long it
+    /// waited in its process when it comes); a non-fair one has no place in the rules'
+    /// queue until it gets the turn.
+    at_gate: bool,
+}
+
+impl Waiter {
+    /// Whether the rules count it in the queue.
+    fn queued(&self) -> bool {
+        !self.at_gate || self.fair
+    }
+}
+
+/// Whether `req` waits in its client's gate (gate.rs) before the store: an exclusive
+/// request without an owner, fair ones only where the store queues by arrival.
+fn gated(req: &Req, queues_by_wait: bool) -> bool {
+    req.owner.is_none() && req.asked.kind() == LockKind::Exclusive && (!req.fair || queues_by_wait)
+}
+
+/// The model's name for an ownerless waiter until it is granted and its guard tells.
+fn unnamed(id: usize) -> String {
+    format!("~w{id}")
 }
 
 /// One name in the model.
@@ -439,12 +494,36 @@ impl Name {
             })
             .collect();
         let waiters: Vec<rules::Waiter> = (self.waiters.iter())
+            .filter(|w| w.queued())
             .map(|w| rules::Waiter {
                 owner: &w.owner,
                 kind: w.kind,
             })
             .collect();
+        let me = me.map(|i| self.waiters[..i].iter().filter(|w| w.queued()).count());
         rules::decide(&holders, &waiters, me, &rules::Ask { owner, kind, fair })
+    }
+
+    /// Whether `client`'s gate is busy: one of its tasks holds the lock or is in the
+    /// store's queue, and others wait behind it.
+    fn gate_busy(&self, client: usize) -> bool {
+        self.holders.iter().any(|h| h.turn == Some(client))
+            || self.waiters.iter().any(|w| w.gate == Some(client))
+    }
+
+    /// `client`'s gate passes its turn on (the task with it ended, or its hold did):
+    /// the next task at the gate asks the store, or is handed the lock. A fair one keeps
+    /// its arrival place; a non-fair one joins the store's queue at its end. The task,
+    /// if any.
+    fn pass_turn(&mut self, client: usize) -> Option<usize> {
+        let i = (self.waiters.iter()).position(|w| w.gate == Some(client) && w.at_gate)?;
+        let id = self.waiters[i].id;
+        self.waiters[i].at_gate = false;
+        if !self.waiters[i].fair {
+            let w = self.waiters.remove(i);
+            self.waiters.push(w);
+        }
+        Some(id)
     }
 
     /// What the rules allow: a non-fair request may pass waiters, so it may also get
@@ -476,7 +555,8 @@ impl Name {
         }
     }
 
-    /// The first of `allowed` that `outcome` fits, applied to the model.
+    /// The first of `allowed` that `outcome` fits, applied to the model. `turn`: the
+    /// client whose gate's turn the request has (a direct request that passed its gate).
     fn apply(
         &mut self,
         allowed: &[Decision],
@@ -484,12 +564,14 @@ impl Name {
         me: Option<usize>,
         owner: &str,
         kind: LockKind,
+        turn: Option<usize>,
     ) -> Check {
         let Some(decision) = allowed.iter().find(|d| self.fits(d, outcome)) else {
             return Err(format!(
                 "{owner} asking {kind:?} got {outcome:?}; the rules allow {allowed:?}"
             ));
         };
+        let turn = me.map_or(turn, |i| self.waiters[i].gate);
         match (decision, outcome) {
             (Decision::Reenter(i), _) => self.holders[*i].holds += 1,
             (Decision::Grant, Outcome::Granted { token, .. }) => {
@@ -498,6 +580,7 @@ impl Name {
                     kind,
                     token,
                     holds: 1,
+                    turn,
                 });
                 self.last_token = token;
             }
@@ -505,6 +588,9 @@ impl Name {
         }
         if let (Some(i), Outcome::Granted { .. } | Outcome::Refused) = (me, outcome) {
             self.waiters.remove(i);
+            if let (Some(client), Outcome::Refused) = (turn, outcome) {
+                self.pass_turn(client);
+            }
         }
         Ok(())
     }
@@ -513,29 +599,43 @@ impl Name {
     /// granted (or refused), or someone else served in its stead.
     fn must_serve(&self, i: usize) -> bool {
         let w = &self.waiters[i];
-        !matches!(
-            self.decide(Some(i), &w.owner, w.kind, true),
-            Decision::Wait { .. }
-        )
+        !w.at_gate
+            && !matches!(
+                self.decide(Some(i), &w.owner, w.kind, true),
+                Decision::Wait { .. }
+            )
     }
 
-    fn drop_hold(&mut self, owner: &str) {
-        if let Some(i) = self.holders.iter().position(|h| h.owner == owner) {
-            self.holders[i].holds -= 1;
-            if self.holders[i].holds == 0 {
-                self.holders.remove(i);
-            }
+    /// Drops one hold of `owner`; the task its gate's turn went to when that was the
+    /// last (see [`pass_turn`](Self::pass_turn)).
+    fn drop_hold(&mut self, owner: &str) -> Option<usize> {
+        let i = self.holders.iter().position(|h| h.owner == owner)?;
+        self.holders[i].holds -= 1;
+        if self.holders[i].holds > 0 {
+            return None;
         }
+        let turn = self.holders.remove(i).turn?;
+        self.pass_turn(turn)
     }
 
     fn text(&self) -> String {
         let holders: Vec<String> = (self.holders.iter())
-            .map(|h| format!("{} {:?} x{} #{}", h.owner, h.kind, h.holds, h.token))
+            .map(|h| {
+                let turn = h
+                    .turn
+                    .map_or(String::new(), |c| format!(" with c{c}'s turn"));
+                format!("{} {:?} x{} #{}{turn}", h.owner, h.kind, h.holds, h.token)
+            })
             .collect();
         let waiters: Vec<String> = (self.waiters.iter())
             .map(|w| {
                 let fair = if w.fair { "fair" } else { "unfair" };
-                format!("w{} {} {:?} {fair}", w.id, w.owner, w.kind)
+                let gate = match (w.gate, w.at_gate) {
+                    (Some(c), true) => format!(" at c{c}'s gate"),
+                    (Some(c), false) => format!(" with c{c}'s turn"),
+                    (None, _) => String::new(),
+                };
+                format!("w{} {} {:?} {fair}{gate}", w.id, w.owner, w.kind)
             })
             .collect();
         format!(
@@ -555,9 +655,12 @@ const DIRECT: usize = usize::MAX;
 #[derive(Debug)]
 struct Direct {
     name: usize,
-    owner: &'static str,
+    /// Its owner id (an ownerless request's from its guard if granted, else `~`).
+    owner: String,
     kind: LockKind,
     fair: bool,
+    /// The client whose gate it passed.
+    turn: Option<usize>,
     outcome: Outcome,
     guard: Option<LockGuard>,
 }
@@ -568,7 +671,17 @@ struct Held {
     id: usize,
     name: usize,
     owner: String,
+    /// The client whose gate's turn it has.
+    turn: Option<usize>,
     guard: LockGuard,
+}
+
+/// A task of a gate that a release handed the lock to.
+#[derive(Debug)]
+struct Handed {
+    name: usize,
+    id: usize,
+    since: Instant,
 }
 
 /// A waiting `lock()` task; aborted when dropped.
@@ -601,6 +714,15 @@ struct Driver {
     restricted: bool,
     /// A request racing the waiters a release let in, to check with them.
     direct: Option<Direct>,
+    /// Whether the store queues a fair request by how long it waited in its process
+    /// ([`Capabilities::queues_by_wait`](crate::Capabilities)): fair ownerless requests
+    /// then wait in their client's gate too.
+    queues_by_wait: bool,
+    /// Gate tasks that a release handed the lock to in its own store step, by name: each
+    /// must be the next holder of its name, within [`PROMPT`] of the release.
+    handed: Vec<Handed>,
+    /// The owner ids of ownerless guards so far: each must be new.
+    anonymous: std::collections::HashSet<String>,
     /// How often each kind of outcome was seen, to show what a run exercised.
     counts: std::collections::BTreeMap<String, usize>,
 }
@@ -623,6 +745,9 @@ async fn run(store: &Arc<dyn Store>, plan: &Plan, ops: &[Op]) -> Result<Counts, 
         counts: Default::default(),
         restricted: plan_once,
         direct: None,
+        queues_by_wait: store.capabilities().queues_by_wait,
+        handed: Vec::new(),
+        anonymous: Default::default(),
     };
     let ops = ops.to_vec();
     match tokio::spawn(driver.run(ops)).await {
@@ -692,9 +817,35 @@ impl Driver {
             Asked::Permits(n) => locks.semaphore(name, n),
         };
         let lock = lock.expect("model names and permits are valid");
-        lock.with_owner(OWNERS[req.owner])
-            .with_fair(req.fair)
-            .with_ttl(ttl)
+        let lock = match req.owner {
+            Some(owner) => lock.with_owner(OWNERS[owner]),
+            None => lock,
+        };
+        lock.with_fair(req.fair).with_ttl(ttl)
+    }
+
+    fn gated(&self, req: &Req) -> bool {
+        gated(req, self.queues_by_wait)
+    }
+
+    /// Drops one hold of `owner` on `name` from the model. When that hands the turn of
+    /// a gate to a task that the rules let in now even as a fair request, the release
+    /// handed it the lock in its own store step: it must be the next holder, promptly.
+    fn released(&mut self, name: usize, owner: &str) {
+        let model = &mut self.model[name];
+        let Some(id) = model.drop_hold(owner) else {
+            return;
+        };
+        let i = (model.waiters.iter().position(|w| w.id == id)).expect("the task with the turn");
+        let w = &model.waiters[i];
+        if model.decide(Some(i), &w.owner, w.kind, true) == Decision::Grant {
+            self.note(format!("hands over to w{id}"));
+            self.handed.push(Handed {
+                name,
+                id,
+                since: Instant::now(),
+            });
+        }
     }
 
     async fn step(&mut self, op: Op) -> Check {
@@ -706,12 +857,13 @@ impl Driver {
                     true => lock.try_lock_for(BOUNDED).await,
                 };
                 if let Some(guard) = self.request(&req, got)? {
+                    self.hold_ownerless(&req, guard.owner())?;
                     self.hold(req.name, guard);
                 }
                 self.settle(PROMPT).await
             }
             Op::Expire { req } => {
-                let owner = OWNERS[req.owner];
+                let owner = req.owner.map_or("", |o| OWNERS[o]);
                 if self.restricted
                     && self.model[req.name]
                         .holders
@@ -724,8 +876,12 @@ impl Driver {
                 }
                 let got = self.lock(&req, SHORT_TTL).try_lock().await;
                 if let Some(guard) = self.request(&req, got)? {
+                    let owner = guard.owner().to_string();
+                    self.hold_ownerless(&req, &owner)?;
+                    // Leaking passes on its gate's turn, if it had one: the next task
+                    // asks the store, and waits for the lease to end.
                     let _lease = guard.leak();
-                    self.model[req.name].drop_hold(OWNERS[req.owner]);
+                    self.model[req.name].drop_hold(&owner);
                     self.note("leaked; waiting for the lease to end");
                     self.count("expired");
                     return self.settle(PATIENCE).await;
@@ -743,13 +899,25 @@ impl Driver {
                     req,
                     handle,
                 });
+                let gate = self.gated(&req).then_some(req.client);
+                let at_gate = gate.is_some_and(|c| self.model[req.name].gate_busy(c));
                 self.model[req.name].waiters.push(Waiter {
                     id,
-                    owner: OWNERS[req.owner].to_string(),
+                    owner: req
+                        .owner
+                        .map_or_else(|| unnamed(id), |o| OWNERS[o].to_string()),
                     kind: req.asked.kind(),
                     fair: req.fair,
+                    gate,
+                    at_gate,
                 });
-                self.note(format!("w{id}"));
+                match at_gate {
+                    true => {
+                        self.note(format!("w{id}, at c{}'s gate", req.client));
+                        self.count("queued at a gate");
+                    }
+                    false => self.note(format!("w{id}")),
+                }
                 self.settle(PROMPT).await
             }
             Op::Cancel { pick } => {
@@ -774,8 +942,14 @@ impl Driver {
                         ))
                     }
                 }
-                let queue = &mut self.model[name].waiters;
-                queue.retain(|w| w.id != id);
+                let model = &mut self.model[name];
+                let i = (model.waiters.iter().position(|w| w.id == id)).expect("a waiter");
+                let w = model.waiters.remove(i);
+                // The task with its gate's turn passes it on as it goes; one at the gate
+                // just leaves it.
+                if let (Some(client), false) = (w.gate, w.at_gate) {
+                    model.pass_turn(client);
+                }
                 self.settle(PROMPT)
                     .await
                     .map_err(|e| format!("after cancelling waiter w{id}: {e}"))
@@ -799,16 +973,25 @@ impl Driver {
                     "releasing g{} gave {released:?}",
                     held.id
                 );
-                self.model[held.name].drop_hold(&held.owner);
+                self.released(held.name, &held.owner);
                 if let Op::Handoff { req, .. } = op {
                     let got = self.lock(&req, TTL).try_lock().await;
                     let (outcome, guard) = outcome_of(got)?;
                     self.note(format!("then {outcome:?}"));
+                    let owner = match (req.owner, &guard) {
+                        (Some(owner), _) => OWNERS[owner].to_string(),
+                        (None, Some(guard)) => guard.owner().to_string(),
+                        (None, None) => "~".into(),
+                    };
+                    if guard.is_some() {
+                        self.hold_ownerless(&req, &owner)?;
+                    }
                     self.direct = Some(Direct {
                         name: req.name,
-                        owner: OWNERS[req.owner],
+                        owner,
                         kind: req.asked.kind(),
                         fair: req.fair,
+                        turn: self.gated(&req).then_some(req.client),
                         outcome,
                         guard,
                     });
@@ -816,6 +999,19 @@ impl Driver {
                 self.settle(PROMPT).await
             }
             Op::Force { name } => {
+                // A force-release frees the lock in the store before the guard with its
+                // gate's turn hands the turn on, so store waiters may be let in ahead of
+                // the fair tasks at that gate, whose arrival place the model keeps: a race
+                // the model does not pin down, so it leaves that case out.
+                let model = &self.model[name];
+                let turns: Vec<usize> = model.holders.iter().filter_map(|h| h.turn).collect();
+                if (model.waiters.iter())
+                    .any(|w| w.fair && w.at_gate && w.gate.is_some_and(|c| turns.contains(&c)))
+                {
+                    self.note("skipped: fair tasks wait at the holder's gate");
+                    self.count("skipped");
+                    return Ok(());
+                }
                 let was_held = !self.model[name].holders.is_empty();
                 let forced = self.clients[0]
                     .force_release(self.names[name].as_str())
@@ -849,6 +1045,11 @@ impl Driver {
                         "releasing force-released g{} gave {released:?}",
                         held.id
                     );
+                    // Its release passed its gate's turn on (no hand-over is promised:
+                    // the store may have let a waiter in at the force-release).
+                    if let Some(client) = held.turn {
+                        self.model[name].pass_turn(client);
+                    }
                 }
                 self.settle(PROMPT).await
             }
@@ -864,13 +1065,29 @@ impl Driver {
     ) -> Check<Option<LockGuard>> {
         let (outcome, guard) = outcome_of(got)?;
         self.note(format!("{outcome:?}"));
-        let (owner, kind) = (OWNERS[req.owner], req.asked.kind());
+        // An ownerless request's owner is its guard's (checked new in `hold`); one not
+        // granted has none the rules could match.
+        let owner = match (req.owner, &guard) {
+            (Some(owner), _) => OWNERS[owner],
+            (None, Some(guard)) => guard.owner(),
+            (None, None) => "~",
+        }
+        .to_string();
+        let kind = req.asked.kind();
+        let turn = self.gated(req).then_some(req.client);
         let name = &mut self.model[req.name];
-        let allowed = name.allowed(None, owner, kind, req.fair);
+        // A task of its client's gate has the turn: the request waits behind it at the
+        // gate and never reaches the store.
+        ensure!(
+            !turn.is_some_and(|c| name.gate_busy(c)) || outcome == Outcome::Busy,
+            "a request passed its client's gate, whose turn another task has: {outcome:?}"
+        );
+        let allowed = name.allowed(None, &owner, kind, req.fair);
         let reentry = matches!(allowed[..], [Decision::Reenter(_), ..]);
-        name.apply(&allowed, outcome, None, owner, kind)?;
+        name.apply(&allowed, outcome, None, &owner, kind, turn)?;
         self.count(match outcome {
             Outcome::Granted { .. } if reentry => "re-entered",
+            Outcome::Granted { .. } if req.owner.is_none() => "granted ownerless",
             Outcome::Granted { .. } => "granted",
             Outcome::Busy => "busy",
             Outcome::Refused => "refused",
@@ -878,14 +1095,31 @@ impl Driver {
         Ok(guard)
     }
 
+    /// Checks that an ownerless request's owner id is new: none of the model's owners,
+    /// and unique to the acquisition (so it never re-enters another).
+    fn hold_ownerless(&mut self, req: &Req, owner: &str) -> Check {
+        if req.owner.is_some() {
+            return Ok(());
+        }
+        ensure!(
+            !OWNERS.contains(&owner) && self.anonymous.insert(owner.to_string()),
+            "an ownerless guard has the owner id {owner:?}, which is not new"
+        );
+        Ok(())
+    }
+
     fn hold(&mut self, name: usize, guard: LockGuard) {
         let id = self.next_id;
         self.next_id += 1;
         let owner = guard.owner().to_string();
+        let turn = (self.model[name].holders.iter())
+            .find(|h| h.owner == owner)
+            .and_then(|h| h.turn);
         self.held.push(Held {
             id,
             name,
             owner,
+            turn,
             guard,
         });
     }
@@ -906,6 +1140,12 @@ impl Driver {
                     .find(|&i| name.must_serve(i))
                     .map(|i| (n, name.waiters[i].id))
             });
+            if let Some(late) = (self.handed.iter()).find(|h| h.since.elapsed() >= PROMPT) {
+                return Err(format!(
+                    "w{} on n{}, handed the lock by the release before, is not its holder after {PROMPT:?}",
+                    late.id, late.name
+                ));
+            }
             if let Some((n, id)) = due {
                 ensure!(
                     started.elapsed() < PATIENCE,
@@ -981,12 +1221,43 @@ impl Driver {
                 ));
             };
             self.model[n] = after;
+            // A gate task handed the lock by a release is the next holder of the name.
+            if let Some(h) = self.handed.iter().position(|h| h.name == n) {
+                let first = (mine.iter())
+                    .filter_map(|(id, o)| match o {
+                        Outcome::Granted { token, .. } => Some((*token, *id)),
+                        _ => None,
+                    })
+                    .min();
+                if let Some((_, id)) = first {
+                    let want = self.handed.remove(h).id;
+                    ensure!(
+                        id == want,
+                        "on n{n}, the release handed the lock to w{want}, but {} got it first",
+                        if id == DIRECT {
+                            "the racing request".to_string()
+                        } else {
+                            format!("w{id}")
+                        }
+                    );
+                    self.count("handed over in a gate");
+                }
+            }
             for id in order {
                 let at = ended
                     .iter()
                     .position(|e| e.0 == id)
                     .expect("an ended waiter");
                 let (id, name, req, outcome, guard) = ended.remove(at);
+                // An ownerless waiter's owner is known once granted: its guard's.
+                if let (Some(req @ Req { owner: None, .. }), Some(guard)) = (req, &guard) {
+                    let owner = guard.owner().to_string();
+                    self.hold_ownerless(&req, &owner)?;
+                    let model = &mut self.model[name];
+                    if let Some(h) = model.holders.iter_mut().find(|h| h.owner == unnamed(id)) {
+                        h.owner = owner;
+                    }
+                }
                 match req {
                     Some(req) => {
                         self.trace
@@ -1012,30 +1283,57 @@ impl Driver {
 
     /// `None` if every name's `describe` shows the model; else what differs. Fails at
     /// once on what no moment may show (incompatible holders) or on a store error.
+    ///
+    /// `describe` lists the store's waiters, then the tasks waiting at the gate of the
+    /// client that asks (only it knows them): client 0 is asked always, another client
+    /// when the model has tasks at its gate. Every holder is compared whole: an ownerless
+    /// holder's owner id is its guard's. An ownerless waiter's owner id is not compared:
+    /// it is made inside `lock()` and no answer gives it to the caller before the lock
+    /// is granted; the model checks only that it is none of the named owners.
     async fn compare(&self) -> Check<Option<String>> {
         for (n, name) in self.names.iter().enumerate() {
-            let state = (self.clients[0].describe(name.as_str()).await)
-                .map_err(|e| format!("describe n{n} failed: {e}"))?;
-            compatible(&state).map_err(|e| format!("n{n}: {e}"))?;
             let model = &self.model[n];
-            let mut seen: Vec<(String, LockKind, u32, u64)> = (state.holders.iter())
-                .map(|h| (h.owner.clone(), h.kind, h.holds, h.token.get()))
-                .collect();
-            seen.sort_by_key(|h| h.3);
-            let mut want: Vec<(String, LockKind, u32, u64)> = (model.holders.iter())
-                .map(|h| (h.owner.clone(), h.kind, h.holds, h.token))
-                .collect();
-            want.sort_by_key(|h| h.3);
-            let queued: Vec<(String, LockKind)> = (state.waiters.iter())
-                .map(|w| (w.owner.clone(), w.kind))
-                .collect();
-            let queue: Vec<(String, LockKind)> = (model.waiters.iter())
-                .map(|w| (w.owner.clone(), w.kind))
-                .collect();
-            if seen != want || queued != queue {
-                return Ok(Some(format!(
-                    "n{n}: the store has holders {seen:?} and waiters {queued:?}; the model {want:?} and {queue:?}"
-                )));
+            for client in 0..CLIENTS {
+                let at_gate = |w: &&Waiter| w.at_gate && w.gate == Some(client);
+                if client > 0 && !model.waiters.iter().any(|w| at_gate(&w)) {
+                    continue;
+                }
+                let state = (self.clients[client].describe(name.as_str()).await)
+                    .map_err(|e| format!("describe n{n} from c{client} failed: {e}"))?;
+                compatible(&state).map_err(|e| format!("n{n}: {e}"))?;
+                let mut seen: Vec<(String, LockKind, u32, u64)> = (state.holders.iter())
+                    .map(|h| (h.owner.clone(), h.kind, h.holds, h.token.get()))
+                    .collect();
+                seen.sort_by_key(|h| h.3);
+                let mut want: Vec<(String, LockKind, u32, u64)> = (model.holders.iter())
+                    .map(|h| (h.owner.clone(), h.kind, h.holds, h.token))
+                    .collect();
+                want.sort_by_key(|h| h.3);
+                let queued: Vec<(String, LockKind)> = (state.waiters.iter())
+                    .map(|w| (w.owner.clone(), w.kind))
+                    .collect();
+                let mut gate: Vec<&Waiter> = model.waiters.iter().filter(at_gate).collect();
+                gate.sort_by_key(|w| w.id);
+                let queue: Vec<(Option<String>, LockKind)> = (model.waiters.iter())
+                    .filter(|w| !w.at_gate)
+                    .chain(gate)
+                    .map(|w| ((!w.owner.starts_with('~')).then(|| w.owner.clone()), w.kind))
+                    .collect();
+                let fits = |(seen, want): (&(String, LockKind), &(Option<String>, LockKind))| {
+                    seen.1 == want.1
+                        && match &want.0 {
+                            Some(owner) => &seen.0 == owner,
+                            None => !OWNERS.contains(&seen.0.as_str()),
+                        }
+                };
+                if seen != want
+                    || queued.len() != queue.len()
+                    || !queued.iter().zip(&queue).all(fits)
+                {
+                    return Ok(Some(format!(
+                        "n{n} from c{client}: the store has holders {seen:?} and waiters {queued:?}; the model {want:?} and {queue:?} (None: an ownerless waiter)"
+                    )));
+                }
             }
         }
         Ok(None)
@@ -1053,7 +1351,7 @@ impl Driver {
                     "releasing g{} at the end gave {released:?}",
                     held.id
                 );
-                self.model[held.name].drop_hold(&held.owner);
+                self.released(held.name, &held.owner);
                 self.settle(PROMPT).await?;
                 continue;
             }
@@ -1085,18 +1383,24 @@ fn serve_order(
     });
     for j in tries {
         let (id, outcome) = ended[j];
-        let (me, owner, kind, fair) = match (id, direct) {
-            (DIRECT, Some(d)) => (None, d.owner.to_string(), d.kind, d.fair),
+        let (me, owner, kind, fair, turn) = match (id, direct) {
+            (DIRECT, Some(d)) => (None, d.owner.clone(), d.kind, d.fair, d.turn),
             _ => {
                 let me = name.waiters.iter().position(|w| w.id == id)?;
                 let w = &name.waiters[me];
-                (Some(me), w.owner.clone(), w.kind, w.fair)
+                // A task still behind its gate's turn cannot have been served.
+                if w.at_gate {
+                    continue;
+                }
+                (Some(me), w.owner.clone(), w.kind, w.fair, None)
             }
         };
         let allowed = name.allowed(me, &owner, kind, fair);
         let mut next = name.clone();
         if (matches!(outcome, Outcome::Busy) && id != DIRECT)
-            || next.apply(&allowed, outcome, me, &owner, kind).is_err()
+            || next
+                .apply(&allowed, outcome, me, &owner, kind, turn)
+                .is_err()
         {
             continue;
         }
@@ -1219,6 +1523,17 @@ mod tests {
     fn every_kind_of_operation_is_generated() {
         let plan = Plan::generate(1, 2000, false);
         let count = |f: fn(&Op) -> bool| plan.ops.iter().filter(|op| f(op)).count();
+        fn ownerless(op: &Op) -> bool {
+            match op {
+                Op::Try { req, .. } | Op::Wait { req } | Op::Expire { req } => req.owner.is_none(),
+                _ => false,
+            }
+        }
+        assert!(
+            count(|op| ownerless(op) && matches!(op, Op::Wait { req } if req.client == 0)) > 20
+        );
+        assert!(count(|op| ownerless(op) && matches!(op, Op::Wait { req } if req.client != 0)) > 5);
+        assert!(count(|op| ownerless(op) && matches!(op, Op::Try { .. })) > 20);
         assert!(count(|op| matches!(op, Op::Try { bounded: false, .. })) > 100);
         assert!(count(|op| matches!(op, Op::Try { bounded: true, .. })) > 50);
         assert!(count(|op| matches!(op, Op::Wait { .. })) > 100);
@@ -1245,6 +1560,8 @@ mod tests {
                 owner: owner.into(),
                 kind,
                 fair,
+                gate: None,
+                at_gate: false,
             })
             .collect()
     }

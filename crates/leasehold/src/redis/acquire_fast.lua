@@ -2,7 +2,7 @@
 -- `mine_before .. token .. mine_after`; mine_waiter() is this request's queue entry.
 local expires, waiter_expires = now + ARGV[5], now + ARGV[12]
 -- When the request arrived: now, or as long ago as it waited in its process (ARGV[15],
--- a transfer's; see place() in acquire.lua).
+-- a transfer's or a gate's; see place() in acquire.lua).
 local arrived = now
 if ARGV[15] then arrived = now - ARGV[15] end
 local mine_before = '\30' .. ARGV[1] .. '\31' .. ARGV[2] .. '\31' .. ARGV[3] .. '\31' ..
@@ -18,7 +18,7 @@ end
 -- A fair writer not yet queued (ARGV[13] says it cannot be: its first attempt; else
 -- look), held by one unexpired hold of another owner, no waiter lease ended: queue at
 -- the tail by rewriting the header and appending the entry, without reading or
--- rewriting the queue (not in a transfer: ARGV[14]).
+-- rewriting the queue (not in a transfer, nor after a wait in its process: ARGV[14]).
 if ARGV[6] == '1' and ARGV[7] == '1' and ARGV[3] == 'exclusive' and not ARGV[14] and fixed
     and not dirty and H ~= '' and he > now and (q == 0 or m > now)
     and not string.find(H, '\30', 2, true) then

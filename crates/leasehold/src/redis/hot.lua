@@ -22,7 +22,8 @@
 -- An acquire or transfer comes as few arguments (each one costs the call time): ARGV[1]
 -- the hot hold's value as above, ARGV[2] ttl ms, ARGV[3] KIND \31 PERMITS \31 FAIR \31
 -- ENQUEUE \31 WAITER LEASE MS \31 FRESH; a transfer adds ARGV[4] the hold it releases
--- and ARGV[5] how long (ms) the request waited in its process. The code after this file
+-- and ARGV[5] how long (ms) the request waited in its process (an acquire that waited in
+-- its process adds them too, ARGV[4] empty). The code after this file
 -- reads them unpacked, by the positions acquire.lua lists.
 
 local key, hold_key, token_key = KEYS[1], KEYS[2], KEYS[3]

@@ -606,6 +606,20 @@ impl RedisStore {
                     Arg::Num(req.waited.as_millis() as u64),
                 ][..],
             ),
+            // A request that waited in its process (its gate's turn came without a
+            // hand-over) says how long, as a transfer's does, in the same place; the
+            // empty text where a transfer names its released hold keeps it off the
+            // tail-only fast path.
+            None if !req.waited.is_zero() => (
+                &scripts().acquire,
+                &[
+                    Arg::Joined(&hold),
+                    ttl,
+                    Arg::Joined(&rest),
+                    Arg::Text(""),
+                    Arg::Num(req.waited.as_millis() as u64),
+                ][..],
+            ),
             None => (
                 &scripts().acquire,
                 &[Arg::Joined(&hold), ttl, Arg::Joined(&rest)][..],
