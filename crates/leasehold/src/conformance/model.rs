@@ -9,7 +9,7 @@
 //!   Most requests for a mutex give no owner id (the commonest use; most of them from
 //!   client 0, so that its tasks queue together): each is then its own owner, and a
 //!   non-fair one (a fair one too where the store queues by arrival,
-//!   [`Capabilities::queues_by_wait`](crate::Capabilities)) waits in its client's gate
+//!   [`Capabilities::queues_by_wait`](crate::store::Capabilities)) waits in its client's gate
 //!   behind the task of that client that asks the store or holds the lock. Three names: a mutex, a read-write lock and a semaphore of 2 or 3
 //!   permits; now and then a request asks for another primitive or another number of
 //!   permits, which must be refused while the name is in use (and is granted, and makes
@@ -715,7 +715,7 @@ struct Driver {
     /// A request racing the waiters a release let in, to check with them.
     direct: Option<Direct>,
     /// Whether the store queues a fair request by how long it waited in its process
-    /// ([`Capabilities::queues_by_wait`](crate::Capabilities)): fair ownerless requests
+    /// ([`Capabilities::queues_by_wait`](crate::store::Capabilities)): fair ownerless requests
     /// then wait in their client's gate too.
     queues_by_wait: bool,
     /// Gate tasks that a release handed the lock to in its own store step, by name: each
