@@ -551,3 +551,40 @@ async fn polling_lost_again_and_again_asks_the_store_once() {
     assert!(asked <= 2, "{asked} scripts for 200 polls of lost()");
     guard.release().await.unwrap();
 }
+
+/// A non-fair waiter whose process died stays at the head of the queue until its waiter
+/// lease ends. A live non-fair waiter behind it may pass it, and is woken at the release
+/// (the release wakes the non-fair waiter whose place was renewed last too, not only the
+/// head), rather than finding the lock free at its next look, seconds later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_non_fair_waiter_behind_a_dead_one_is_woken_at_the_release() {
+    let server = RedisServer::start();
+    let (a, b, c) = (
+        locks(&server).await,
+        locks(&server).await,
+        locks(&server).await,
+    );
+    let name = "dead-head";
+    let ttl = Duration::from_secs(60);
+    let lock = |locks: &Leasehold| locks.mutex(name).unwrap().with_ttl(ttl);
+    let holder = lock(&a).try_lock().await.unwrap().unwrap();
+    let waiters = || async { a.describe(name).await.unwrap().waiters.len() };
+    // w1 queues; then its process dies: its wait is never looked at again.
+    let w1 = lock(&b);
+    let mut dead = Box::pin(async move { w1.lock().await });
+    tokio::select! {
+        got = &mut dead => panic!("w1 got the lock: {got:?}"),
+        _ = eventually("w1 to queue", || async { waiters().await == 1 }) => {}
+    }
+    std::mem::forget(dead);
+    let w2 = tokio::spawn({
+        let lock = lock(&c);
+        async move { lock.lock().await }
+    });
+    eventually("w2 to queue behind w1", || async { waiters().await == 2 }).await;
+    holder.release().await.unwrap();
+    // Its own next look would come a quarter of a waiter lease or more later.
+    let next = tokio::time::timeout(Duration::from_secs(1), w2).await;
+    let next = next.expect("w2 is woken at the release");
+    next.unwrap().unwrap().release().await.unwrap();
+}

@@ -1101,14 +1101,21 @@ pub async fn abandoned_wait_leaves_by_shutdown(open: Open) {
 }
 
 /// A waiter whose process dies without a word costs the others at most its waiter
-/// lease, not the lock's TTL.
+/// lease, counted from its death: the holder here lets go 4 s after it, and w2 must be
+/// served by the end of the dead waiter's lease, not a waiter lease after the release
+/// (as when the lock was handed to the dead waiter on a fresh lease).
 pub async fn dead_waiter_costs_at_most_its_waiter_lease(open: Open) {
     let (_locks, _name, holder, w2) = after_waiter_process(&open, false).await;
+    let died = tokio::time::Instant::now();
+    let lease = crate::store::MAX_WAITER_LEASE;
+    // Part of the scenario, not a wait for anything: the holder works on for a while.
+    tokio::time::sleep_until(died + lease * 4 / 5).await;
     holder.release().await.unwrap();
-    // The waiter lease, a second of etcd's rounding, and a refresh of w2's wait.
-    let bound = crate::store::MAX_WAITER_LEASE * 2;
+    // The waiter lease, a refresh of w2's wait (half a waiter lease) and a second of
+    // etcd's rounding.
+    let bound = lease + lease / 2 + Duration::from_secs(1);
     assert!(bound < LONG_TTL);
-    let next = tokio::time::timeout(bound, w2).await;
+    let next = tokio::time::timeout_at(died + bound, w2).await;
     let next = next.expect("w2 is served within the dead waiter's lease");
     next.unwrap().unwrap().release().await.unwrap();
 }

@@ -141,9 +141,10 @@ local function tell(channel, item)
 end
 
 -- Fair waiters at the head of the queue that can get in now get the lock here: no round
--- trip to come and take it, and nobody can pass them. The hold lasts a waiter lease (its
--- client counts it from its last request, which is earlier, and renews to the full TTL
--- at a third of it), so a waiter that died does not keep the lock for a whole TTL.
+-- trip to come and take it, and nobody can pass them. The hold lasts what is left of the
+-- waiter's lease (its client counts it from its last request, which is earlier, and
+-- renews to the full TTL at once), so a waiter that died does not keep the lock longer
+-- than its place would have lasted.
 -- Returns whether the head should still be woken: a non-fair head, or one that must
 -- come itself (re-entry); not a fair head that a holder keeps out.
 local function hand_over()
@@ -164,12 +165,26 @@ local function hand_over()
 end
 
 -- Wake the waiters that may get in now: the head of the queue, readers right behind a
--- reading head, permit waiters for the free permits (at most 64 in all).
+-- reading head, permit waiters for the free permits (at most 64 in all). Any non-fair
+-- writer may take a free lock, and one woken is enough; but the head may have died (its
+-- place lasts until its waiter lease ends), so the non-fair writer whose place was
+-- renewed last, the likeliest to be alive, is woken too.
 local function notify()
   if q == 0 then return end
   local head, s = waiter_at(1)
   tell(head.c, head.l)
   local free = 1
+  if head.k == 'exclusive' and head.f ~= '1' then
+    local last, e = nil, tonumber(head.e)
+    for _ = 2, 64 do
+      if s > #W then break end
+      local w, next = waiter_at(s)
+      if w.k == 'exclusive' and w.f ~= '1' and tonumber(w.e) > e then last, e = w, tonumber(w.e) end
+      s = next
+    end
+    if last then tell(last.c, last.l) end
+    return
+  end
   if head.k == 'permit' then
     local owners, count = {}, 0
     for _, h in ipairs(holds()) do

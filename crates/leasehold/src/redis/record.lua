@@ -157,10 +157,12 @@ local function waiter_in(str, s)
           e = e}, next
 end
 
--- Hands the lock to the fair waiter `w`: a new token and a hold that lasts the waiter's
--- own lease (see hand_over in common.lua). Its entry, its expiry, and the message.
+-- Hands the lock to the fair waiter `w`: a new token and a hold that lasts what is left
+-- of the waiter's own lease (see hand_over in common.lua), so a waiter that died keeps
+-- the lock no longer than its place would have lasted. Its entry, its expiry, and the
+-- message (the hold's ms left).
 local function handed(w)
-  local t, e = next_token(), now + w.y
+  local t, e = next_token(), tonumber(w.e)
   return pack_hold({l = w.l, o = w.o, k = w.k, p = w.p, t = t, a = now, n = w.n, i = w.i,
-                    e = e, c = w.c}), e, w.l .. '=' .. t .. ':' .. w.y
+                    e = e, c = w.c}), e, w.l .. '=' .. t .. ':' .. (e - now)
 end
