@@ -35,7 +35,10 @@ pub struct ReleaseArgs {
     /// Lock name
     pub name: String,
     /// Required: frees the lock whoever holds it; the holder's guard reports it lost
-    /// (`leasehold run` stops its command and exits 76)
+    /// (`leasehold run` stops its command and exits 76). The next waiter gets the lock
+    /// at once, while the old command may still be running out its --grace: use it on
+    /// a holder that is stuck or gone, and fence what the lock protects
+    /// ($LEASEHOLD_TOKEN)
     #[arg(long)]
     pub force: bool,
 }

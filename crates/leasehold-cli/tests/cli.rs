@@ -814,6 +814,9 @@ fn corrupt_lock_state_gives_a_clear_error_and_runs_nothing() {
     );
     assert!(!cli.exists("ran"), "the command ran on a corrupt lock");
     cli.run(&["status", "k"]).expect(70);
+    // `list` does not hide it either.
+    let out = cli.run(&["list"]).expect(70);
+    assert!(out.stderr.contains("k.lock"), "{}", out.stderr);
 }
 
 #[test]

@@ -680,12 +680,23 @@ impl Store for LocalStore {
             let Ok(file) = File::open(entry.path()) else {
                 continue;
             };
-            let Ok(slots::Found::State { json, .. }) = slots::read(&file) else {
-                continue;
+            // A file that cannot be read could hide a held lock: say so, as the lock's
+            // own calls do, rather than list less than there is.
+            let unreadable = |why: String| Error::Corrupt {
+                store: self.store_name(),
+                name: file_name.to_string_lossy().into_owned(),
+                reason: format!(
+                    "{} {why}; move it aside to start that lock afresh",
+                    entry.path().display()
+                ),
             };
-            let Ok(record) = serde_json::from_slice::<Record>(&json) else {
-                continue;
+            let json = match slots::read(&file) {
+                Ok(slots::Found::State { json, .. }) => json,
+                Ok(slots::Found::Empty) | Err(_) => continue,
+                Ok(slots::Found::Corrupt(why)) => return Err(unreadable(why)),
             };
+            let record = serde_json::from_slice::<Record>(&json)
+                .map_err(|e| unreadable(format!("does not hold a lock's record ({e})")))?;
             if !record.name.starts_with(prefix) || record.is_idle() {
                 continue;
             }
