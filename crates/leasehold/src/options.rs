@@ -68,7 +68,9 @@ pub(crate) fn check_permits(permits: u32) -> Result<u32> {
 /// `1.5s`, `250ms`, `2h` — for messages.
 pub fn humanize(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms < 1000 {
+    if ms == 0 && !d.is_zero() {
+        format!("{}µs", d.as_micros())
+    } else if ms < 1000 {
         format!("{ms}ms")
     } else if ms < 60_000 {
         let s = d.as_secs_f64();

@@ -155,7 +155,7 @@ pub fn default_dir() -> Result<PathBuf> {
     match var("HOME") {
         Some(home) => Ok(home.join(".local/state/leasehold")),
         None => Err(Error::InvalidStore {
-            store: "local".into(),
+            store: "local:".into(),
             reason: "no directory given and neither LEASEHOLD_HOME, XDG_STATE_HOME nor HOME is set; use local:DIR".into(),
         }),
     }
