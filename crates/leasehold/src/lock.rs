@@ -521,8 +521,17 @@ impl Lock {
                     continue;
                 }
                 Err(error) => {
-                    // The attempt may have been granted or queued: undo it by its id.
-                    pending.undo().await;
+                    if !answered && self.store.capabilities().failed_calls_change_nothing {
+                        // Nothing of this request can be in the store.
+                        pending.disarm();
+                    } else {
+                        // The attempt may have been granted or queued: undo it by its id,
+                        // within what is left of a bounded wait (then in the background).
+                        let now = Instant::now();
+                        let patience =
+                            bound.map_or(LATE_ANSWER, |b| b.saturating_duration_since(now));
+                        pending.undo_within(patience).await;
+                    }
                     return Err(error);
                 }
             };
@@ -604,8 +613,9 @@ impl Pending {
         self.lease = None;
     }
 
-    /// [`undo`](Self::undo), waited for at most `patience`; then it goes on in the
-    /// background (the lease stays armed, so dropping this sends it).
+    /// Undoes the acquisition by its id (a release of what the store may have granted
+    /// or queued), waited for at most `patience`; then it goes on in the background (the
+    /// lease stays armed, so dropping this sends it).
     async fn undo_within(&mut self, patience: Duration) {
         let Some(lease) = self.lease.clone() else {
             return;
@@ -613,15 +623,6 @@ impl Pending {
         let undo = release_or_again(&self.store, &lease, self.ttl, &self.tasks);
         if tokio::time::timeout(patience, undo).await.is_ok() {
             self.lease = None;
-        }
-    }
-
-    async fn undo(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            let released = release_or_again(&self.store, &lease, self.ttl, &self.tasks).await;
-            if let Err(error) = released {
-                tracing::debug!(%error, "could not undo an unfinished acquire yet");
-            }
         }
     }
 }

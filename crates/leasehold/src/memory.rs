@@ -177,7 +177,7 @@ impl Store for MemoryStore {
             reclaims_dead_processes: false,
             fair_by_default: false,
             queues_by_wait: false,
-            reentries_expire_alone: true,
+            failed_calls_change_nothing: true,
         }
     }
 

@@ -269,8 +269,10 @@ pub struct LockState {
     pub waiters: Vec<WaiterInfo>,
 }
 
-/// What a store can do, for callers and the conformance suite.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a store can do, for the library, the CLI and the conformance suite. A store of
+/// your own starts from [`Capabilities::default`] (nothing promised) and sets what it
+/// does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
     /// Locks are visible to other processes.
@@ -280,16 +282,17 @@ pub struct Capabilities {
     /// Locks are fair (FIFO) unless [`Lock::with_fair`](crate::Lock::with_fair) says
     /// otherwise: the store's queue is its natural shape (etcd).
     pub fair_by_default: bool,
-    /// [`Store::acquire`] and [`Store::transfer`] queue a fair request by
-    /// [`AcquireRequest::waited`]: behind
+    /// [`Store::transfer`] queues a fair request by [`AcquireRequest::waited`]: behind
     /// the waiters that arrived before it, ahead of those that arrived after. Tasks of
     /// one process can then wait for a fair lock in the process, behind the one of them
     /// that is in the store's queue, without losing their place.
     pub queues_by_wait: bool,
-    /// A re-entry's hold ends with its own lease: a re-entry that is leaked (its process
-    /// died, or `leak()`) expires at its TTL while the owner's other holds go on. True of
-    /// every store here; the conformance suite's model skips that case where it is false.
-    pub reentries_expire_alone: bool,
+    /// A call that returns an error changed nothing in the store (it never reached it,
+    /// or was refused before any change), so an acquire that failed that way needs no
+    /// undo: a bounded wait then ends at once instead of first trying to undo it on a
+    /// store that cannot be reached. False where an error can hide a change that was made
+    /// (a reply lost on the network).
+    pub failed_calls_change_nothing: bool,
 }
 
 /// A lock store. Every method is one attempt: none waits for a holder.

@@ -105,3 +105,28 @@ async fn tokens_rise_after_the_lock_file_is_lost() {
     assert!(g.token() > before, "{} after {before}", g.token());
     g.release().await.unwrap();
 }
+
+/// A stranger holds the lock file's `flock`: a bounded wait fails after one store call's
+/// patience, and since a failed call on the local store changed nothing, it leaves no
+/// undo behind to wait for (which met the same stuck file lock, a second each, in the
+/// wait and again at shutdown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_a_stuck_file_lock_ends_leaves_nothing_to_undo() {
+    use std::os::fd::AsRawFd;
+    let dir = TempDir::new("local-stuck");
+    let locks = Leasehold::new(LocalStore::open(dir.path()).unwrap());
+    let lock = locks.mutex("k").unwrap();
+    lock.try_lock().await.unwrap().unwrap().release().await.unwrap();
+    let stranger = std::fs::File::open(dir.path().join("locks/k.lock")).unwrap();
+    // SAFETY: a valid fd; the lock goes with the file.
+    assert_eq!(unsafe { libc::flock(stranger.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let failed = lock.try_lock_for(std::time::Duration::from_millis(500)).await;
+    assert!(
+        matches!(failed, Err(leasehold::Error::Unavailable { .. })),
+        "{failed:?}"
+    );
+    assert!(
+        locks.shutdown(std::time::Duration::ZERO).await,
+        "an undo was left to send"
+    );
+}

@@ -104,15 +104,8 @@ const OWNERS: [&str; 4] = ["ann", "bob", "cid", "dee"];
 const OWNERLESS: u64 = 70;
 
 /// Runs the model-based conformance case on `store` (see the [module docs](self)),
-/// with fair and non-fair requests. A store whose re-entries do not expire alone
-/// ([`Capabilities::reentries_expire_alone`](crate::store::Capabilities)) is not asked to let a
-/// leaked re-entry expire while its owner holds on.
+/// with fair and non-fair requests.
 pub async fn model_based(store: Arc<dyn Store>) {
-    let restricted = !store.capabilities().reentries_expire_alone;
-    check(store, restricted).await
-}
-
-async fn check(store: Arc<dyn Store>, restricted: bool) {
     let seed = match std::env::var("LEASEHOLD_MODEL_SEED") {
         Ok(text) => parse_seed(&text).expect("LEASEHOLD_MODEL_SEED: a decimal or 0x-hex u64"),
         Err(_) => rand::random(),
@@ -126,12 +119,9 @@ async fn check(store: Arc<dyn Store>, restricted: bool) {
         Err(_) => Duration::from_secs(120),
     };
     let shown = store.describe_store();
-    let case = match restricted {
-        true => "model_based (no leaked re-entry expires alone)",
-        false => "model_based",
-    };
+    let case = "model_based";
     eprintln!("{case} on {shown}: LEASEHOLD_MODEL_SEED={seed} LEASEHOLD_MODEL_STEPS={steps}");
-    let plan = Plan::generate(seed, steps, restricted);
+    let plan = Plan::generate(seed, steps);
     let started = Instant::now();
     let failure = match run(&store, &plan, &plan.ops).await {
         Ok(counts) => {
@@ -304,13 +294,10 @@ impl fmt::Display for Op {
 struct Plan {
     shapes: Vec<Shape>,
     ops: Vec<Op>,
-    /// A leaked re-entry is not asked to expire while its owner holds on (see
-    /// [`model_based`]).
-    restricted: bool,
 }
 
 impl Plan {
-    fn generate(seed: u64, steps: usize, restricted: bool) -> Plan {
+    fn generate(seed: u64, steps: usize) -> Plan {
         let mut rng = Rng(seed);
         let shapes = vec![
             Shape::Mutex,
@@ -318,11 +305,7 @@ impl Plan {
             Shape::Semaphore(2 + rng.below(2) as u32),
         ];
         let ops: Vec<Op> = (0..steps).map(|_| Self::op(&mut rng, &shapes)).collect();
-        Plan {
-            shapes,
-            ops,
-            restricted,
-        }
+        Plan { shapes, ops }
     }
 
     fn op(rng: &mut Rng, shapes: &[Shape]) -> Op {
@@ -709,9 +692,6 @@ struct Driver {
     tasks: Vec<Task>,
     next_id: usize,
     trace: Vec<String>,
-    /// A leaked re-entry is not asked to expire while its owner holds on (see
-    /// [`model_based`]).
-    restricted: bool,
     /// A request racing the waiters a release let in, to check with them.
     direct: Option<Direct>,
     /// Whether the store queues a fair request by how long it waited in its process
@@ -729,7 +709,7 @@ struct Driver {
 
 /// Runs `ops` on fresh names; a panic in the driver is a failure too.
 async fn run(store: &Arc<dyn Store>, plan: &Plan, ops: &[Op]) -> Result<Counts, Failure> {
-    let (shapes, plan_once) = (&plan.shapes, plan.restricted);
+    let shapes = &plan.shapes;
     let base = unique("model");
     let driver = Driver {
         clients: (0..CLIENTS)
@@ -743,7 +723,6 @@ async fn run(store: &Arc<dyn Store>, plan: &Plan, ops: &[Op]) -> Result<Counts, 
         next_id: 0,
         trace: Vec::new(),
         counts: Default::default(),
-        restricted: plan_once,
         direct: None,
         queues_by_wait: store.capabilities().queues_by_wait,
         handed: Vec::new(),
@@ -863,17 +842,6 @@ impl Driver {
                 self.settle(PROMPT).await
             }
             Op::Expire { req } => {
-                let owner = req.owner.map_or("", |o| OWNERS[o]);
-                if self.restricted
-                    && self.model[req.name]
-                        .holders
-                        .iter()
-                        .any(|h| h.owner == owner)
-                {
-                    self.note("skipped: the owner holds it");
-                    self.count("skipped");
-                    return Ok(());
-                }
                 let got = self.lock(&req, SHORT_TTL).try_lock().await;
                 if let Some(guard) = self.request(&req, got)? {
                     let owner = guard.owner().to_string();
@@ -1511,17 +1479,17 @@ mod tests {
 
     #[test]
     fn a_seed_gives_the_same_operations_and_a_longer_run_extends_a_shorter() {
-        let (short, long) = (Plan::generate(7, 50, false), Plan::generate(7, 200, false));
+        let (short, long) = (Plan::generate(7, 50), Plan::generate(7, 200));
         assert_eq!(short.shapes, long.shapes);
         assert_eq!(short.ops[..], long.ops[..50]);
-        assert_ne!(Plan::generate(8, 50, false).ops, short.ops);
+        assert_ne!(Plan::generate(8, 50).ops, short.ops);
         assert_eq!(parse_seed("0x10"), Some(16));
         assert_eq!(parse_seed(" 42 "), Some(42));
     }
 
     #[test]
     fn every_kind_of_operation_is_generated() {
-        let plan = Plan::generate(1, 2000, false);
+        let plan = Plan::generate(1, 2000);
         let count = |f: fn(&Op) -> bool| plan.ops.iter().filter(|op| f(op)).count();
         fn ownerless(op: &Op) -> bool {
             match op {

@@ -2068,7 +2068,7 @@ impl Store for EtcdStore {
             reclaims_dead_processes: false,
             fair_by_default: true,
             queues_by_wait: false,
-            reentries_expire_alone: true,
+            failed_calls_change_nothing: false,
         }
     }
 

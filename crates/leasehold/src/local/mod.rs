@@ -715,7 +715,7 @@ impl Store for LocalStore {
             reclaims_dead_processes: true,
             fair_by_default: false,
             queues_by_wait: false,
-            reentries_expire_alone: true,
+            failed_calls_change_nothing: true,
         }
     }
 

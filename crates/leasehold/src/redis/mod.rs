@@ -1241,7 +1241,7 @@ impl Store for RedisStore {
             reclaims_dead_processes: false,
             fair_by_default: false,
             queues_by_wait: true,
-            reentries_expire_alone: true,
+            failed_calls_change_nothing: false,
         }
     }
 
