@@ -1,0 +1,292 @@
+//! Leases: each acquisition's etcd lease, the pool of spare leases a process reuses,
+//! keepalives, and moving a key onto a longer lease.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::acquire::{Acquisition, State};
+use super::queue::{marker_key, move_to, put_on, txn, Entry};
+use super::rpc::{
+    self, Compare, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse,
+    LeaseTimeToLiveResponse,
+};
+use super::EtcdStore;
+use crate::store::{AcquireRequest, Grant, Lease, Renewal, Store};
+use crate::{Locked, Result};
+
+/// An etcd lease and how long it is surely alive.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct EtcdLease {
+    pub(super) id: i64,
+    /// Seconds etcd granted.
+    pub(super) ttl: i64,
+    /// Seconds asked for: the spare list it goes back to.
+    pub(super) asked: i64,
+    /// Request time of the last grant or keepalive plus the TTL: etcd cannot end the
+    /// lease earlier.
+    pub(super) alive_until: Instant,
+    /// Granted by this client for one acquisition (not borrowed from a re-entered key),
+    /// so it may be reused once that acquisition's key is gone.
+    pub(super) ours: bool,
+}
+
+impl EtcdLease {
+    pub(super) fn left(&self, now: Instant) -> Duration {
+        self.alive_until.saturating_duration_since(now)
+    }
+
+    pub(super) fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl.max(0) as u64)
+    }
+}
+
+/// Whole seconds of etcd lease covering `ttl`.
+pub(super) fn lease_seconds(ttl: Duration) -> i64 {
+    (ttl.as_millis().div_ceil(1000) as i64).max(1)
+}
+
+/// A lease another acquisition made, known only by id until a keepalive bounds it.
+pub(super) fn borrowed(id: i64) -> EtcdLease {
+    EtcdLease {
+        id,
+        ttl: 0,
+        asked: 0,
+        alive_until: Instant::now(),
+        ours: false,
+    }
+}
+
+impl EtcdStore {
+    /// A lease for a new acquisition: a spare one with at least half its TTL left, or a
+    /// new grant.
+    pub(super) async fn lease_for(&self, ttl: Duration) -> Result<EtcdLease> {
+        let seconds = lease_seconds(ttl);
+        let now = Instant::now();
+        let mut stale = Vec::new();
+        let spare = {
+            let mut spare = self.inner.spare.locked();
+            let list = spare.entry(seconds).or_default();
+            let mut found = None;
+            while let Some(lease) = list.pop() {
+                if lease.left(now) * 2 >= lease.ttl() {
+                    found = Some(lease);
+                    break;
+                }
+                stale.push(lease.id);
+            }
+            found
+        };
+        for id in stale {
+            self.revoke_later(id);
+        }
+        match spare {
+            Some(lease) => Ok(lease),
+            None => self.grant(ttl).await,
+        }
+    }
+
+    /// A new etcd lease covering `ttl`.
+    pub(super) async fn grant(&self, ttl: Duration) -> Result<EtcdLease> {
+        let seconds = lease_seconds(ttl);
+        let sent = Instant::now();
+        let answer: LeaseGrantResponse = self
+            .inner
+            .client
+            .unary(
+                "/etcdserverpb.Lease/LeaseGrant",
+                LeaseGrantRequest { ttl: seconds },
+            )
+            .await
+            .map_err(|s| self.unavailable(s))?;
+        if !answer.error.is_empty() {
+            return Err(self.unavailable(tonic::Status::unavailable(answer.error)));
+        }
+        Ok(EtcdLease {
+            id: answer.id,
+            ttl: answer.ttl,
+            asked: seconds,
+            alive_until: sent + Duration::from_secs(answer.ttl.max(0) as u64),
+            ours: true,
+        })
+    }
+
+    /// Keeps `lease` for the next acquisition.
+    pub(super) fn spare(&self, lease: EtcdLease) {
+        if lease.ours && lease.alive_until > Instant::now() {
+            let mut spare = self.inner.spare.locked();
+            let list = spare.entry(lease.asked).or_default();
+            // Twice in the list, one lease would back two acquisitions.
+            if !list.iter().any(|l| l.id == lease.id) {
+                list.push(lease);
+            }
+        }
+    }
+
+    pub(super) fn revoke_later(&self, id: i64) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let store = self.clone();
+            runtime.spawn(async move {
+                let _ = store.revoke(id).await;
+            });
+        }
+    }
+
+    pub(super) async fn revoke(&self, id: i64) -> Result<()> {
+        let result: std::result::Result<rpc::Empty, _> = self
+            .inner
+            .client
+            .unary("/etcdserverpb.Lease/LeaseRevoke", rpc::LeaseId { id })
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(status) if status.message().contains("not found") => Ok(()),
+            Err(status) => Err(self.unavailable(status)),
+        }
+    }
+
+    /// One LeaseKeepAlive: the lease's new bound, or `None` if etcd no longer has it.
+    pub(super) async fn keep_alive(&self, lease: EtcdLease) -> Result<Option<EtcdLease>> {
+        let sent = Instant::now();
+        let mut answers = self
+            .inner
+            .client
+            .stream::<_, LeaseKeepAliveResponse>(
+                "/etcdserverpb.Lease/LeaseKeepAlive",
+                rpc::LeaseId { id: lease.id },
+            )
+            .await
+            .map_err(|s| self.unavailable(s))?;
+        let answer = tokio::time::timeout(rpc::CALL_TIMEOUT, answers.message())
+            .await
+            .map_err(|_| self.unavailable(tonic::Status::deadline_exceeded("keepalive")))?
+            .map_err(|s| self.unavailable(s))?
+            .ok_or_else(|| {
+                self.unavailable(tonic::Status::unavailable("keepalive stream ended"))
+            })?;
+        Ok((answer.ttl > 0).then(|| EtcdLease {
+            ttl: answer.ttl,
+            alive_until: sent + Duration::from_secs(answer.ttl as u64),
+            ..lease
+        }))
+    }
+
+    /// Seconds left of etcd lease `id`, -1 if it has ended.
+    pub(super) async fn time_to_live(&self, id: i64) -> Result<i64> {
+        let answer: LeaseTimeToLiveResponse = self
+            .inner
+            .client
+            .unary("/etcdserverpb.Lease/LeaseTimeToLive", rpc::LeaseId { id })
+            .await
+            .map_err(|s| self.unavailable(s))?;
+        Ok(answer.ttl)
+    }
+
+    /// A key let in while on a waiter's short lease moves to a lease of the lock's TTL
+    /// before its grant is returned: a holder's lease is the full TTL (a holder may be
+    /// paused for that long), and its guard counts its safe deadline from it. Should the
+    /// move fail, the grant stands on the short lease, which the guard's first renewal
+    /// lengthens ([`move_to_longer_lease`](Self::move_to_longer_lease)).
+    pub(super) async fn on_full_lease(&self, req: &AcquireRequest, grant: Grant) -> Grant {
+        let Some(Acquisition {
+            key,
+            marker,
+            lease: Some(short),
+            state: State::Held { create, .. },
+            hold: None,
+        }) = self.acquisition(&req.lease)
+        else {
+            return grant;
+        };
+        if !short.ours || short.asked >= lease_seconds(req.ttl) {
+            return grant;
+        }
+        let Ok(full) = self.lease_for(req.ttl).await else {
+            return grant;
+        };
+        // The marker too: it must go with the key (a key put into an empty queue has
+        // none; one more does no harm, a release deletes it with the key).
+        let moved = self
+            .call_txn(txn(
+                vec![Compare::created_at(&key, create)],
+                vec![move_to(full.id, &key), put_on(full.id, &marker, &key)],
+                vec![],
+            ))
+            .await;
+        let revision = match moved {
+            Ok(answer) if answer.succeeded => answer.revision(),
+            Ok(_) => {
+                // Our key is gone (the guard's first renewal says so): nothing moved.
+                self.spare(full);
+                return grant;
+            }
+            // The key may have moved unseen: the guard's renewal follows it to its lease,
+            // and the new lease, not reused, ends with the key.
+            Err(_) => return grant,
+        };
+        self.set_lease(&req.lease, full, Some(revision));
+        // Not for reuse: the key keeps the short lease's name.
+        self.revoke_later(short.id);
+        let longer = full
+            .alive_until
+            .saturating_duration_since(short.alive_until);
+        Grant {
+            lease: grant
+                .lease
+                .map(|left| left + longer)
+                .filter(|&l| l < req.ttl),
+            ..grant
+        }
+    }
+
+    /// `extend` asked for a longer TTL than the key's etcd lease has: put the key on a
+    /// new lease of that length (the key, and so the token, stays).
+    pub(super) async fn move_to_longer_lease(
+        &self,
+        lease: &Lease,
+        kv: &KeyValue,
+        old: EtcdLease,
+        ttl: Duration,
+    ) -> Result<Renewal> {
+        let new = self.grant(ttl).await?;
+        let mut moves = vec![put_on(new.id, &kv.key, &kv.value)];
+        if let Ok(entry) = serde_json::from_slice::<Entry>(&kv.value) {
+            moves.push(put_on(
+                new.id,
+                &marker_key(&lease.name, &entry.owner, &kv.key),
+                &kv.key,
+            ));
+        }
+        let answer = self
+            .call_txn(txn(
+                vec![Compare::modified_at(&kv.key, kv.mod_revision)],
+                moves,
+                vec![],
+            ))
+            .await?;
+        if !answer.succeeded {
+            // Changed meanwhile: look again.
+            self.spare(new);
+            return Box::pin(self.renew(lease, ttl)).await;
+        }
+        self.set_lease(&lease.id, new, Some(answer.revision()));
+        if old.ours {
+            // Not for reuse: the key keeps the old lease's name, and a key named after a
+            // spare lease must not exist.
+            self.revoke_later(old.id);
+        }
+        Ok(Renewal::Renewed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_seconds_round_up() {
+        assert_eq!(lease_seconds(Duration::from_millis(100)), 1);
+        assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(lease_seconds(Duration::from_secs(15)), 15);
+    }
+}
