@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::queue::*;
-use super::rpc::{self, prefix_end, Compare, KeyValue, Op, RangeRequest, TxnResponse};
+use super::rpc::{self, prefix_end, Compare, KeyValue, Op, TxnRequest, TxnResponse};
 use super::wait::Blocker;
 use super::{EtcdLease, EtcdStore, MIN_TRY_PER_MEMBER};
 use crate::options::waiter_lease;
@@ -46,13 +46,56 @@ pub(super) enum State {
     Held { create: i64, modified: i64 },
 }
 
-/// A waiting acquisition's own key.
+/// Our key in the queue: a waiting acquisition's, or one a pass has just placed.
 pub(super) struct Ours {
     pub(super) key: Vec<u8>,
     pub(super) lease: EtcdLease,
     pub(super) create: i64,
     /// When the last attempt started: a hand-over lease counts from there.
     pub(super) attempted: Instant,
+}
+
+/// Why a pass of an attempt starts again from the top.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Retry {
+    /// The spare lease our key was to go on had ended in etcd: the next pass takes
+    /// another.
+    LeaseEnded,
+    /// The queue was busy, and the Txn did not carry the join: join now.
+    Join,
+    /// Our owner's markers were there without their keys: cleared, join again.
+    StaleMarkers,
+    /// Our owner waits, and our key now waits behind its key: see where it stands.
+    BesideOwner,
+    /// The key we were to re-enter was gone: nothing was put.
+    KeyGone,
+}
+
+/// What one pass of an attempt comes to.
+pub(super) enum Step {
+    Done(Attempt),
+    Again(Retry),
+}
+
+/// What a pass puts: our key and our owner's marker, on a lease.
+struct Put {
+    key: Vec<u8>,
+    marker: Vec<u8>,
+    lease: EtcdLease,
+    entry: Entry,
+    /// A mutex try: the key goes in only if the queue is empty.
+    only_if_free: bool,
+    /// The lease is new to this acquisition (nothing was put on it before).
+    fresh: bool,
+}
+
+impl Put {
+    fn ops(&self) -> Vec<Op> {
+        vec![
+            put_on(self.lease.id, &self.key, &self.entry.value()),
+            put_on(self.lease.id, &self.marker, &self.key),
+        ]
+    }
 }
 
 pub(super) fn conflict(req: &AcquireRequest, refusal: rules::Refusal) -> Error {
@@ -122,9 +165,22 @@ impl EtcdStore {
         busy
     }
 
+    /// Attempts to acquire: passes until one settles. A pass that cannot settle starts
+    /// again from the top, for one of the reasons [`Retry`] names.
     pub(super) async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        loop {
+            match self.pass(req).await? {
+                Step::Done(attempt) => return Ok(attempt),
+                Step::Again(why) => {
+                    tracing::trace!(name = %req.name, ?why, "etcd: attempting again");
+                }
+            }
+        }
+    }
+
+    /// One pass: a waiting key looks again where it stands; anything else puts its key.
+    async fn pass(&self, req: &AcquireRequest) -> Result<Step> {
         let started = Instant::now();
-        let prefix = queue_prefix(&req.name);
         let mut known = self.acquisition(&req.lease);
         if let Some(Acquisition {
             lease: Some(lease),
@@ -148,17 +204,27 @@ impl EtcdStore {
             ..
         }) = known
         {
-            let second = waiting.second;
-            return self
-                .recheck(req, &prefix, &key, lease, create, second, started)
-                .await;
+            let ours = Ours {
+                key,
+                lease,
+                create,
+                attempted: started,
+            };
+            return self.recheck(req, ours, waiting.second).await;
         }
-        let writer = req.kind == LockKind::Exclusive;
+        let put = self.prepare(req, known).await?;
+        self.put(req, &put, started).await
+    }
+
+    /// Chooses the lease and names the key a pass puts, and records the attempt as
+    /// unanswered until it is.
+    async fn prepare(&self, req: &AcquireRequest, known: Option<Acquisition>) -> Result<Put> {
+        let prefix = queue_prefix(&req.name);
         // A mutex try takes the lock only if nobody holds or waits; everything that waits
         // joins the queue, non-fair requests too (the rules let them pass waiters, not
         // make them: a waiter outside the queue would not be shown, and readers could
         // pass it).
-        let only_if_free = writer && !req.enqueue;
+        let only_if_free = req.kind == LockKind::Exclusive && !req.enqueue;
         // A key that joins a busy queue waits there on a waiter's short lease, so that a
         // waiter that dies holds up the queue for a few seconds, not for the lock's TTL;
         // it moves to a lease of the full TTL when it is let in (`on_full_lease`).
@@ -189,75 +255,83 @@ impl EtcdStore {
             since: now_ms(),
             holds: vec![req.lease.clone()],
         };
-        let puts = vec![
-            put_on(lease.id, &key, &entry.value()),
-            put_on(lease.id, &marker, &key),
-        ];
+        Ok(Put {
+            key,
+            marker,
+            lease,
+            entry,
+            only_if_free,
+            fresh,
+        })
+    }
+
+    /// The Txn that puts our key: into an empty queue, the key alone (nothing to read
+    /// back, no marker needed); else, unless only a free lock will do, the key joins the
+    /// queue: in the same Txn where the queue was busy last time, else in a second one.
+    /// etcd takes about 35 µs longer over a Txn that carries the nested join, which an
+    /// uncontended lock would pay on every acquire.
+    fn put_txn(&self, req: &AcquireRequest, put: &Put) -> TxnRequest {
+        let prefix = queue_prefix(&req.name);
+        let puts = put.ops();
         let everyone = Compare::empty(&prefix, &prefix_end(&prefix));
-        let owners = owner_markers(&req.name, &req.owner);
-        let request = if only_if_free {
-            txn(
+        if put.only_if_free {
+            return txn(
                 vec![everyone],
                 puts[..1].to_vec(),
                 vec![range_queue(&prefix)],
-            )
-        } else {
-            let mut join = puts.clone();
-            if writer {
-                join.extend(writer_view(&prefix));
-            } else {
-                join.push(range_queue(&prefix));
-            }
-            // Our owner's marker there: read the queue to find the owner's key.
-            let join = txn(
-                vec![Compare::empty(&owners, &prefix_end(&owners))],
-                join,
-                vec![
-                    range_queue(&prefix),
-                    Op::Range(RangeRequest {
-                        key: owners.clone(),
-                        range_end: prefix_end(&owners),
-                        ..Default::default()
-                    }),
-                ],
             );
-            // Into an empty queue the key alone (nothing to read back, no marker needed);
-            // else join it: in the same Txn where the queue was busy last time, else in a
-            // second one. etcd takes about 35 µs longer over a Txn that carries the nested
-            // join, which an uncontended lock would pay on every acquire.
-            let join = match self.inner.busy_queues.locked().contains(&prefix) {
-                true => vec![Op::Txn(Box::new(join))],
-                false => Vec::new(),
-            };
-            txn(vec![everyone], puts[..1].to_vec(), join)
+        }
+        let owners = owner_markers(&req.name, &req.owner);
+        let mut join = puts.clone();
+        if req.kind == LockKind::Exclusive {
+            join.extend(writer_view(&prefix));
+        } else {
+            join.push(range_queue(&prefix));
+        }
+        // Our owner's marker there: read the queue to find the owner's key.
+        let join = txn(
+            vec![Compare::empty(&owners, &prefix_end(&owners))],
+            join,
+            vec![range_queue(&prefix), range_prefix(&owners, false)],
+        );
+        let join = match self.inner.busy_queues.locked().contains(&prefix) {
+            true => vec![Op::Txn(Box::new(join))],
+            false => Vec::new(),
         };
-        let answer = match self.call_txn(request).await {
+        txn(vec![everyone], puts[..1].to_vec(), join)
+    }
+
+    /// Sends a pass's put and reads what it found.
+    async fn put(&self, req: &AcquireRequest, put: &Put, started: Instant) -> Result<Step> {
+        let prefix = queue_prefix(&req.name);
+        let answer = match self.call_txn(self.put_txn(req, put)).await {
             Err(Error::Unavailable { source, .. })
                 if source.to_string().contains("requested lease not found") =>
             {
                 // A spare lease that etcd ended (revoked by hand, or a restore): drop it.
                 self.forget(&req.lease);
-                return Box::pin(self.attempt(req)).await;
+                return Ok(Step::Again(Retry::LeaseEnded));
             }
             other => other?,
         };
         let revision = answer.revision();
-        if !only_if_free && self.seen_busy(&prefix, !answer.succeeded) && answer.nested().is_none()
+        if !put.only_if_free
+            && self.seen_busy(&prefix, !answer.succeeded)
+            && answer.nested().is_none()
         {
             // Busy, and the Txn did not carry the join: join now, on a waiter's lease if
             // this one is new (nothing was put on it).
-            if fresh && req.enqueue {
+            if put.fresh && req.enqueue {
                 self.forget(&req.lease);
-                self.spare(lease);
+                self.spare(put.lease);
             }
-            return Box::pin(self.attempt(req)).await;
+            return Ok(Step::Again(Retry::Join));
         }
         // The join's answer when the queue was not empty.
         let joined = answer.nested().unwrap_or(&answer);
-        let put_done = joined.succeeded;
-        if writer && put_done && answer.nested().is_some() {
+        if req.kind == LockKind::Exclusive && joined.succeeded && answer.nested().is_some() {
             return self
-                .writer_standing(req, &key, lease, joined, revision, started)
+                .writer_standing(req, &put.key, put.lease, joined, revision, started)
                 .await;
         }
         let queue = match joined.range() {
@@ -265,92 +339,100 @@ impl EtcdStore {
             // Put into an empty queue: ours alone.
             None => vec![Member {
                 kv: KeyValue {
-                    key: key.clone(),
+                    key: put.key.clone(),
                     create_revision: revision,
                     mod_revision: revision,
                     value: Vec::new(),
-                    lease: lease.id,
+                    lease: put.lease.id,
                 },
-                entry,
+                entry: put.entry.clone(),
             }],
         };
+        self.placed(req, put, &queue, joined, revision, started)
+            .await
+    }
+
+    /// Where a pass's put leaves us in `queue`: refused, outside, behind our owner's key,
+    /// or in a place of our own.
+    async fn placed(
+        &self,
+        req: &AcquireRequest,
+        put: &Put,
+        queue: &[Member],
+        joined: &TxnResponse,
+        revision: i64,
+        started: Instant,
+    ) -> Result<Step> {
+        let (key, lease) = (&put.key, put.lease);
         // Our key: put now, or by an earlier attempt of this request whose answer was lost
         // (then this put found the marker and did nothing). Its lease is spared only once
         // the key is gone: a spare lease must have no key.
-        let ours = queue
-            .iter()
-            .find(|m| m.kv.key == key)
-            .map(|m| m.kv.create_revision);
-        let refused = queue
-            .iter()
-            .find_map(|m| rules::same_primitive(m.entry.kind, req.kind).err());
+        let mine = queue.iter().position(|m| m.kv.key == *key);
+        let refused =
+            (queue.iter()).find_map(|m| rules::same_primitive(m.entry.kind, req.kind).err());
         if let Some(refusal) = refused {
-            if let Some(create) = ours {
-                self.withdraw(&req.lease, &key, &marker, create, lease)
-                    .await?;
-            } else {
-                self.forget(&req.lease);
-                self.spare(lease);
-            }
-            return Err(conflict(req, refusal));
+            let create = mine.map(|i| queue[i].kv.create_revision);
+            return Err(self.refuse(req, key, create, lease, refusal).await);
         }
         // Our owner's first key: ours, or an earlier one (we re-enter it if it holds, and
         // else wait behind it in a place of our own).
         let Some(at) = queue.iter().position(|m| m.entry.owner == req.owner) else {
-            if !put_done && !only_if_free {
+            if !joined.succeeded && !put.only_if_free {
                 // Markers without their keys (a key deleted alone, by hand or by an older
                 // version): clear them and join again.
-                let stale = joined.ranges().nth(1).map_or(&[][..], |r| &r.kvs[..]);
-                for stale in stale {
-                    self.call_txn(txn(
-                        vec![Compare::modified_at(&stale.key, stale.mod_revision)],
-                        vec![delete(&stale.key)],
-                        vec![],
-                    ))
-                    .await?;
-                }
-                return Box::pin(self.attempt(req)).await;
+                self.clear_markers(joined).await?;
+                return Ok(Step::Again(Retry::StaleMarkers));
             }
             // Not queued (the lock was busy for a mutex try).
             self.spare(lease);
-            return Ok(self.outside(req, &queue, &prefix, revision));
+            let prefix = queue_prefix(&req.name);
+            return Ok(Step::Done(self.outside(req, queue, &prefix, revision)));
         };
-        if queue[at].kv.key != key {
-            let Some(create) = ours else {
-                let here = standing(&queue, at);
-                if here.waiting.is_some() && req.enqueue {
-                    // Our owner waits: we wait too, in a place of our own, as the rules
-                    // queue every waiting request. Put our key and look again.
-                    self.call_txn(txn(vec![], puts, vec![])).await?;
-                    return Box::pin(self.attempt(req)).await;
-                }
+        match mine {
+            Some(mine) if mine == at => {
+                let ours = Ours {
+                    key: key.clone(),
+                    lease,
+                    create: queue[at].kv.create_revision,
+                    attempted: started,
+                };
+                let (modified, here) = (queue[at].kv.mod_revision, standing(queue, at));
+                self.settle(req, ours, modified, here, queue.first(), revision)
+                    .await
+            }
+            None if standing(queue, at).waiting.is_some() && req.enqueue => {
+                // Our owner waits: we wait too, in a place of our own, as the rules
+                // queue every waiting request. Put our key and look again.
+                self.call_txn(txn(vec![], put.ops(), vec![])).await?;
+                Ok(Step::Again(Retry::BesideOwner))
+            }
+            None => {
                 self.spare(lease);
-                return self
-                    .behind_owner(req, &queue, at, None, lease, revision, started)
-                    .await;
-            };
-            let mine = queue.iter().position(|m| m.kv.key == key);
-            let Some(mine) = mine.filter(|&mine| mine > at) else {
-                return Err(self.wait_ended(req));
-            };
-            let _ = create; // put by an earlier attempt, or just now
-            return self
-                .behind_owner(req, &queue, at, Some(mine), lease, revision, started)
-                .await;
+                self.behind_owner(req, queue, at, None, lease, revision, started)
+                    .await
+            }
+            // Put by an earlier attempt, or just now.
+            Some(mine) if mine > at => {
+                self.behind_owner(req, queue, at, Some(mine), lease, revision, started)
+                    .await
+            }
+            Some(_) => Err(self.wait_ended(req)),
         }
-        let here = standing(&queue, at);
-        let (create, modified) = (queue[at].kv.create_revision, queue[at].kv.mod_revision);
-        let Some(waiting) = here.waiting else {
-            return Ok(self.granted(req, &key, lease, create, modified, 1, started));
-        };
-        if !req.enqueue {
-            self.withdraw(&req.lease, &key, &marker, create, lease)
-                .await?;
-            return Ok(self.busy(queue.first(), None, revision));
+    }
+
+    /// Deletes the owner markers a join found (read in its failure branch) whose keys are
+    /// gone.
+    async fn clear_markers(&self, joined: &TxnResponse) -> Result<()> {
+        let stale = joined.ranges().nth(1).map_or(&[][..], |r| &r.kvs[..]);
+        for stale in stale {
+            self.call_txn(txn(
+                vec![Compare::modified_at(&stale.key, stale.mod_revision)],
+                vec![delete(&stale.key)],
+                vec![],
+            ))
+            .await?;
         }
-        let busy = self.busy(queue.first(), Some(here.position), revision);
-        self.queued(req, key, lease, create, waiting, started);
-        Ok(busy)
+        Ok(())
     }
 
     /// Our owner has a key ahead of ours (`queue[first]`; ours is `queue[mine]`, if we put
@@ -367,48 +449,44 @@ impl EtcdStore {
         lease: EtcdLease,
         revision: i64,
         started: Instant,
-    ) -> Result<Attempt> {
-        let prefix = queue_prefix(&req.name);
+    ) -> Result<Step> {
         let holds = standing(queue, first).waiting.is_none();
-        if holds || !req.enqueue || mine.is_none() {
-            if let Some(m) = mine.map(|i| &queue[i]) {
-                let marker = marker_key(&req.name, &req.owner, &m.kv.key);
-                self.withdraw(&req.lease, &m.kv.key, &marker, m.kv.create_revision, lease)
-                    .await?;
-            }
-            if holds {
-                if let Err(refusal) = rules::reentry(queue[first].entry.kind, req.kind, &req.owner)
-                {
-                    self.forget(&req.lease);
-                    return Err(conflict(req, refusal));
+        let mine = match mine {
+            Some(mine) if !holds && req.enqueue => mine,
+            _ => {
+                if let Some(m) = mine.map(|i| &queue[i]) {
+                    self.withdraw(req, &m.kv.key, m.kv.create_revision, lease)
+                        .await?;
                 }
-                return self.reenter(req, &queue[first], started).await;
+                if holds {
+                    return self.reenter(req, &queue[first], started).await;
+                }
+                let prefix = queue_prefix(&req.name);
+                return Ok(Step::Done(self.outside(req, queue, &prefix, revision)));
             }
-            return Ok(self.outside(req, queue, &prefix, revision));
-        }
-        let mine = mine.expect("checked above");
-        let ahead: Vec<Vec<u8>> = queue[..mine].iter().map(|m| m.kv.key.clone()).collect();
-        let waiting = Waiting {
-            room: ahead.len() - 1,
-            ahead,
-            second: true,
         };
-        let position = standing(queue, mine).position;
-        let busy = self.busy(queue.first(), Some(position), revision);
-        let create = queue[mine].kv.create_revision;
-        self.queued(
-            req,
-            queue[mine].kv.key.clone(),
+        let ahead: Vec<Vec<u8>> = queue[..mine].iter().map(|m| m.kv.key.clone()).collect();
+        let here = Standing {
+            waiting: Some(Waiting {
+                room: ahead.len() - 1,
+                ahead,
+                second: true,
+            }),
+            position: standing(queue, mine).position,
+        };
+        let ours = Ours {
+            key: queue[mine].kv.key.clone(),
             lease,
-            create,
-            waiting,
-            started,
-        );
-        Ok(busy)
+            create: queue[mine].kv.create_revision,
+            attempted: started,
+        };
+        let modified = queue[mine].kv.mod_revision;
+        self.settle(req, ours, modified, here, queue.first(), revision)
+            .await
     }
 
     /// A writer's place from [`writer_view`]'s answer (after its put, or a recheck).
-    pub(super) async fn writer_standing(
+    async fn writer_standing(
         &self,
         req: &AcquireRequest,
         key: &[u8],
@@ -416,7 +494,7 @@ impl EtcdStore {
         answer: &TxnResponse,
         revision: i64,
         started: Instant,
-    ) -> Result<Attempt> {
+    ) -> Result<Step> {
         let mut ranges = answer.ranges();
         let keys = ranges.next().map_or(&[][..], |r| &r.kvs[..]);
         let first = match ranges.next().and_then(|r| r.kvs.first()) {
@@ -427,60 +505,46 @@ impl EtcdStore {
             return Err(self.wait_ended(req));
         };
         let (create, modified) = (keys[at].create_revision, keys[at].mod_revision);
-        let marker = marker_key(&req.name, &req.owner, key);
         if let Some(first) = first
             .as_ref()
             .filter(|f| f.entry.owner == req.owner && f.kv.key != key)
         {
             // Our owner holds through a key put into an empty queue: re-enter it.
-            self.withdraw(&req.lease, key, &marker, create, lease)
-                .await?;
-            if let Err(refusal) = rules::reentry(first.entry.kind, req.kind, &req.owner) {
-                return Err(conflict(req, refusal));
-            }
+            self.withdraw(req, key, create, lease).await?;
             return self.reenter(req, first, started).await;
         }
         let refused = first
             .as_ref()
             .and_then(|f| rules::same_primitive(f.entry.kind, req.kind).err());
         if let Some(refusal) = refused {
-            self.withdraw(&req.lease, key, &marker, create, lease)
-                .await?;
-            return Err(conflict(req, refusal));
+            return Err(self.refuse(req, key, Some(create), lease, refusal).await);
         }
-        let Some(waiting) = writer_waiting(at, |i| keys[i].key.clone()) else {
-            return Ok(self.granted(req, key, lease, create, modified, 1, started));
+        let here = Standing {
+            waiting: writer_waiting(at, |i| keys[i].key.clone()),
+            position: at,
         };
-        if !req.enqueue {
-            self.withdraw(&req.lease, key, &marker, create, lease)
-                .await?;
-            return Ok(self.busy(first.as_ref(), None, revision));
-        }
-        let busy = self.busy(first.as_ref(), Some(at), revision);
-        self.queued(req, key.to_vec(), lease, create, waiting, started);
-        Ok(busy)
+        let ours = Ours {
+            key: key.to_vec(),
+            lease,
+            create,
+            attempted: started,
+        };
+        self.settle(req, ours, modified, here, first.as_ref(), revision)
+            .await
     }
 
     /// A waiting acquisition tries again: is its key still there, and where?
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn recheck(
-        &self,
-        req: &AcquireRequest,
-        prefix: &[u8],
-        key: &[u8],
-        lease: EtcdLease,
-        create: i64,
-        second: bool,
-        started: Instant,
-    ) -> Result<Attempt> {
+    async fn recheck(&self, req: &AcquireRequest, ours: Ours, second: bool) -> Result<Step> {
+        let (key, lease, started) = (&ours.key[..], ours.lease, ours.attempted);
+        let prefix = queue_prefix(&req.name);
         let due = lease.left(started) * 3 < lease.ttl() * 2;
         // A writer's own key, first of its owner's, reads the keys and the first value; a
         // key behind its owner's reads the whole queue (whose keys are whose).
         let writer = req.kind == LockKind::Exclusive && !second;
         let view = if writer {
-            writer_view(prefix).into()
+            writer_view(&prefix).into()
         } else {
-            vec![range_queue(prefix)]
+            vec![range_queue(&prefix)]
         };
         // A waiting key is on a short lease (a waiter lease): like a renewal, each member
         // gets a sixth of it while another is left, so a paused member cannot keep the
@@ -488,7 +552,11 @@ impl EtcdStore {
         let per_member = (lease.ttl() / 6).max(MIN_TRY_PER_MEMBER);
         let check = rpc::trying_each_for(
             per_member,
-            self.call_txn(txn(vec![Compare::created_at(key, create)], view, vec![])),
+            self.call_txn(txn(
+                vec![Compare::created_at(key, ours.create)],
+                view,
+                vec![],
+            )),
         );
         let (answer, renewed) = if due {
             let keep_alive = rpc::trying_each_for(per_member, self.keep_alive(lease));
@@ -506,8 +574,8 @@ impl EtcdStore {
         if !answer.succeeded {
             return Err(self.wait_ended(req));
         }
+        let revision = answer.revision();
         if writer {
-            let revision = answer.revision();
             return self
                 .writer_standing(req, key, lease, &answer, revision, started)
                 .await;
@@ -517,19 +585,63 @@ impl EtcdStore {
             return Err(self.wait_ended(req));
         };
         if let Some(first) = queue[..at].iter().position(|m| m.entry.owner == req.owner) {
-            let revision = answer.revision();
             return self
                 .behind_owner(req, &queue, first, Some(at), lease, revision, started)
                 .await;
         }
-        let here = standing(&queue, at);
+        let (modified, here) = (queue[at].kv.mod_revision, standing(&queue, at));
+        let ours = Ours { lease, ..ours };
+        self.settle(req, ours, modified, here, queue.first(), revision)
+            .await
+    }
+
+    /// The decision every pass ends in once it knows where our key stands: granted; a
+    /// try that would wait takes its key back and is busy; else queued, and busy.
+    /// `first`: the queue's first key.
+    async fn settle(
+        &self,
+        req: &AcquireRequest,
+        ours: Ours,
+        modified: i64,
+        here: Standing,
+        first: Option<&Member>,
+        revision: i64,
+    ) -> Result<Step> {
         let Some(waiting) = here.waiting else {
-            let modified = queue[at].kv.mod_revision;
-            return Ok(self.granted(req, key, lease, create, modified, 1, started));
+            return Ok(Step::Done(self.granted(req, &ours, modified)));
         };
-        let busy = self.busy(queue.first(), Some(here.position), answer.revision());
-        self.queued(req, key.to_vec(), lease, create, waiting, started);
-        Ok(busy)
+        if !req.enqueue {
+            self.withdraw(req, &ours.key, ours.create, ours.lease)
+                .await?;
+            return Ok(Step::Done(self.busy(first, None, revision)));
+        }
+        let busy = self.busy(first, Some(here.position), revision);
+        self.queued(req, ours, waiting);
+        Ok(Step::Done(busy))
+    }
+
+    /// Refused by the rules: takes back our key if we put one (created at `create`), and
+    /// says why (or what went wrong taking it back).
+    async fn refuse(
+        &self,
+        req: &AcquireRequest,
+        key: &[u8],
+        create: Option<i64>,
+        lease: EtcdLease,
+        refusal: rules::Refusal,
+    ) -> Error {
+        match create {
+            Some(create) => {
+                if let Err(error) = self.withdraw(req, key, create, lease).await {
+                    return error;
+                }
+            }
+            None => {
+                self.forget(&req.lease);
+                self.spare(lease);
+            }
+        }
+        conflict(req, refusal)
     }
 
     pub(super) fn wait_ended(&self, req: &AcquireRequest) -> Error {
@@ -540,50 +652,34 @@ impl EtcdStore {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn granted(
-        &self,
-        req: &AcquireRequest,
-        key: &[u8],
-        lease: EtcdLease,
-        create: i64,
-        modified: i64,
-        holds: u32,
-        started: Instant,
-    ) -> Attempt {
+    /// Records our key as holding, unchanged since `modified`.
+    pub(super) fn granted(&self, req: &AcquireRequest, ours: &Ours, modified: i64) -> Attempt {
+        let create = ours.create;
         self.record(
             &req.lease,
             Acquisition {
-                key: key.to_vec(),
-                marker: marker_key(&req.name, &req.owner, key),
-                lease: Some(lease),
+                key: ours.key.clone(),
+                marker: marker_key(&req.name, &req.owner, &ours.key),
+                lease: Some(ours.lease),
                 state: State::Held { create, modified },
                 hold: None,
             },
         );
-        Attempt::Granted(grant(req, lease, create, holds, started))
+        Attempt::Granted(grant(req, ours.lease, create, 1, ours.attempted))
     }
 
     /// Records our key as waiting in the queue.
-    pub(super) fn queued(
-        &self,
-        req: &AcquireRequest,
-        key: Vec<u8>,
-        lease: EtcdLease,
-        create: i64,
-        waiting: Waiting,
-        started: Instant,
-    ) {
+    fn queued(&self, req: &AcquireRequest, ours: Ours, waiting: Waiting) {
         self.record(
             &req.lease,
             Acquisition {
-                marker: marker_key(&req.name, &req.owner, &key),
-                key,
-                lease: Some(lease),
+                marker: marker_key(&req.name, &req.owner, &ours.key),
+                key: ours.key,
+                lease: Some(ours.lease),
                 state: State::Queued {
-                    create,
+                    create: ours.create,
                     waiting,
-                    attempted: started,
+                    attempted: ours.attempted,
                 },
                 hold: None,
             },
@@ -635,17 +731,17 @@ impl EtcdStore {
     /// Takes back a key we put but will not wait with (a try that found the lock busy).
     pub(super) async fn withdraw(
         &self,
-        id: &LeaseId,
+        req: &AcquireRequest,
         key: &[u8],
-        marker: &[u8],
         create: i64,
         lease: EtcdLease,
     ) -> Result<()> {
-        self.forget(id);
+        self.forget(&req.lease);
+        let marker = marker_key(&req.name, &req.owner, key);
         let answer = self
             .call_txn(txn(
                 vec![Compare::created_at(key, create)],
-                remove(key, marker),
+                remove(key, &marker),
                 vec![],
             ))
             .await?;

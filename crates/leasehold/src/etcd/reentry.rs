@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{grant, Acquisition, State};
+use super::acquire::{conflict, grant, Acquisition, Retry, State, Step};
 use super::leases::borrowed;
 use super::queue::*;
 use super::rpc::{self, prefix_end, Compare, KeyValue, TxnResponse};
 use super::{EtcdLease, EtcdStore, MIN_TRY_PER_MEMBER};
 use crate::store::{AcquireRequest, Attempt, Lease, LeaseId, Released, Renewal, Store};
-use crate::{LockName, Result};
+use crate::{rules, LockName, Result};
 
 /// A queue key and the re-entry holds filed under it, read together.
 pub(super) struct Holding {
@@ -117,14 +117,20 @@ impl EtcdStore {
         }))
     }
 
-    /// of our own, so that our hold ends with that lease (see the module docs). Our
-    /// renewals keep the queue key's lease alive too: the key must outlive our hold.
+    /// Re-enters our owner's key, which holds the lock, if the rules let us: a hold key
+    /// of our own, on a lease of our own, so that our hold ends with that lease (see the
+    /// module docs). Our renewals keep the queue key's lease alive too: the key must
+    /// outlive our hold.
     pub(super) async fn reenter(
         &self,
         req: &AcquireRequest,
         member: &Member,
         started: Instant,
-    ) -> Result<Attempt> {
+    ) -> Result<Step> {
+        if let Err(refusal) = rules::reentry(member.entry.kind, req.kind, &req.owner) {
+            self.forget(&req.lease);
+            return Err(conflict(req, refusal));
+        }
         let (key, create) = (&member.kv.key, member.kv.create_revision);
         let lease = self.lease_for(req.ttl).await?;
         let hold = hold_key(&req.name, create, lease.id);
@@ -163,7 +169,7 @@ impl EtcdStore {
             // The key is gone: nothing was put.
             self.forget(&req.lease);
             self.spare(lease);
-            return Box::pin(self.attempt(req)).await;
+            return Ok(Step::Again(Retry::KeyGone));
         };
         let carrier = match carrier {
             Ok(Some(carrier)) if carrier.id == now.member.kv.lease => Some(carrier),
@@ -176,7 +182,8 @@ impl EtcdStore {
             self.revoke_later(lease.id);
             let prefix = queue_prefix(&req.name);
             let revision = answer.revision();
-            return Ok(self.outside(req, std::slice::from_ref(member), &prefix, revision));
+            let outside = self.outside(req, std::slice::from_ref(member), &prefix, revision);
+            return Ok(Step::Done(outside));
         };
         let modified = now.member.kv.mod_revision;
         self.record(&req.lease, acquisition(State::Held { create, modified }));
@@ -185,13 +192,8 @@ impl EtcdStore {
             true => carrier,
             false => lease,
         };
-        Ok(Attempt::Granted(grant(
-            req,
-            bound,
-            create,
-            now.count(),
-            started,
-        )))
+        let granted = grant(req, bound, create, now.count(), started);
+        Ok(Step::Done(Attempt::Granted(granted)))
     }
 
     /// Takes acquisition `lease`'s hold out of `key` (created at `create`), whatever it

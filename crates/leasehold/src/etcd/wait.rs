@@ -211,8 +211,7 @@ impl EtcdStore {
         if lease.left(Instant::now()) * 2 < lease.ttl().min(req.ttl) {
             return None;
         }
-        let (key, create) = (&ours.key, ours.create);
-        match self.granted(req, key, lease, create, create, 1, ours.attempted) {
+        match self.granted(req, ours, ours.create) {
             Attempt::Granted(grant) => Some(grant),
             Attempt::Busy(_) => None,
         }
