@@ -118,17 +118,7 @@ impl Client {
     {
         self.failover(|member| {
             let first = first.clone();
-            async move {
-                let mut grpc = self.grpc(member).await?;
-                let request = self.authorized(member, Request::new(open_stream(first)));
-                grpc.streaming(
-                    request,
-                    PathAndQuery::from_static(path),
-                    ProstCodec::default(),
-                )
-                .await
-                .map(|r| r.into_inner())
-            }
+            async move { self.streaming(member, path, open_stream(first)).await }
         })
         .await
     }
@@ -152,21 +142,35 @@ impl Client {
                     receiver.recv().await.map(|request| (request, receiver))
                 });
                 let requests = futures_util::stream::once(async move { first }).chain(rest);
-                let mut grpc = self.grpc(member).await?;
-                let request = self.authorized(member, Request::new(requests));
-                let answers = grpc
-                    .streaming(
-                        request,
-                        PathAndQuery::from_static(path),
-                        ProstCodec::default(),
-                    )
-                    .await?
-                    .into_inner();
+                let answers = self.streaming(member, path, requests).await?;
                 Ok((sender, answers))
             }
         })
         .await
     }
+
+    /// A bidirectional stream on `member` that sends `requests`.
+    async fn streaming<Q, R>(
+        &self,
+        member: &Member,
+        path: &'static str,
+        requests: impl Stream<Item = Q> + Send + 'static,
+    ) -> Result<Streaming<R>, Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = self.grpc(member).await?;
+        let request = self.authorized(member, Request::new(requests));
+        grpc.streaming(
+            request,
+            PathAndQuery::from_static(path),
+            ProstCodec::default(),
+        )
+        .await
+        .map(|r| r.into_inner())
+    }
+
     /// Runs `call` on the current member, then on the others in turn while the error is
     /// one another member may not have. Each try is bounded by [`CALL_TIMEOUT`], or less
     /// inside [`trying_each_for`].
