@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::queue::*;
 use super::rpc::{self, prefix_end, Compare, KeyValue, Op, TxnRequest, TxnResponse};
 use super::wait::Blocker;
-use super::{EtcdLease, EtcdStore, MIN_TRY_PER_MEMBER};
+use super::{EtcdLease, EtcdStore, Pass, MIN_TRY_PER_MEMBER};
 use crate::options::waiter_lease;
 use crate::store::{AcquireRequest, Attempt, Busy, Grant, LeaseId, LockKind, Watermark};
 use crate::{rules, Error, FencingToken, Locked, Result};
@@ -72,10 +72,7 @@ pub(super) enum Retry {
 }
 
 /// What one pass of an attempt comes to.
-pub(super) enum Step {
-    Done(Attempt),
-    Again(Retry),
-}
+pub(super) type Step = Pass<Attempt, Retry>;
 
 /// What a pass puts: our key and our owner's marker, on a lease.
 struct Put {
@@ -170,8 +167,8 @@ impl EtcdStore {
     pub(super) async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         loop {
             match self.pass(req).await? {
-                Step::Done(attempt) => return Ok(attempt),
-                Step::Again(why) => {
+                Pass::Done(attempt) => return Ok(attempt),
+                Pass::Again(why) => {
                     tracing::trace!(name = %req.name, ?why, "etcd: attempting again");
                 }
             }
@@ -310,7 +307,7 @@ impl EtcdStore {
             {
                 // A spare lease that etcd ended (revoked by hand, or a restore): drop it.
                 self.forget(&req.lease);
-                return Ok(Step::Again(Retry::LeaseEnded));
+                return Ok(Pass::Again(Retry::LeaseEnded));
             }
             other => other?,
         };
@@ -325,7 +322,7 @@ impl EtcdStore {
                 self.forget(&req.lease);
                 self.spare(put.lease);
             }
-            return Ok(Step::Again(Retry::Join));
+            return Ok(Pass::Again(Retry::Join));
         }
         // The join's answer when the queue was not empty.
         let joined = answer.nested().unwrap_or(&answer);
@@ -381,12 +378,12 @@ impl EtcdStore {
                 // Markers without their keys (a key deleted alone, by hand or by an older
                 // version): clear them and join again.
                 self.clear_markers(joined).await?;
-                return Ok(Step::Again(Retry::StaleMarkers));
+                return Ok(Pass::Again(Retry::StaleMarkers));
             }
             // Not queued (the lock was busy for a mutex try).
             self.spare(lease);
             let prefix = queue_prefix(&req.name);
-            return Ok(Step::Done(self.outside(req, queue, &prefix, revision)));
+            return Ok(Pass::Done(self.outside(req, queue, &prefix, revision)));
         };
         match mine {
             Some(mine) if mine == at => {
@@ -404,7 +401,7 @@ impl EtcdStore {
                 // Our owner waits: we wait too, in a place of our own, as the rules
                 // queue every waiting request. Put our key and look again.
                 self.call_txn(txn(vec![], put.ops(), vec![])).await?;
-                Ok(Step::Again(Retry::BesideOwner))
+                Ok(Pass::Again(Retry::BesideOwner))
             }
             None => {
                 self.spare(lease);
@@ -462,7 +459,7 @@ impl EtcdStore {
                     return self.reenter(req, &queue[first], started).await;
                 }
                 let prefix = queue_prefix(&req.name);
-                return Ok(Step::Done(self.outside(req, queue, &prefix, revision)));
+                return Ok(Pass::Done(self.outside(req, queue, &prefix, revision)));
             }
         };
         let ahead: Vec<Vec<u8>> = queue[..mine].iter().map(|m| m.kv.key.clone()).collect();
@@ -608,16 +605,16 @@ impl EtcdStore {
         revision: i64,
     ) -> Result<Step> {
         let Some(waiting) = here.waiting else {
-            return Ok(Step::Done(self.granted(req, &ours, modified)));
+            return Ok(Pass::Done(self.granted(req, &ours, modified)));
         };
         if !req.enqueue {
             self.withdraw(req, &ours.key, ours.create, ours.lease)
                 .await?;
-            return Ok(Step::Done(self.busy(first, None, revision)));
+            return Ok(Pass::Done(self.busy(first, None, revision)));
         }
         let busy = self.busy(first, Some(here.position), revision);
         self.queued(req, ours, waiting);
-        Ok(Step::Done(busy))
+        Ok(Pass::Done(busy))
     }
 
     /// Refused by the rules: takes back our key if we put one (created at `create`), and

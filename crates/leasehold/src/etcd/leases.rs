@@ -1,18 +1,19 @@
 //! Leases: each acquisition's etcd lease, the pool of spare leases a process reuses,
-//! keepalives, and moving a key onto a longer lease.
+//! keepalives, renewing a hold (a re-entry's in reentry.rs), and moving a key onto a
+//! longer lease.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::acquire::{Acquisition, State};
-use super::queue::{marker_key, move_to, put_on, txn, Entry};
+use super::queue::{marker_key, move_to, put_on, range_key, txn, Entry};
 use super::rpc::{
     self, Compare, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse,
     LeaseTimeToLiveResponse,
 };
-use super::EtcdStore;
-use crate::store::{AcquireRequest, Grant, Lease, Renewal, Store};
+use super::{EtcdStore, Pass, MIN_TRY_PER_MEMBER};
+use crate::store::{AcquireRequest, Grant, Lease, Renewal};
 use crate::{Locked, Result};
 
 /// An etcd lease and how long it is surely alive.
@@ -57,7 +58,99 @@ pub(super) fn borrowed(id: i64) -> EtcdLease {
     }
 }
 
+/// Why a renewal looks again from the top.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Relook {
+    /// We moved the key onto a longer lease, unanswered: follow it to that lease.
+    KeyMoved,
+    /// Our re-entry's hold is the key's own now: renew it as that.
+    NowCarrier,
+    /// The key (or our hold key) changed while we moved it: look again.
+    Changed,
+}
+
+/// What one pass of a renewal comes to.
+pub(super) type Renewing = Pass<Renewal, Relook>;
+
 impl EtcdStore {
+    /// Renews acquisition `lease`'s hold for `ttl`: passes until one settles.
+    pub(super) async fn renewal(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        loop {
+            match self.renew_pass(lease, ttl).await? {
+                Pass::Done(renewal) => return Ok(renewal),
+                Pass::Again(why) => {
+                    tracing::trace!(name = %lease.name, ?why, "etcd: renewing again");
+                }
+            }
+        }
+    }
+
+    /// One pass of a renewal: the key's own hold here, a re-entry's in
+    /// [`renew_reentry`](Self::renew_reentry).
+    async fn renew_pass(&self, lease: &Lease, ttl: Duration) -> Result<Renewing> {
+        let (key, etcd_lease, create, hold) = match self.acquisition(&lease.id) {
+            Some(Acquisition {
+                key,
+                lease: Some(etcd_lease),
+                state: State::Held { create, .. },
+                hold,
+                ..
+            }) => (key, etcd_lease, create, hold),
+            Some(_) => return Ok(Pass::Done(Renewal::Lost)),
+            None => match self.find(&lease.name, &lease.id).await? {
+                Some((m, hold)) => {
+                    let on = hold.as_ref().map_or(m.kv.lease, |h| h.lease);
+                    let hold = hold.map(|h| h.key);
+                    (m.kv.key, borrowed(on), m.kv.create_revision, hold)
+                }
+                None => return Ok(Pass::Done(Renewal::Lost)),
+            },
+        };
+        if hold.is_some() {
+            return self
+                .renew_reentry(lease, ttl, &key, etcd_lease, create)
+                .await;
+        }
+        // The key is checked too: a force-release deletes it but leaves the lease.
+        // A renewal starts with two thirds of the lease left: room for a try on a member
+        // that does not answer, a retry after the guard's back-off, and a healthy member.
+        // (Only these two calls, which may be repeated anywhere; not the writes below.)
+        let per_member = (ttl.min(etcd_lease.ttl()) / 6).max(MIN_TRY_PER_MEMBER);
+        let (alive, current) = tokio::join!(
+            rpc::trying_each_for(per_member, self.keep_alive(etcd_lease)),
+            rpc::trying_each_for(per_member, self.range(range_key(&key)))
+        );
+        let (alive, current) = (alive?, current?);
+        let Some(kv) = (current.kvs.into_iter().next()).filter(|kv| kv.create_revision == create)
+        else {
+            self.forget(&lease.id);
+            return Ok(Pass::Done(Renewal::Lost));
+        };
+        let carried =
+            serde_json::from_slice::<Entry>(&kv.value).is_ok_and(|e| e.holds.contains(&lease.id));
+        if !carried {
+            // Another hold of our owner took the key onto its lease: ours is a hold key
+            // now (or gone).
+            return self
+                .renew_reentry(lease, ttl, &key, etcd_lease, create)
+                .await;
+        }
+        if kv.lease != etcd_lease.id {
+            // We moved the key to a longer lease, unanswered: follow it.
+            self.set_lease(&lease.id, borrowed(kv.lease), None);
+            return Ok(Pass::Again(Relook::KeyMoved));
+        }
+        let Some(renewed) = alive else {
+            self.forget(&lease.id);
+            return Ok(Pass::Done(Renewal::Lost));
+        };
+        self.set_lease(&lease.id, renewed, None);
+        if renewed.ttl() < ttl {
+            return self.move_to_longer_lease(lease, &kv, renewed, ttl).await;
+        }
+        Ok(Pass::Done(Renewal::Renewed))
+    }
+
     /// A lease for a new acquisition: a spare one with at least half its TTL left, or a
     /// new grant.
     pub(super) async fn lease_for(&self, ttl: Duration) -> Result<EtcdLease> {
@@ -247,7 +340,7 @@ impl EtcdStore {
         kv: &KeyValue,
         old: EtcdLease,
         ttl: Duration,
-    ) -> Result<Renewal> {
+    ) -> Result<Renewing> {
         let new = self.grant(ttl).await?;
         let mut moves = vec![put_on(new.id, &kv.key, &kv.value)];
         if let Ok(entry) = serde_json::from_slice::<Entry>(&kv.value) {
@@ -267,7 +360,7 @@ impl EtcdStore {
         if !answer.succeeded {
             // Changed meanwhile: look again.
             self.spare(new);
-            return Box::pin(self.renew(lease, ttl)).await;
+            return Ok(Pass::Again(Relook::Changed));
         }
         self.set_lease(&lease.id, new, Some(answer.revision()));
         if old.ours {
@@ -275,7 +368,7 @@ impl EtcdStore {
             // spare lease must not exist.
             self.revoke_later(old.id);
         }
-        Ok(Renewal::Renewed)
+        Ok(Pass::Done(Renewal::Renewed))
     }
 }
 

@@ -136,6 +136,13 @@ use rpc::Client;
 /// member under load can take this long, and a failed-over call restarts the watches.
 const MIN_TRY_PER_MEMBER: Duration = Duration::from_millis(250);
 
+/// One pass of a call that may have to start again: its answer, or why it starts again
+/// (instead of calling itself).
+enum Pass<T, Why> {
+    Done(T),
+    Again(Why),
+}
+
 /// The etcd store. Cheap to clone; clones share the connections.
 #[derive(Clone)]
 pub struct EtcdStore {

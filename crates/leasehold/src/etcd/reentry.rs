@@ -8,10 +8,11 @@ use tokio::time::Instant;
 
 use super::acquire::{conflict, grant, Acquisition, Retry, State, Step};
 use super::leases::borrowed;
+use super::leases::{Relook, Renewing};
 use super::queue::*;
 use super::rpc::{self, prefix_end, Compare, KeyValue, TxnResponse};
-use super::{EtcdLease, EtcdStore, MIN_TRY_PER_MEMBER};
-use crate::store::{AcquireRequest, Attempt, Lease, LeaseId, Released, Renewal, Store};
+use super::{EtcdLease, EtcdStore, Pass, MIN_TRY_PER_MEMBER};
+use crate::store::{AcquireRequest, Attempt, Lease, LeaseId, Released, Renewal};
 use crate::{rules, LockName, Result};
 
 /// A queue key and the re-entry holds filed under it, read together.
@@ -169,7 +170,7 @@ impl EtcdStore {
             // The key is gone: nothing was put.
             self.forget(&req.lease);
             self.spare(lease);
-            return Ok(Step::Again(Retry::KeyGone));
+            return Ok(Pass::Again(Retry::KeyGone));
         };
         let carrier = match carrier {
             Ok(Some(carrier)) if carrier.id == now.member.kv.lease => Some(carrier),
@@ -183,7 +184,7 @@ impl EtcdStore {
             let prefix = queue_prefix(&req.name);
             let revision = answer.revision();
             let outside = self.outside(req, std::slice::from_ref(member), &prefix, revision);
-            return Ok(Step::Done(outside));
+            return Ok(Pass::Done(outside));
         };
         let modified = now.member.kv.mod_revision;
         self.record(&req.lease, acquisition(State::Held { create, modified }));
@@ -193,7 +194,7 @@ impl EtcdStore {
             false => lease,
         };
         let granted = grant(req, bound, create, now.count(), started);
-        Ok(Step::Done(Attempt::Granted(granted)))
+        Ok(Pass::Done(Attempt::Granted(granted)))
     }
 
     /// Takes acquisition `lease`'s hold out of `key` (created at `create`), whatever it
@@ -296,10 +297,10 @@ impl EtcdStore {
         key: &[u8],
         known: EtcdLease,
         create: i64,
-    ) -> Result<Renewal> {
+    ) -> Result<Renewing> {
         let lost = || {
             self.forget(&lease.id);
-            Ok(Renewal::Lost)
+            Ok(Pass::Done(Renewal::Lost))
         };
         let Some(now) = self.holding(&lease.name, key, create).await? else {
             return lost();
@@ -315,7 +316,7 @@ impl EtcdStore {
                         a.lease = Some(borrowed(carrier));
                     }
                 });
-                return Box::pin(self.renew(lease, ttl)).await;
+                return Ok(Pass::Again(Relook::NowCarrier));
             }
             Some(Role::Reentry(hold)) => hold,
         };
@@ -336,7 +337,7 @@ impl EtcdStore {
             a.hold = Some(hold.key.clone());
         });
         if key_alive.ttl() >= ttl && alive.ttl() >= ttl {
-            return Ok(Renewal::Renewed);
+            return Ok(Pass::Done(Renewal::Renewed));
         }
         self.carry(lease, ttl, &now, &hold, alive).await
     }
@@ -352,7 +353,7 @@ impl EtcdStore {
         now: &Holding,
         hold: &KeyValue,
         own: EtcdLease,
-    ) -> Result<Renewal> {
+    ) -> Result<Renewing> {
         let target = match own.ttl() >= ttl {
             true => own,
             false => self.grant(ttl).await?,
@@ -393,7 +394,7 @@ impl EtcdStore {
             if target.id != own.id {
                 self.revoke_later(target.id);
             }
-            return Box::pin(self.renew(lease, ttl)).await;
+            return Ok(Pass::Again(Relook::Changed));
         }
         if target.id != own.id {
             // Keyless now, but named in no key: not worth keeping.
@@ -406,6 +407,6 @@ impl EtcdStore {
                 *modified = answer.revision();
             }
         });
-        Ok(Renewal::Renewed)
+        Ok(Pass::Done(Renewal::Renewed))
     }
 }

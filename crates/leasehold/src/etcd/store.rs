@@ -7,11 +7,10 @@ use tokio::time::Instant;
 
 use super::acquire::Ours;
 use super::acquire::{Acquisition, State};
-use super::leases::borrowed;
 use super::queue::*;
-use super::rpc::{self, prefix_end, Compare, Op, RangeRequest};
+use super::rpc::{prefix_end, Compare, Op, RangeRequest};
 use super::wait::Blocker;
-use super::{EtcdLease, EtcdStore, MIN_TRY_PER_MEMBER};
+use super::{EtcdLease, EtcdStore};
 use crate::store::{
     busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal,
     Store, WaiterInfo, Watermark,
@@ -28,67 +27,7 @@ impl Store for EtcdStore {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
-        let (key, etcd_lease, create, hold) = match self.acquisition(&lease.id) {
-            Some(Acquisition {
-                key,
-                lease: Some(etcd_lease),
-                state: State::Held { create, .. },
-                hold,
-                ..
-            }) => (key, etcd_lease, create, hold),
-            Some(_) => return Ok(Renewal::Lost),
-            None => match self.find(&lease.name, &lease.id).await? {
-                Some((m, hold)) => {
-                    let on = hold.as_ref().map_or(m.kv.lease, |h| h.lease);
-                    let hold = hold.map(|h| h.key);
-                    (m.kv.key, borrowed(on), m.kv.create_revision, hold)
-                }
-                None => return Ok(Renewal::Lost),
-            },
-        };
-        if hold.is_some() {
-            return self
-                .renew_reentry(lease, ttl, &key, etcd_lease, create)
-                .await;
-        }
-        // The key is checked too: a force-release deletes it but leaves the lease.
-        // A renewal starts with two thirds of the lease left: room for a try on a member
-        // that does not answer, a retry after the guard's back-off, and a healthy member.
-        // (Only these two calls, which may be repeated anywhere; not the writes below.)
-        let per_member = (ttl.min(etcd_lease.ttl()) / 6).max(MIN_TRY_PER_MEMBER);
-        let (alive, current) = tokio::join!(
-            rpc::trying_each_for(per_member, self.keep_alive(etcd_lease)),
-            rpc::trying_each_for(per_member, self.range(range_key(&key)))
-        );
-        let (alive, current) = (alive?, current?);
-        let Some(kv) = (current.kvs.into_iter().next()).filter(|kv| kv.create_revision == create)
-        else {
-            self.forget(&lease.id);
-            return Ok(Renewal::Lost);
-        };
-        let carried =
-            serde_json::from_slice::<Entry>(&kv.value).is_ok_and(|e| e.holds.contains(&lease.id));
-        if !carried {
-            // Another hold of our owner took the key onto its lease: ours is a hold key
-            // now (or gone).
-            return self
-                .renew_reentry(lease, ttl, &key, etcd_lease, create)
-                .await;
-        }
-        if kv.lease != etcd_lease.id {
-            // We moved the key to a longer lease, unanswered: follow it.
-            self.set_lease(&lease.id, borrowed(kv.lease), None);
-            return Box::pin(self.renew(lease, ttl)).await;
-        }
-        let Some(renewed) = alive else {
-            self.forget(&lease.id);
-            return Ok(Renewal::Lost);
-        };
-        self.set_lease(&lease.id, renewed, None);
-        if renewed.ttl() < ttl {
-            return self.move_to_longer_lease(lease, &kv, renewed, ttl).await;
-        }
-        Ok(Renewal::Renewed)
+        self.renewal(lease, ttl).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
