@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{Acquisition, State};
+use super::acquisitions::{Acquisition, State};
 use super::queue::{marker_key, move_to, put_on, range_key, txn, Entry};
 use super::rpc::{
     self, Compare, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse,

@@ -106,13 +106,15 @@
 // - connect.rs: the URL and the members, the calls every room makes, their errors.
 // - queue.rs: the queue model, pure: key layout, key values, who holds (`standing`).
 // - leases.rs: etcd leases, the pool of spare ones, keepalives, moves to a longer lease.
-// - acquire.rs: what the client keeps of each acquisition; the attempt and its decision.
+// - acquisitions.rs: what the client keeps of each acquisition, and recording outcomes.
+// - acquire.rs: the attempt: passes that put or re-read our key and settle where it stands.
 // - reentry.rs: re-entry holds, each on a lease of its own.
 // - wait.rs: waiting and watches; line.rs: a process's waiters on one watch.
 // - store.rs: the `Store` impl, routing each call to the rooms above.
 // - rpc/: the etcd v3 messages, the client that fails over, watches on one stream.
 
 mod acquire;
+mod acquisitions;
 mod connect;
 mod leases;
 mod line;
@@ -127,7 +129,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::store::LeaseId;
-use acquire::Acquisition;
+use acquisitions::Acquisition;
 use leases::EtcdLease;
 use line::Lines;
 use rpc::Client;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{conflict, grant, Acquisition, Retry, State, Step};
+use super::acquire::{Retry, Step};
+use super::acquisitions::{conflict, grant, Acquisition, State};
 use super::leases::borrowed;
 use super::leases::{Relook, Renewing};
 use super::queue::*;

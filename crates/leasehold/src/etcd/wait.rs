@@ -3,7 +3,7 @@
 
 use tokio::time::Instant;
 
-use super::acquire::Ours;
+use super::acquisitions::Ours;
 use super::line::{Joined, Turn};
 use super::queue::*;
 use super::rpc::{self, prefix_end, Op, RangeRequest, WatchCreateRequest, WatchResponse};
