@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use super::acquisitions::{conflict, Acquisition, Ours, State};
 use super::queue::*;
 use super::rpc::{self, prefix_end, Compare, KeyValue, Op, TxnRequest, TxnResponse};
-use super::{EtcdLease, EtcdStore, Pass, MIN_TRY_PER_MEMBER};
+use super::{try_per_member, EtcdLease, EtcdStore, Pass};
 use crate::options::waiter_lease;
 use crate::store::{AcquireRequest, Attempt, LockKind};
 use crate::{rules, Error, Locked, Result};
@@ -436,7 +436,7 @@ impl EtcdStore {
         // A waiting key is on a short lease (a waiter lease): like a renewal, each member
         // gets a sixth of it while another is left, so a paused member cannot keep the
         // keepalive from another one in time. (The check only reads.)
-        let per_member = (lease.ttl() / 6).max(MIN_TRY_PER_MEMBER);
+        let per_member = try_per_member(lease.ttl());
         let check = rpc::trying_each_for(
             per_member,
             self.call_txn(txn(

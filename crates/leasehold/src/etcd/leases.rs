@@ -12,7 +12,7 @@ use super::rpc::{
     self, Compare, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse,
     LeaseTimeToLiveResponse,
 };
-use super::{EtcdStore, Pass, MIN_TRY_PER_MEMBER};
+use super::{try_per_member, EtcdStore, Pass};
 use crate::store::{AcquireRequest, Grant, Lease, Renewal};
 use crate::{Locked, Result};
 
@@ -115,7 +115,7 @@ impl EtcdStore {
         // A renewal starts with two thirds of the lease left: room for a try on a member
         // that does not answer, a retry after the guard's back-off, and a healthy member.
         // (Only these two calls, which may be repeated anywhere; not the writes below.)
-        let per_member = (ttl.min(etcd_lease.ttl()) / 6).max(MIN_TRY_PER_MEMBER);
+        let per_member = try_per_member(ttl.min(etcd_lease.ttl()));
         let (alive, current) = tokio::join!(
             rpc::trying_each_for(per_member, self.keep_alive(etcd_lease)),
             rpc::trying_each_for(per_member, self.range(range_key(&key)))

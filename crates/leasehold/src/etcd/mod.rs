@@ -102,13 +102,15 @@
 //!   nobody holds the lock (etcd keeps no per-name counter; tokens come from the cluster
 //!   revision). A waiter's key has its token already, but it is not issued before it holds.
 
-// Where things are:
+// Where things are (following one acquire: store.rs -> acquire.rs -> queue.rs for where
+// the key stands -> acquisitions.rs to record it -> wait.rs while it waits):
 // - connect.rs: the URL and the members, the calls every room makes, their errors.
 // - queue.rs: the queue model, pure: key layout, key values, who holds (`standing`).
-// - leases.rs: etcd leases, the pool of spare ones, keepalives, moves to a longer lease.
+// - leases.rs: etcd leases, the pool of spare ones, keepalives, renewing a hold, moving a
+//   key onto a longer lease.
 // - acquisitions.rs: what the client keeps of each acquisition, and recording outcomes.
 // - acquire.rs: the attempt: passes that put or re-read our key and settle where it stands.
-// - reentry.rs: re-entry holds, each on a lease of its own.
+// - reentry.rs: re-entry holds, each on a lease of its own (taking, renewing, releasing).
 // - wait.rs: waiting and watches; line.rs: a process's waiters on one watch.
 // - store.rs: the `Store` impl, routing each call to the rooms above.
 // - rpc/: the etcd v3 messages, the client that fails over, watches on one stream.
@@ -137,6 +139,13 @@ use rpc::Client;
 /// The least time a renewal's call gives one member before trying the next: a healthy
 /// member under load can take this long, and a failed-over call restarts the watches.
 const MIN_TRY_PER_MEMBER: Duration = Duration::from_millis(250);
+
+/// How long a call that keeps a lease of `ttl` alive gives one member while another is
+/// left to try (see [`rpc::trying_each_for`]): a sixth of it, so a paused member cannot
+/// keep the call from a healthy one in time.
+fn try_per_member(ttl: Duration) -> Duration {
+    (ttl / 6).max(MIN_TRY_PER_MEMBER)
+}
 
 /// One pass of a call that may have to start again: its answer, or why it starts again
 /// (instead of calling itself).

@@ -12,7 +12,7 @@ use super::leases::borrowed;
 use super::leases::{Relook, Renewing};
 use super::queue::*;
 use super::rpc::{self, prefix_end, Compare, KeyValue, TxnResponse};
-use super::{EtcdLease, EtcdStore, Pass, MIN_TRY_PER_MEMBER};
+use super::{try_per_member, EtcdLease, EtcdStore, Pass};
 use crate::store::{AcquireRequest, Attempt, Lease, LeaseId, Released, Renewal};
 use crate::{rules, LockName, Result};
 
@@ -325,7 +325,7 @@ impl EtcdStore {
             true => known,
             false => borrowed(hold.lease),
         };
-        let per_member = (ttl.min(own.ttl()) / 6).max(MIN_TRY_PER_MEMBER);
+        let per_member = try_per_member(ttl.min(own.ttl()));
         let (alive, key_alive) = tokio::join!(
             rpc::trying_each_for(per_member, self.keep_alive(own)),
             rpc::trying_each_for(per_member, self.keep_alive(borrowed(carrier)))
