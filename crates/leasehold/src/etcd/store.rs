@@ -5,8 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::acquisitions::Ours;
-use super::acquisitions::{Acquisition, State};
+use super::acquisitions::{Acquisition, Ours, State};
 use super::queue::*;
 use super::rpc::{prefix_end, Compare, Op, RangeRequest};
 use super::wait::Blocker;
