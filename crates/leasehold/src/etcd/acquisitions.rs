@@ -1,0 +1,206 @@
+//! What this client keeps of each acquisition (what etcd holds for it), and how an
+//! attempt records where it ended: held, queued, outside the queue.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::queue::*;
+use super::wait::Blocker;
+use super::{EtcdLease, EtcdStore};
+use crate::store::{AcquireRequest, Attempt, Busy, Grant, LeaseId, Watermark};
+use crate::{rules, Error, FencingToken, Locked};
+
+/// How many busy queues a client remembers; past that it forgets them all.
+pub(super) const BUSY_QUEUES: usize = 4096;
+
+#[derive(Clone, Debug)]
+pub(super) struct Acquisition {
+    pub(super) key: Vec<u8>,
+    /// The owner's marker.
+    pub(super) marker: Vec<u8>,
+    pub(super) lease: Option<EtcdLease>,
+    pub(super) state: State,
+    /// A re-entry's hold key (see [`hold_key`]), on `lease`, as it was granted; `None`
+    /// for the hold that the queue key itself carries.
+    pub(super) hold: Option<Vec<u8>>,
+}
+
+#[derive(Clone, Debug)]
+pub(super) enum State {
+    /// An attempt was sent and its outcome is unknown: undo by revoking the lease.
+    Unknown,
+    /// Not in the queue (a try, or a non-fair waiter): wait for `blocker` to go.
+    Outside { blocker: Blocker },
+    /// Our key waits in the queue.
+    Queued {
+        create: i64,
+        waiting: Waiting,
+        /// When the last attempt started: a hand-over lease counts from there.
+        attempted: Instant,
+    },
+    /// Granted: our key (or our owner's, re-entered) at `create`, last written at
+    /// `modified`.
+    Held { create: i64, modified: i64 },
+}
+
+/// Our key in the queue: a waiting acquisition's, or one a pass has just placed.
+pub(super) struct Ours {
+    pub(super) key: Vec<u8>,
+    pub(super) lease: EtcdLease,
+    pub(super) create: i64,
+    /// When the last attempt started: a hand-over lease counts from there.
+    pub(super) attempted: Instant,
+}
+
+pub(super) fn conflict(req: &AcquireRequest, refusal: rules::Refusal) -> Error {
+    Error::Conflict {
+        name: req.name.to_string(),
+        reason: refusal.message(),
+    }
+}
+
+pub(super) fn grant(
+    req: &AcquireRequest,
+    lease: EtcdLease,
+    create: i64,
+    holds: u32,
+    started: Instant,
+) -> Grant {
+    let left = lease.left(started);
+    Grant {
+        token: FencingToken(create as u64),
+        holds,
+        lease: (left < req.ttl).then_some(left),
+    }
+}
+
+impl EtcdStore {
+    pub(super) fn acquisition(&self, id: &LeaseId) -> Option<Acquisition> {
+        self.inner.acquisitions.locked().get(id).cloned()
+    }
+
+    pub(super) fn record(&self, id: &LeaseId, acquisition: Acquisition) {
+        self.inner
+            .acquisitions
+            .locked()
+            .insert(id.clone(), acquisition);
+    }
+
+    pub(super) fn forget(&self, id: &LeaseId) -> Option<Acquisition> {
+        self.inner.acquisitions.locked().remove(id)
+    }
+
+    pub(super) fn update(&self, id: &LeaseId, change: impl FnOnce(&mut Acquisition)) {
+        if let Some(a) = self.inner.acquisitions.locked().get_mut(id) {
+            change(a);
+        }
+    }
+
+    pub(super) fn set_lease(&self, id: &LeaseId, lease: EtcdLease, modified: Option<i64>) {
+        if let Some(a) = self.inner.acquisitions.locked().get_mut(id) {
+            a.lease = Some(lease);
+            if let (Some(revision), State::Held { modified, .. }) = (modified, &mut a.state) {
+                *modified = revision;
+            }
+        }
+    }
+
+    /// Notes whether the queue at `prefix` was found busy; returns `busy`.
+    pub(super) fn seen_busy(&self, prefix: &[u8], busy: bool) -> bool {
+        let mut queues = self.inner.busy_queues.locked();
+        if !busy {
+            queues.remove(prefix);
+        } else if !queues.contains(prefix) {
+            if queues.len() >= BUSY_QUEUES {
+                queues.clear();
+            }
+            queues.insert(prefix.to_vec());
+        }
+        busy
+    }
+
+    pub(super) fn wait_ended(&self, req: &AcquireRequest) -> Error {
+        self.forget(&req.lease);
+        Error::WaitEnded {
+            name: req.name.to_string(),
+            reason: "our place in etcd's queue is gone: its lease expired while this process could not renew it (paused, or cut off from etcd)".into(),
+        }
+    }
+
+    /// Records our key as holding, unchanged since `modified`.
+    pub(super) fn granted(&self, req: &AcquireRequest, ours: &Ours, modified: i64) -> Attempt {
+        let create = ours.create;
+        self.record(
+            &req.lease,
+            Acquisition {
+                key: ours.key.clone(),
+                marker: marker_key(&req.name, &req.owner, &ours.key),
+                lease: Some(ours.lease),
+                state: State::Held { create, modified },
+                hold: None,
+            },
+        );
+        Attempt::Granted(grant(req, ours.lease, create, 1, ours.attempted))
+    }
+
+    /// Records our key as waiting in the queue.
+    pub(super) fn queued(&self, req: &AcquireRequest, ours: Ours, waiting: Waiting) {
+        self.record(
+            &req.lease,
+            Acquisition {
+                marker: marker_key(&req.name, &req.owner, &ours.key),
+                key: ours.key,
+                lease: Some(ours.lease),
+                state: State::Queued {
+                    create: ours.create,
+                    waiting,
+                    attempted: ours.attempted,
+                },
+                hold: None,
+            },
+        );
+    }
+
+    /// Busy for an acquisition that is not in the queue: wait for the holder to go (or,
+    /// with several keys, for any key to go).
+    pub(super) fn outside(
+        &self,
+        req: &AcquireRequest,
+        queue: &[Member],
+        prefix: &[u8],
+        revision: i64,
+    ) -> Attempt {
+        let blocker = match queue {
+            [only] => Blocker::Key(only.kv.key.clone()),
+            _ => Blocker::Queue(prefix.to_vec()),
+        };
+        self.record(
+            &req.lease,
+            Acquisition {
+                key: Vec::new(),
+                marker: Vec::new(),
+                lease: None,
+                state: State::Outside { blocker },
+                hold: None,
+            },
+        );
+        self.busy(queue.first(), None, revision)
+    }
+
+    /// `first`: the queue's first key.
+    pub(super) fn busy(
+        &self,
+        first: Option<&Member>,
+        position: Option<usize>,
+        revision: i64,
+    ) -> Attempt {
+        Attempt::Busy(Busy {
+            holder: first.map(|m| holder_info(m, Duration::ZERO)),
+            position,
+            // Deletions are watched, lease expiries included: no timer needed.
+            retry_in: None,
+            watermark: Watermark(revision as u64),
+        })
+    }
+}

@@ -1,0 +1,163 @@
+//! Connecting (the URL, the members), the calls every room makes (Txn, Range), how
+//! their failures become errors, and reading a queue's keys into [`Member`]s.
+
+use std::sync::{Arc, Mutex};
+
+use super::line::Lines;
+use super::queue::Member;
+use super::queue::{queue_prefix, range_key, range_queue};
+use super::rpc::{Client, KeyValue, Op, RangeResponse, TxnRequest, TxnResponse};
+use super::{EtcdStore, Inner};
+use crate::{Error, LockName, Result};
+
+impl EtcdStore {
+    /// Connects to the etcd cluster `url` names (see the module docs). Fails at once,
+    /// with [`Error::Unavailable`], when no endpoint answers.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let invalid = |reason: String| Error::InvalidStore {
+            store: url.to_string(),
+            reason,
+        };
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("etcds://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("etcd://") {
+            (false, rest)
+        } else {
+            return Err(invalid(
+                "an etcd URL is etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET] (etcds:// for TLS)".into(),
+            ));
+        };
+        let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let hosts = hosts.trim_end_matches('/');
+        let addresses: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .collect();
+        if addresses.is_empty() {
+            return Err(invalid("no endpoint: give HOST:PORT[,HOST:PORT...]".into()));
+        }
+        for address in &addresses {
+            let ok = address
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                return Err(invalid(format!(
+                    "endpoint {address:?} is not HOST:PORT (etcd's client port is usually 2379)"
+                )));
+            }
+        }
+        let (mut user, mut password) = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("user", v)) => user = Some(v.to_string()),
+                Some(("password", v)) => password = Some(v.to_string()),
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown parameter {pair:?}; etcd URLs take user= and password="
+                    )))
+                }
+            }
+        }
+        let credentials = match (user, password) {
+            (Some(u), Some(p)) => Some((u, p)),
+            (None, None) => None,
+            _ => return Err(invalid("give both user= and password=".into())),
+        };
+        let shown = format!("{}://{hosts}", if tls { "etcds" } else { "etcd" });
+        let client = Client::new(&addresses, tls, credentials).map_err(invalid)?;
+        let store = EtcdStore {
+            inner: Arc::new(Inner {
+                shown,
+                client,
+                acquisitions: Mutex::default(),
+                spare: Mutex::default(),
+                lines: Lines::default(),
+                busy_queues: Mutex::default(),
+            }),
+        };
+        // Fail now, with a clear error, rather than at the first lock.
+        store.range(range_key(b"leasehold")).await?;
+        Ok(store)
+    }
+
+    pub(super) fn unavailable(&self, status: tonic::Status) -> Error {
+        let message = status.message().to_string();
+        // Refused after the client authenticated again once, a wrong password, or auth
+        // options for a server without auth: a configuration to fix, not to retry.
+        let refused = match status.code() {
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => true,
+            tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
+                message.contains("authentication")
+            }
+            _ => false,
+        };
+        if refused {
+            return Error::Config {
+                store: self.inner.shown.clone(),
+                reason: format!("authentication failed: {message} (check user= and password=)"),
+            };
+        }
+        let reason = match message.is_empty() {
+            true => format!("{}", status.code()),
+            false => message,
+        };
+        Error::Unavailable {
+            store: self.inner.shown.clone(),
+            source: reason.into(),
+        }
+    }
+
+    pub(super) async fn call_txn(&self, request: TxnRequest) -> Result<TxnResponse> {
+        self.inner
+            .client
+            .unary("/etcdserverpb.KV/Txn", request)
+            .await
+            .map_err(|s| self.unavailable(s))
+    }
+
+    pub(super) async fn range(&self, op: Op) -> Result<RangeResponse> {
+        let Op::Range(request) = op else {
+            unreachable!("range takes a range")
+        };
+        self.inner
+            .client
+            .unary("/etcdserverpb.KV/Range", request)
+            .await
+            .map_err(|s| self.unavailable(s))
+    }
+
+    pub(super) fn corrupt(&self, name: &LockName, reason: String) -> Error {
+        Error::Corrupt {
+            store: self.inner.shown.clone(),
+            name: name.to_string(),
+            reason,
+        }
+    }
+
+    pub(super) fn members(&self, name: &LockName, kvs: &[KeyValue]) -> Result<Vec<Member>> {
+        kvs.iter().map(|kv| self.member(name, kv)).collect()
+    }
+
+    pub(super) fn member(&self, name: &LockName, kv: &KeyValue) -> Result<Member> {
+        let entry = serde_json::from_slice(&kv.value).map_err(|e| {
+            self.corrupt(
+                name,
+                format!(
+                    "key {:?} is not a leasehold queue entry ({e}); delete it with etcdctl",
+                    String::from_utf8_lossy(&kv.key)
+                ),
+            )
+        })?;
+        Ok(Member {
+            kv: kv.clone(),
+            entry,
+        })
+    }
+
+    pub(super) async fn queue(&self, name: &LockName) -> Result<(Vec<Member>, i64)> {
+        let answer = self.range(range_queue(&queue_prefix(name))).await?;
+        let revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        Ok((self.members(name, &answer.kvs)?, revision))
+    }
+}

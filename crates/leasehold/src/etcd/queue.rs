@@ -1,0 +1,417 @@
+//! The queue model, pure: the key layout, the values of queue and hold keys, where a key
+//! stands in its queue (who holds), and the reads and writes of that layout as etcd ops.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::rpc::{
+    self, prefix_end, Compare, DeleteRangeRequest, KeyValue, Op, PutRequest, RangeRequest,
+    TxnRequest,
+};
+use crate::store::{HolderInfo, LeaseId, LockKind};
+use crate::{FencingToken, LockName};
+
+pub(super) const ROOT: &[u8] = b"leasehold\0";
+/// Owner markers: outside every range under [`ROOT`].
+pub(super) const MARKERS: &[u8] = b"leasehold\x01";
+/// Re-entry holds: outside every range under [`ROOT`] and [`MARKERS`].
+pub(super) const HOLDS: &[u8] = b"leasehold\x02";
+
+/// The value of a queue key.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct Entry {
+    pub(super) owner: String,
+    pub(super) host: String,
+    pub(super) pid: u32,
+    pub(super) kind: LockKind,
+    /// Client wall clock, ms since the epoch.
+    pub(super) since: u64,
+    /// The acquisition whose hold the key itself carries, on its lease (one; older
+    /// versions listed re-entries here too). Re-entries have hold keys of their own
+    /// ([`hold_key`]).
+    pub(super) holds: Vec<LeaseId>,
+}
+
+/// The value of a re-entry's hold key.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct HoldEntry {
+    pub(super) hold: LeaseId,
+}
+
+impl HoldEntry {
+    pub(super) fn value(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain strings serialize")
+    }
+}
+
+impl Entry {
+    pub(super) fn value(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain strings and numbers serialize")
+    }
+}
+
+/// A queue key read back.
+#[derive(Clone, Debug)]
+pub(super) struct Member {
+    pub(super) kv: KeyValue,
+    pub(super) entry: Entry,
+}
+
+/// Where one key stands in its queue.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Standing {
+    /// `None`: it holds the lock.
+    pub(super) waiting: Option<Waiting>,
+    /// Waiters ahead + 1.
+    pub(super) position: usize,
+}
+
+/// What a waiting key waits for: the deletion of keys ahead of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Waiting {
+    /// The keys ahead whose deletion can let it in (see [`EtcdStore::wait_in_line`]).
+    pub(super) ahead: Vec<Vec<u8>>,
+    /// How many of them may remain when it holds.
+    pub(super) room: usize,
+    /// Behind a waiting key of its own owner: when `ahead` is down to `room`, it does not
+    /// hold, it looks again (its owner may hold by then: see [`EtcdStore::behind_owner`]).
+    pub(super) second: bool,
+}
+
+/// A writer waits for every key ahead of it. `key(i)`: the `i`th key of the queue, in
+/// create order.
+pub(super) fn writer_waiting(at: usize, key: impl Fn(usize) -> Vec<u8>) -> Option<Waiting> {
+    (at > 0).then(|| Waiting {
+        ahead: (0..at).map(key).collect(),
+        room: 0,
+        second: false,
+    })
+}
+
+/// The standing of `queue[at]`, by the rules of its kind. `queue` is in create order.
+/// This is the lock rules ([`rules::decide`]) for a fair queue, read by position (a
+/// test checks that they agree): linear in the queue, where folding `decide` over it
+/// would be quadratic.
+pub(super) fn standing(queue: &[Member], at: usize) -> Standing {
+    let granted = |i: usize| match queue[i].entry.kind {
+        LockKind::Exclusive => i == 0,
+        LockKind::Shared => !queue[..i]
+            .iter()
+            .any(|m| m.entry.kind == LockKind::Exclusive),
+        LockKind::Permit { permits } => i < permits as usize,
+    };
+    let position = (0..at).filter(|&i| !granted(i)).count() + 1;
+    if granted(at) {
+        return Standing {
+            waiting: None,
+            position,
+        };
+    }
+    let keys = |members: &mut dyn Iterator<Item = &Member>| {
+        members.map(|m| m.kv.key.clone()).collect::<Vec<_>>()
+    };
+    let waiting = match queue[at].entry.kind {
+        LockKind::Exclusive => writer_waiting(at, |i| queue[i].kv.key.clone()),
+        // A reader waits for the writers ahead of it.
+        LockKind::Shared => Some(Waiting {
+            ahead: keys(
+                &mut queue[..at]
+                    .iter()
+                    .filter(|m| m.entry.kind == LockKind::Exclusive),
+            ),
+            room: 0,
+            second: false,
+        }),
+        // A permit holder is among the first `permits`.
+        LockKind::Permit { permits } => Some(Waiting {
+            ahead: keys(&mut queue[..at].iter()),
+            room: permits as usize - 1,
+            second: false,
+        }),
+    };
+    Standing { waiting, position }
+}
+
+pub(super) fn queue_prefix(name: &LockName) -> Vec<u8> {
+    [ROOT, name.as_str().as_bytes(), b"\0"].concat()
+}
+
+pub(super) fn queue_key(name: &LockName, lease: i64) -> Vec<u8> {
+    [queue_prefix(name), format!("{lease:x}").into_bytes()].concat()
+}
+
+/// Where the markers of `owner`'s keys in `name`'s queue are (see the module docs).
+pub(super) fn owner_markers(name: &LockName, owner: &str) -> Vec<u8> {
+    [
+        MARKERS,
+        name.as_str().as_bytes(),
+        b"\0",
+        owner.as_bytes(),
+        b"\0",
+    ]
+    .concat()
+}
+
+/// The marker of `owner`'s key `key` in `name`'s queue: one per key (owner ids have no
+/// control characters, so one owner's markers are never another's).
+pub(super) fn marker_key(name: &LockName, owner: &str, key: &[u8]) -> Vec<u8> {
+    let lease = key.get(queue_prefix(name).len()..).unwrap_or_default();
+    [owner_markers(name, owner), lease.to_vec()].concat()
+}
+
+/// Where the re-entry holds of every queue key of `name` are.
+pub(super) fn holds_of(name: &LockName) -> Vec<u8> {
+    [HOLDS, name.as_str().as_bytes(), b"\0"].concat()
+}
+
+/// Where the re-entry holds of `name`'s queue key created at `create` are: under its
+/// create revision, never reused, so a hold key left by a force-release never counts
+/// for a later key of the same name.
+pub(super) fn holds_prefix(name: &LockName, create: i64) -> Vec<u8> {
+    [holds_of(name), format!("{create:x}\0").into_bytes()].concat()
+}
+
+/// A re-entry's hold key, on the hold's own `lease`: etcd deletes it when the lease
+/// ends, which ends the hold.
+pub(super) fn hold_key(name: &LockName, create: i64, lease: i64) -> Vec<u8> {
+    [
+        holds_prefix(name, create),
+        format!("{lease:x}").into_bytes(),
+    ]
+    .concat()
+}
+
+/// The create revision a hold key of `name` is filed under.
+pub(super) fn hold_create(name: &LockName, key: &[u8]) -> Option<i64> {
+    let rest = key.get(holds_of(name).len()..)?;
+    let create = rest.split(|&b| b == 0).next()?;
+    i64::from_str_radix(std::str::from_utf8(create).ok()?, 16).ok()
+}
+
+/// Puts `key` on etcd lease `lease`.
+pub(super) fn put_on(lease: i64, key: &[u8], value: &[u8]) -> Op {
+    Op::Put(PutRequest {
+        key: key.to_vec(),
+        value: value.to_vec(),
+        lease,
+        ignore_value: false,
+        ignore_lease: false,
+    })
+}
+
+/// Puts the existing `key`, value unchanged, on `lease`.
+pub(super) fn move_to(lease: i64, key: &[u8]) -> Op {
+    Op::Put(PutRequest {
+        key: key.to_vec(),
+        value: Vec::new(),
+        lease,
+        ignore_value: true,
+        ignore_lease: false,
+    })
+}
+
+/// Writes `entry` into the existing `key`, keeping the key's lease.
+pub(super) fn rewrite(key: &[u8], entry: &Entry) -> Op {
+    Op::Put(PutRequest {
+        key: key.to_vec(),
+        value: entry.value(),
+        lease: 0,
+        ignore_value: false,
+        ignore_lease: true,
+    })
+}
+
+/// Takes `key` out of the queue with its owner's marker.
+pub(super) fn remove(key: &[u8], marker: &[u8]) -> Vec<Op> {
+    vec![delete(key), delete(marker)]
+}
+
+pub(super) fn range_queue(prefix: &[u8]) -> Op {
+    Op::Range(queue_keys(prefix, false))
+}
+
+/// The keys of the queue in create order, with their values unless `keys_only`.
+pub(super) fn queue_keys(prefix: &[u8], keys_only: bool) -> RangeRequest {
+    RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        sort_order: rpc::ASCEND,
+        sort_target: rpc::BY_CREATE,
+        keys_only,
+        ..Default::default()
+    }
+}
+
+/// What a writer reads of its queue: the keys in order (its place), and the first key
+/// with its value (who holds, and whether the kinds mix: they all match the first).
+pub(super) fn writer_view(prefix: &[u8]) -> [Op; 2] {
+    [
+        Op::Range(queue_keys(prefix, true)),
+        Op::Range(RangeRequest {
+            limit: 1,
+            ..queue_keys(prefix, false)
+        }),
+    ]
+}
+
+pub(super) fn range_key(key: &[u8]) -> Op {
+    Op::Range(RangeRequest {
+        key: key.to_vec(),
+        ..Default::default()
+    })
+}
+
+pub(super) fn delete(key: &[u8]) -> Op {
+    Op::Delete(DeleteRangeRequest {
+        key: key.to_vec(),
+        range_end: Vec::new(),
+    })
+}
+
+pub(super) fn delete_prefix(prefix: &[u8]) -> Op {
+    Op::Delete(DeleteRangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+    })
+}
+
+pub(super) fn range_prefix(prefix: &[u8], keys_only: bool) -> Op {
+    Op::Range(RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        keys_only,
+        ..Default::default()
+    })
+}
+
+pub(super) fn txn(compare: Vec<Compare>, success: Vec<Op>, failure: Vec<Op>) -> TxnRequest {
+    TxnRequest {
+        compare,
+        success: success.into_iter().map(Into::into).collect(),
+        failure: failure.into_iter().map(Into::into).collect(),
+    }
+}
+
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+pub(super) fn holder_info(member: &Member, lease_left: Duration) -> HolderInfo {
+    HolderInfo {
+        owner: member.entry.owner.clone(),
+        host: member.entry.host.clone(),
+        pid: member.entry.pid,
+        token: FencingToken(member.kv.create_revision as u64),
+        kind: member.entry.kind,
+        since: UNIX_EPOCH + Duration::from_millis(member.entry.since),
+        lease_left,
+        holds: member.entry.holds.len() as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules;
+
+    fn queue(kinds: &[LockKind]) -> Vec<Member> {
+        kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &kind)| Member {
+                kv: KeyValue {
+                    key: vec![b'k', i as u8],
+                    create_revision: 10 + i as i64,
+                    ..Default::default()
+                },
+                entry: Entry {
+                    owner: format!("o{i}"),
+                    host: "h".into(),
+                    pid: 1,
+                    kind,
+                    since: 0,
+                    holds: vec![format!("l{i}").as_str().into()],
+                },
+            })
+            .collect()
+    }
+
+    /// Waiting for the keys `ahead` (by index), `room` of which may remain.
+    fn waits_for(ahead: &[u8], room: usize) -> Option<Waiting> {
+        Some(Waiting {
+            ahead: ahead.iter().map(|&i| vec![b'k', i]).collect(),
+            room,
+            second: false,
+        })
+    }
+
+    use LockKind::{Exclusive as W, Shared as R};
+
+    #[test]
+    fn a_writer_waits_for_every_key_ahead() {
+        let q = queue(&[W, R, W]);
+        assert_eq!(standing(&q, 0).waiting, None);
+        let third = standing(&q, 2);
+        assert_eq!(third.waiting, waits_for(&[0, 1], 0));
+        assert_eq!(third.position, 2);
+    }
+
+    #[test]
+    fn a_reader_waits_only_for_the_writers_ahead() {
+        let q = queue(&[R, R, W, R, W, R]);
+        assert_eq!(standing(&q, 1).waiting, None, "readers share");
+        assert_eq!(standing(&q, 3).waiting, waits_for(&[2], 0));
+        assert_eq!(standing(&q, 5).waiting, waits_for(&[2, 4], 0));
+    }
+
+    #[test]
+    fn the_first_permits_hold_and_the_rest_wait_for_a_key_ahead_to_go() {
+        let sem = LockKind::Permit { permits: 2 };
+        let q = queue(&[sem, sem, sem]);
+        assert_eq!(standing(&q, 1).waiting, None);
+        let third = standing(&q, 2);
+        assert_eq!(third.waiting, waits_for(&[0, 1], 1));
+        assert_eq!(third.position, 1);
+    }
+
+    /// `standing` is the lock rules (rules.rs) for a fair queue, read by position: each
+    /// key, in create order, is granted exactly when the rules grant a fair request of
+    /// its kind against the keys before it (granted ones as holders, the rest as
+    /// waiters). Every queue of up to 7 keys of one primitive is checked.
+    #[test]
+    fn standing_is_the_lock_rules_for_a_fair_queue() {
+        let sem = LockKind::Permit { permits: 3 };
+        for kinds in [[W, R], [sem, sem]] {
+            for len in 1..=7 {
+                for bits in 0..1u32 << len {
+                    let kinds: Vec<_> = (0..len).map(|i| kinds[(bits >> i & 1) as usize]).collect();
+                    let q = queue(&kinds);
+                    let (mut holders, mut waiters) = (Vec::new(), Vec::new());
+                    for (at, m) in q.iter().enumerate() {
+                        let ask = rules::Ask {
+                            owner: &m.entry.owner,
+                            kind: m.entry.kind,
+                            fair: true,
+                        };
+                        let granted =
+                            rules::decide(&holders, &waiters, None, &ask) == rules::Decision::Grant;
+                        assert_eq!(
+                            standing(&q, at).waiting.is_none(),
+                            granted,
+                            "{kinds:?} at {at}"
+                        );
+                        let (owner, kind) = (ask.owner, ask.kind);
+                        match granted {
+                            true => holders.push(rules::Holder { owner, kind }),
+                            false => waiters.push(rules::Waiter { owner, kind }),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

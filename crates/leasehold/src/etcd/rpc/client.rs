@@ -1,0 +1,283 @@
+//! A client over several members: each call goes to the member that last answered and
+//! moves on to the next when it cannot be reached, is paused or has no leader.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Request, Status, Streaming};
+use tonic_prost::ProstCodec;
+
+use super::watch::Watches;
+use super::{AuthenticateRequest, AuthenticateResponse, CALL_TIMEOUT, TRY_TIMEOUT};
+use crate::Locked;
+
+/// A request stream that sends `first` and then stays open: etcd ends a stream's
+/// watches and keepalives when the client closes it.
+fn open_stream<T: Send + 'static>(first: T) -> impl Stream<Item = T> + Send + 'static {
+    futures_util::stream::once(async move { first }).chain(futures_util::stream::pending())
+}
+
+/// An etcd client over several endpoints: calls go to the member that last answered and
+/// move on to the next when it cannot be reached, is paused or has no leader.
+#[derive(Debug)]
+pub struct Client {
+    members: Vec<Member>,
+    pub(super) current: AtomicUsize,
+    credentials: Option<(String, String)>,
+    pub(super) watches: Watches,
+}
+
+#[derive(Debug)]
+struct Member {
+    address: String,
+    channel: Channel,
+    /// The auth token this member issued (simple tokens are per member).
+    token: Mutex<Option<MetadataValue<tonic::metadata::Ascii>>>,
+}
+
+/// Errors that another member may not have: try the next.
+fn try_next_member(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
+    ) || status.message().contains("no leader")
+        || status.message().contains("leader changed")
+}
+
+impl Client {
+    /// Channels to `addresses` (`host:port`), connected lazily; TLS when `tls`.
+    pub fn new(
+        addresses: &[String],
+        tls: bool,
+        credentials: Option<(String, String)>,
+    ) -> Result<Self, String> {
+        let mut members = Vec::new();
+        for address in addresses {
+            let scheme = if tls { "https" } else { "http" };
+            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+                .map_err(|e| format!("bad endpoint {address:?}: {e}"))?
+                .connect_timeout(CALL_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(CALL_TIMEOUT)
+                .keep_alive_while_idle(true);
+            if tls {
+                endpoint = endpoint
+                    .tls_config(ClientTlsConfig::new().with_native_roots())
+                    .map_err(|e| format!("TLS setup for {address}: {e}"))?;
+            }
+            members.push(Member {
+                address: address.clone(),
+                channel: endpoint.connect_lazy(),
+                token: Mutex::new(None),
+            });
+        }
+        Ok(Client {
+            members,
+            current: AtomicUsize::new(0),
+            credentials,
+            watches: Watches::default(),
+        })
+    }
+
+    /// One unary call, failing over between members.
+    pub async fn unary<Q, R>(&self, path: &'static str, request: Q) -> Result<R, Status>
+    where
+        Q: prost::Message + Clone + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        self.failover(|member| {
+            let request = request.clone();
+            async move {
+                let mut grpc = self.grpc(member).await?;
+                let request = self.authorized(member, Request::new(request));
+                grpc.unary(
+                    request,
+                    PathAndQuery::from_static(path),
+                    ProstCodec::default(),
+                )
+                .await
+                .map(|r| r.into_inner())
+            }
+        })
+        .await
+    }
+
+    /// A bidirectional stream that sends `first` and yields the answers, on the first
+    /// member that accepts it. The stream stays open until dropped.
+    pub async fn stream<Q, R>(&self, path: &'static str, first: Q) -> Result<Streaming<R>, Status>
+    where
+        Q: prost::Message + Clone + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        self.failover(|member| {
+            let first = first.clone();
+            async move { self.streaming(member, path, open_stream(first)).await }
+        })
+        .await
+    }
+
+    /// A bidirectional stream that sends `first`, then what is sent on the returned sender;
+    /// it stays open until the sender is dropped.
+    pub(super) async fn open<Q, R>(
+        &self,
+        path: &'static str,
+        first: Q,
+    ) -> Result<(mpsc::UnboundedSender<Q>, Streaming<R>), Status>
+    where
+        Q: prost::Message + Clone + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        self.failover(|member| {
+            let first = first.clone();
+            async move {
+                let (sender, receiver) = mpsc::unbounded_channel();
+                let rest = futures_util::stream::unfold(receiver, |mut receiver| async move {
+                    receiver.recv().await.map(|request| (request, receiver))
+                });
+                let requests = futures_util::stream::once(async move { first }).chain(rest);
+                let answers = self.streaming(member, path, requests).await?;
+                Ok((sender, answers))
+            }
+        })
+        .await
+    }
+
+    /// A bidirectional stream on `member` that sends `requests`.
+    async fn streaming<Q, R>(
+        &self,
+        member: &Member,
+        path: &'static str,
+        requests: impl Stream<Item = Q> + Send + 'static,
+    ) -> Result<Streaming<R>, Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = self.grpc(member).await?;
+        let request = self.authorized(member, Request::new(requests));
+        grpc.streaming(
+            request,
+            PathAndQuery::from_static(path),
+            ProstCodec::default(),
+        )
+        .await
+        .map(|r| r.into_inner())
+    }
+
+    /// Runs `call` on the current member, then on the others in turn while the error is
+    /// one another member may not have. Each try is bounded by [`CALL_TIMEOUT`], or less
+    /// inside [`trying_each_for`].
+    async fn failover<'a, T, F, Fut>(&'a self, call: F) -> Result<T, Status>
+    where
+        F: Fn(&'a Member) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        let start = self.current.load(Ordering::Relaxed);
+        let tighter = TRY_TIMEOUT.try_with(|limit| *limit).ok();
+        let mut last = None;
+        for i in 0..self.members.len() {
+            let index = (start + i) % self.members.len();
+            let member = &self.members[index];
+            let limit = match tighter {
+                Some(limit) if i + 1 < self.members.len() => limit,
+                _ => CALL_TIMEOUT,
+            };
+            let bounded = || async {
+                tokio::time::timeout(limit, call(member))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Status::deadline_exceeded(format!(
+                            "{} did not answer within {limit:?}",
+                            member.address
+                        )))
+                    })
+            };
+            match bounded().await {
+                Ok(value) => {
+                    self.current.store(index, Ordering::Relaxed);
+                    if index != start {
+                        self.watches.left(start);
+                    }
+                    return Ok(value);
+                }
+                Err(status) if try_next_member(&status) => {
+                    tracing::debug!(member = %member.address, %status, "etcd member failed; trying the next");
+                    last = Some(Status::new(
+                        status.code(),
+                        format!("{}: {}", member.address, with_causes(&status)),
+                    ));
+                }
+                Err(status)
+                    if status.code() == Code::Unauthenticated && self.credentials.is_some() =>
+                {
+                    // An expired or foreign token: authenticate again, once, on this member.
+                    *member.token.locked() = None;
+                    return bounded().await;
+                }
+                Err(status) => return Err(status),
+            }
+        }
+        Err(last.unwrap_or_else(|| Status::unavailable("no etcd endpoint")))
+    }
+
+    async fn grpc(&self, member: &Member) -> Result<tonic::client::Grpc<Channel>, Status> {
+        if let Some((name, password)) = &self.credentials {
+            if member.token.locked().is_none() {
+                let mut grpc = tonic::client::Grpc::new(member.channel.clone());
+                grpc.ready().await.map_err(transport_status)?;
+                let answer: AuthenticateResponse = grpc
+                    .unary(
+                        Request::new(AuthenticateRequest {
+                            name: name.clone(),
+                            password: password.clone(),
+                        }),
+                        PathAndQuery::from_static("/etcdserverpb.Auth/Authenticate"),
+                        ProstCodec::default(),
+                    )
+                    .await?
+                    .into_inner();
+                let token = answer
+                    .token
+                    .parse()
+                    .map_err(|_| Status::unauthenticated("etcd sent an unusable auth token"))?;
+                *member.token.locked() = Some(token);
+            }
+        }
+        let mut grpc = tonic::client::Grpc::new(member.channel.clone());
+        grpc.ready().await.map_err(transport_status)?;
+        Ok(grpc)
+    }
+
+    fn authorized<T>(&self, member: &Member, mut request: Request<T>) -> Request<T> {
+        if let Some(token) = member.token.locked().clone() {
+            request.metadata_mut().insert("token", token);
+        }
+        request
+    }
+}
+
+/// A status's message followed by its causes ("tcp connect error: Connection refused").
+fn with_causes(status: &Status) -> String {
+    let mut text = status.message().to_string();
+    let mut cause = std::error::Error::source(status);
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text.push_str(": ");
+            text.push_str(&c_text);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+fn transport_status(error: tonic::transport::Error) -> Status {
+    Status::unavailable(format!("cannot connect: {error}"))
+}

@@ -1,0 +1,37 @@
+//! The slice of etcd's v3 gRPC API the store uses, and a client that fails over between
+//! endpoints.
+//!
+//! The messages are written out here with `prost` derives, field numbers as in etcd's
+//! `rpc.proto` and `kv.proto` (fields we never read are left out; protobuf skips them), so
+//! building needs no `protoc` and no build script.
+//!
+//! `messages`: the messages; `client`: calls that fail over between members; `watch`: the
+//! watches of a client on one stream.
+
+mod client;
+mod messages;
+mod watch;
+
+use std::time::Duration;
+
+pub use client::Client;
+pub use messages::*;
+pub use watch::Watch;
+
+/// How long one call to one member may take before the next member is tried: a paused
+/// member must not stall the client for longer than this.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+tokio::task_local! {
+    /// Set by [`trying_each_for`]: how long a call may wait for one member while another
+    /// is left to try.
+    static TRY_TIMEOUT: Duration;
+}
+
+/// Runs `calls` with each member tried for at most `limit` (and [`CALL_TIMEOUT`]) while
+/// another member is left to try; the last one tried keeps [`CALL_TIMEOUT`]. For calls
+/// that must be answered within a lease's TTL: a renewal of a 2 s lease cannot wait 3 s
+/// on a paused member before trying a healthy one.
+pub async fn trying_each_for<F: std::future::Future>(limit: Duration, calls: F) -> F::Output {
+    TRY_TIMEOUT.scope(limit.min(CALL_TIMEOUT), calls).await
+}

@@ -1,0 +1,301 @@
+//! The [`Store`] impl: each call of the trait, routed to the rooms that do the work.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::acquisitions::{Acquisition, Ours, State};
+use super::queue::*;
+use super::rpc::{prefix_end, Compare, Op, RangeRequest};
+use super::wait::Blocker;
+use super::{EtcdLease, EtcdStore};
+use crate::store::{
+    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal,
+    Store, WaiterInfo, Watermark,
+};
+use crate::{FencingToken, LockName, Result};
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        match self.attempt(req).await? {
+            Attempt::Granted(grant) => Ok(Attempt::Granted(self.on_full_lease(req, grant).await)),
+            busy => Ok(busy),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        self.renewal(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let known = self.forget(&lease.id);
+        let (key, create, own) = match known {
+            Some(Acquisition {
+                lease: Some(etcd_lease),
+                state: State::Unknown,
+                ..
+            }) => {
+                // Whatever etcd did with the unanswered attempt, its key goes with the lease.
+                self.revoke(etcd_lease.id).await?;
+                return Ok(Released::Released);
+            }
+            // The key's own hold, or a waiting key: with no re-entries, delete it.
+            Some(Acquisition {
+                key,
+                marker,
+                lease: Some(etcd_lease),
+                state,
+                hold: None,
+            }) if matches!(state, State::Held { .. } | State::Queued { .. }) => {
+                let (create, modified) = match state {
+                    State::Held { create, modified } => (create, modified),
+                    State::Queued { create, .. } => (create, create),
+                    _ => unreachable!("matched above"),
+                };
+                if self
+                    .delete_alone(&lease.name, &key, &marker, etcd_lease, create, modified)
+                    .await?
+                {
+                    return Ok(Released::Released);
+                }
+                (key, create, Some(etcd_lease))
+            }
+            Some(Acquisition {
+                key,
+                lease,
+                state: State::Held { create, .. },
+                ..
+            }) => (key, create, lease),
+            Some(_) => return Ok(Released::NotHeld),
+            None => match self.find(&lease.name, &lease.id).await? {
+                Some((member, _)) => (member.kv.key, member.kv.create_revision, None),
+                None => return Ok(Released::NotHeld),
+            },
+        };
+        self.release_hold(lease, &key, create, own).await
+    }
+
+    async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
+        let released = self.release(from).await?;
+        Ok((released, self.acquire(to).await?))
+    }
+
+    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
+        let seen = since.0 as i64;
+        match self.acquisition(&req.lease) {
+            Some(Acquisition {
+                state: State::Outside { blocker, .. },
+                ..
+            }) => {
+                self.deleted(&blocker, seen).await?;
+                Ok(None)
+            }
+            Some(Acquisition {
+                key,
+                lease: Some(lease),
+                state:
+                    State::Queued {
+                        create,
+                        waiting,
+                        attempted,
+                    },
+                ..
+            }) => {
+                let ours = Ours {
+                    key,
+                    lease,
+                    create,
+                    attempted,
+                };
+                match self.wait_in_line(req, &ours, waiting, seen).await? {
+                    Some(grant) => Ok(Some(self.on_full_lease(req, grant).await)),
+                    None => Ok(None),
+                }
+            }
+            _ => std::future::pending().await,
+        }
+    }
+
+    async fn ended(&self, lease: &Lease) -> Result<()> {
+        let Some(Acquisition {
+            key,
+            state: State::Held { modified, .. },
+            ..
+        }) = self.acquisition(&lease.id)
+        else {
+            return std::future::pending().await;
+        };
+        let mut seen = modified;
+        let mut trouble = Duration::from_millis(50);
+        loop {
+            match self.deleted(&Blocker::Key(key.clone()), seen).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {
+                    // Compacted past `seen`: is our key still there?
+                    let now = self.range(range_key(&key)).await?;
+                    match now.kvs.first() {
+                        Some(kv) if kv.create_revision <= modified => {
+                            seen = now.header.map_or(seen, |h| h.revision)
+                        }
+                        _ => return Ok(()),
+                    }
+                }
+                // A member went away: watch again through another.
+                Err(error) if error.is_retryable() => {
+                    tracing::debug!(%error, "watch on a held key broke; watching again");
+                    tokio::time::sleep(trouble).await;
+                    trouble = (trouble * 2).min(Duration::from_secs(1));
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<LockState> {
+        let (queue, _) = self.queue(name).await?;
+        let hold_keys = match queue.is_empty() {
+            true => Vec::new(),
+            false => self.range(range_prefix(&holds_of(name), true)).await?.kvs,
+        };
+        let mut state = LockState {
+            name: name.to_string(),
+            last_token: FencingToken(0),
+            holders: Vec::new(),
+            waiters: Vec::new(),
+        };
+        for at in 0..queue.len() {
+            let member = &queue[at];
+            if standing(&queue, at).waiting.is_none() {
+                let left = self.time_to_live(member.kv.lease).await?;
+                let mut holder = holder_info(member, Duration::from_secs(left.max(0) as u64));
+                // Live re-entries: etcd deletes a hold key when its lease ends.
+                let create = Some(member.kv.create_revision);
+                holder.holds += (hold_keys.iter())
+                    .filter(|kv| hold_create(name, &kv.key) == create)
+                    .count() as u32;
+                state.holders.push(holder);
+            } else {
+                state.waiters.push(WaiterInfo {
+                    owner: member.entry.owner.clone(),
+                    host: member.entry.host.clone(),
+                    pid: member.entry.pid,
+                    kind: member.entry.kind,
+                    since: UNIX_EPOCH + Duration::from_millis(member.entry.since),
+                });
+            }
+        }
+        // A waiter's key already has the revision that will be its token, but it is not
+        // issued until the waiter holds.
+        if let Some(newest) = state.holders.iter().map(|h| h.token).max() {
+            state.last_token = newest;
+        }
+        Ok(state)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
+        let start = [ROOT, prefix.as_bytes()].concat();
+        let answer = self
+            .range(Op::Range(RangeRequest {
+                range_end: prefix_end(&start),
+                key: start,
+                keys_only: true,
+                ..Default::default()
+            }))
+            .await?;
+        // Keys sort by name first (names hold no NUL), so each name's keys are adjacent.
+        let mut names: Vec<String> = answer
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                let rest = kv.key.get(ROOT.len()..)?;
+                let name = rest.split(|&b| b == 0).next()?;
+                std::str::from_utf8(name).ok().map(str::to_string)
+            })
+            .collect();
+        names.dedup();
+        let names = names
+            .into_iter()
+            .filter_map(|n| LockName::new(n).ok())
+            .collect();
+        busy_states(self, names).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let (queue, _) = self.queue(name).await?;
+        let mut any = false;
+        for at in 0..queue.len() {
+            if standing(&queue, at).waiting.is_some() {
+                continue;
+            }
+            let (key, create) = (&queue[at].kv.key, queue[at].kv.create_revision);
+            let marker = marker_key(name, &queue[at].entry.owner, key);
+            // Every hold: the key's own, and its re-entries' hold keys.
+            let mut ends = remove(key, &marker);
+            ends.push(delete_prefix(&holds_prefix(name, create)));
+            let answer = self
+                .call_txn(txn(vec![Compare::created_at(key, create)], ends, vec![]))
+                .await?;
+            any |= answer.succeeded;
+        }
+        Ok(any)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cross_process: true,
+            reclaims_dead_processes: false,
+            fair_by_default: true,
+            queues_by_wait: false,
+            failed_calls_change_nothing: false,
+        }
+    }
+
+    fn describe_store(&self) -> String {
+        self.inner.shown.clone()
+    }
+
+    fn caveat(&self) -> Option<String> {
+        None
+    }
+}
+
+impl EtcdStore {
+    /// Deletes our key if it is unchanged since `modified` and has no re-entry holds,
+    /// and keeps its lease for the next acquisition, refreshed on the way if it has aged.
+    /// Whether it did.
+    pub(super) async fn delete_alone(
+        &self,
+        name: &LockName,
+        key: &[u8],
+        marker: &[u8],
+        lease: EtcdLease,
+        create: i64,
+        modified: i64,
+    ) -> Result<bool> {
+        let holds = holds_prefix(name, create);
+        let delete_if_unchanged = self.call_txn(txn(
+            vec![
+                Compare::modified_at(key, modified),
+                Compare::empty(&holds, &prefix_end(&holds)),
+            ],
+            remove(key, marker),
+            vec![],
+        ));
+        let aged = lease.ours && lease.left(Instant::now()) * 3 < lease.ttl() * 2;
+        let (answer, lease) = if aged {
+            let (answer, refreshed) = tokio::join!(delete_if_unchanged, self.keep_alive(lease));
+            (answer?, refreshed.ok().flatten())
+        } else {
+            (delete_if_unchanged.await?, Some(lease))
+        };
+        if !answer.succeeded {
+            return Ok(false);
+        }
+        if let Some(lease) = lease {
+            self.spare(lease);
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,219 @@
+//! Waiting and watches: a waiter outside the queue watches what keeps it out; a queued
+//! waiter waits in its process's line (line.rs); a holder watches its key for `lost`.
+
+use tokio::time::Instant;
+
+use super::acquisitions::Ours;
+use super::line::{Joined, Turn};
+use super::queue::*;
+use super::rpc::{self, prefix_end, Op, RangeRequest, WatchCreateRequest, WatchResponse};
+use super::EtcdStore;
+use crate::store::{AcquireRequest, Attempt, Grant};
+use crate::{Error, LockName, Result};
+
+/// Why a watch stopped.
+pub(super) enum WatchEnd {
+    /// Its start revision was compacted away: look again.
+    Compacted,
+    Broken(Error),
+}
+use WatchEnd::{Broken, Compacted};
+
+/// What a waiter watches for deletion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Blocker {
+    Key(Vec<u8>),
+    /// Any key of the lock.
+    Queue(Vec<u8>),
+}
+
+impl EtcdStore {
+    /// Resolves at the first deletion in `blocker` after revision `seen`. `Ok(false)` when
+    /// etcd can no longer tell (the revision was compacted): look again.
+    ///
+    /// A single key is watched from now rather than from `seen + 1`: etcd serves a watch
+    /// that starts in the past from a loop that runs every 100 ms, which would delay a
+    /// hand-over by up to that. A read after the watch exists covers the gap: the key
+    /// gone, or replaced by a newer one, is a deletion since `seen`.
+    pub(super) async fn deleted(&self, blocker: &Blocker, seen: i64) -> Result<bool> {
+        let (key, range_end, start) = match blocker {
+            Blocker::Key(key) => (key.clone(), Vec::new(), 0),
+            Blocker::Queue(prefix) => (prefix.clone(), prefix_end(prefix), seen + 1),
+        };
+        let (mut events, now) = match self.watch_deletes(&key, range_end, start).await? {
+            Some(created) => created,
+            None => return Ok(false),
+        };
+        if start == 0 && now > seen {
+            let current = self.range(range_key(&key)).await?;
+            let same = current
+                .kvs
+                .first()
+                .is_some_and(|kv| kv.create_revision <= seen);
+            if !same {
+                return Ok(true);
+            }
+        }
+        match self.next_deletion(&mut events).await {
+            Ok(()) => Ok(true),
+            Err(Compacted) => Ok(false),
+            Err(Broken(error)) => Err(error),
+        }
+    }
+
+    /// A watch for deletions in `[key, range_end)` from `start` (0: from now), and the
+    /// revision it starts after; `None` if `start` was compacted away.
+    pub(super) async fn watch_deletes(
+        &self,
+        key: &[u8],
+        range_end: Vec<u8>,
+        start: i64,
+    ) -> Result<Option<(rpc::Watch, i64)>> {
+        let mut watch = self
+            .inner
+            .client
+            .watch(WatchCreateRequest {
+                key: key.to_vec(),
+                range_end,
+                start_revision: start,
+                filters: vec![rpc::NO_PUT],
+            })
+            .await
+            .map_err(|s| self.unavailable(s))?;
+        let Some(created) = watch.message().await else {
+            return Err(self.watch_ended());
+        };
+        match self.deletions(created) {
+            Ok(answer) => Ok(Some((watch, answer.header.map_or(0, |h| h.revision)))),
+            Err(Compacted) => Ok(None),
+            Err(Broken(error)) => Err(error),
+        }
+    }
+
+    /// Resolves at the first deletion `watch` reports.
+    pub(super) async fn next_deletion(
+        &self,
+        watch: &mut rpc::Watch,
+    ) -> std::result::Result<(), WatchEnd> {
+        loop {
+            let Some(answer) = watch.message().await else {
+                return Err(Broken(self.watch_ended()));
+            };
+            if !self.deletions(answer)?.events.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A watch answer, unless it says the watch is over.
+    pub(super) fn deletions(
+        &self,
+        answer: WatchResponse,
+    ) -> std::result::Result<WatchResponse, WatchEnd> {
+        if !answer.canceled {
+            return Ok(answer);
+        }
+        if answer.compact_revision > 0 {
+            return Err(Compacted);
+        }
+        Err(Broken(self.unavailable(tonic::Status::unavailable(
+            format!("watch cancelled: {}", answer.cancel_reason),
+        ))))
+    }
+
+    pub(super) fn watch_ended(&self) -> Error {
+        self.unavailable(tonic::Status::unavailable("watch stream ended"))
+    }
+
+    /// A queued acquisition waits in line here rather than in the lock loop. The process
+    /// watches the queue for deletions once for all its waiters (see line.rs), and a
+    /// waiter holds when enough of the keys that could keep it out have gone: the release
+    /// that lets it in reaches it as one event, with no read or watch of its own on the
+    /// hand-over's path.
+    pub(super) async fn wait_in_line(
+        &self,
+        req: &AcquireRequest,
+        ours: &Ours,
+        mut waiting: Waiting,
+        mut seen: i64,
+    ) -> Result<Option<Grant>> {
+        let prefix = queue_prefix(&req.name);
+        loop {
+            let (line, fresh) = match self.inner.lines.get(&prefix) {
+                Some(line) => (line, false),
+                None => {
+                    let end = prefix_end(&prefix);
+                    let Some((watch, since)) = self.watch_deletes(&prefix, end, 0).await? else {
+                        return Ok(None);
+                    };
+                    (self.inner.lines.start(&prefix, watch, since), true)
+                }
+            };
+            let turn = match line.join(&ours.key, &waiting.ahead, waiting.room, seen) {
+                Joined::Over(turn) => turn,
+                Joined::Waiting(mut place) => match place.turn().await {
+                    Some(turn) => turn,
+                    None => return Err(self.watch_ended()),
+                },
+                Joined::Ended if fresh => return Err(self.watch_ended()),
+                Joined::Ended => continue,
+                // Behind our owner's key: look again (see `behind_owner`).
+                Joined::Gap(_) if waiting.second => return Ok(None),
+                Joined::Gap(since) => {
+                    // The line started after our read: read again, as of its start.
+                    let (queue, revision) = self.look(&req.name, &prefix, since).await?;
+                    let Some(at) = queue.iter().position(|m| m.kv.key == ours.key) else {
+                        return Ok(None);
+                    };
+                    match standing(&queue, at).waiting {
+                        Some(now) => waiting = now,
+                        None => return Ok(self.handed_over(req, ours)),
+                    }
+                    seen = revision;
+                    continue;
+                }
+            };
+            return Ok(match turn {
+                Turn::Free if waiting.second => None,
+                Turn::Free => self.handed_over(req, ours),
+                // Our key is gone: the next attempt says why.
+                Turn::Gone => None,
+            });
+        }
+    }
+
+    /// The queue as of revision `at_least` or later. The member's own state (no quorum
+    /// read) serves when it is that recent: keys ahead of ours never come back once gone,
+    /// so a recent enough state tells which are left.
+    pub(super) async fn look(
+        &self,
+        name: &LockName,
+        prefix: &[u8],
+        at_least: i64,
+    ) -> Result<(Vec<Member>, i64)> {
+        let local = RangeRequest {
+            serializable: true,
+            ..queue_keys(prefix, false)
+        };
+        let mut answer = self.range(Op::Range(local)).await?;
+        let mut revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        if revision < at_least {
+            answer = self.range(Op::Range(queue_keys(prefix, false))).await?;
+            revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        }
+        Ok((self.members(name, &answer.kvs)?, revision))
+    }
+
+    /// Nothing keeps our key out any more, and nothing can queue ahead of it: the lock is
+    /// ours, if our own lease is surely still alive.
+    pub(super) fn handed_over(&self, req: &AcquireRequest, ours: &Ours) -> Option<Grant> {
+        let lease = ours.lease;
+        if lease.left(Instant::now()) * 2 < lease.ttl().min(req.ttl) {
+            return None;
+        }
+        match self.granted(req, ours, ours.create) {
+            Attempt::Granted(grant) => Some(grant),
+            Attempt::Busy(_) => None,
+        }
+    }
+}
