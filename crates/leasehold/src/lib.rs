@@ -131,7 +131,7 @@ pub use guard::{Deadlines, LockGuard, LostSignal};
 pub use local::LocalStore;
 pub use lock::{Leasehold, Lock};
 pub use memory::MemoryStore;
-pub use name::{LockName, MAX_NAME_LEN};
+pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;

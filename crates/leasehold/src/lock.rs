@@ -16,7 +16,7 @@ use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Renewal, Requester,
     Store,
 };
-use crate::{Error, LockName, Result};
+use crate::{Error, IntoLockName, LockName, Result};
 
 /// A store plus this process's identity: makes lock handles.
 ///
@@ -117,40 +117,41 @@ impl Leasehold {
     }
 
     /// A mutex: one holder at a time.
-    pub fn mutex<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.try_into()?, LockKind::Exclusive))
+    ///
+    /// `mutex(name)` and [`write(name)`](Self::write) are the same lock: a mutex is the
+    /// write side of the read-write lock of its name, so a mutex holder excludes
+    /// [`read`](Self::read) holders of the name, and a holder taken with one is re-entered
+    /// (with the same owner) or waited for through the other.
+    pub fn mutex<N: IntoLockName>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.into_lock_name()?, LockKind::Exclusive))
     }
 
     /// A semaphore: at most `permits` holders at a time, each with its own lease and token.
     /// Everyone using the name must pass the same `permits`.
-    pub fn semaphore<N: TryInto<LockName, Error = Error>>(
-        &self,
-        name: N,
-        permits: u32,
-    ) -> Result<Lock> {
+    pub fn semaphore<N: IntoLockName>(&self, name: N, permits: u32) -> Result<Lock> {
         let permits = check_permits(permits)?;
-        Ok(self.handle(name.try_into()?, LockKind::Permit { permits }))
+        Ok(self.handle(name.into_lock_name()?, LockKind::Permit { permits }))
     }
 
     /// The read side of a read-write lock: many readers together, never with a writer.
     /// A waiting writer is not passed by readers that arrive after it.
-    pub fn read<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.try_into()?, LockKind::Shared))
+    pub fn read<N: IntoLockName>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.into_lock_name()?, LockKind::Shared))
     }
 
     /// The write side of a read-write lock: one writer, no readers.
-    pub fn write<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.try_into()?, LockKind::Exclusive))
+    ///
+    /// The same lock as [`mutex(name)`](Self::mutex): a writer and a mutex holder of one
+    /// name exclude each other as two writers do.
+    pub fn write<N: IntoLockName>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.into_lock_name()?, LockKind::Exclusive))
     }
 
     /// Holders and waiters of one lock. Tasks of this process that wait behind another
     /// of its tasks (see [`Lock::lock`]) are listed after the store's waiters; other
     /// processes see only the one of them that the store queues.
-    pub async fn describe<N: TryInto<LockName, Error = Error>>(
-        &self,
-        name: N,
-    ) -> Result<LockState> {
-        let name = name.try_into()?;
+    pub async fn describe<N: IntoLockName>(&self, name: N) -> Result<LockState> {
+        let name = name.into_lock_name()?;
         let mut state = self.store.describe(&name).await?;
         state.waiters.extend(self.gates.waiting(&name));
         Ok(state)
@@ -170,11 +171,8 @@ impl Leasehold {
 
     /// Frees a lock whoever holds it; the holders' guards report it lost. Returns whether
     /// it was held.
-    pub async fn force_release<N: TryInto<LockName, Error = Error>>(
-        &self,
-        name: N,
-    ) -> Result<bool> {
-        let name = name.try_into()?;
+    pub async fn force_release<N: IntoLockName>(&self, name: N) -> Result<bool> {
+        let name = name.into_lock_name()?;
         let held = self.store.force_release(&name).await?;
         tracing::info!(lock = %name, held, "force-released");
         Ok(held)
