@@ -35,7 +35,8 @@ pub struct Cli {
     #[arg(long, global = true, env = "LEASEHOLD_STORE", value_name = "URL", long_help = STORE_HELP)]
     pub store: Option<String>,
 
-    /// More log output (-v info, -vv debug); RUST_LOG overrides
+    /// More log output: -v the library's acquires, releases, losses and store trouble
+    /// (its debug log), -vv also each renewal and wait attempt (trace); RUST_LOG overrides
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
@@ -249,8 +250,9 @@ pub async fn open_store(url: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
 fn init_tracing(verbose: u8) {
     let default = match verbose {
         0 => "warn",
-        1 => "leasehold=info,leasehold_cli=info",
-        _ => "leasehold=debug,leasehold_cli=debug",
+        // The library logs routine events at debug and trace, leaving info to us.
+        1 => "leasehold=debug,leasehold_cli=info",
+        _ => "leasehold=trace,leasehold_cli=trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

@@ -817,9 +817,10 @@ fn corrupt_lock_state_gives_a_clear_error_and_runs_nothing() {
 }
 
 #[test]
-fn verbose_run_logs_acquire_and_release() {
+fn verbose_run_logs_acquire_and_release_and_very_verbose_each_renewal() {
     let cli = Cli::new("verbose");
-    let out = cli.run(&["-v", "run", "k", "--", "true"]).expect(0);
+    let renewing = ["run", "--ttl", "300ms", "k", "--", "sleep", "0.5"];
+    let out = cli.run(&[&["-v"][..], &renewing].concat()).expect(0);
     for event in ["acquired", "released"] {
         assert!(
             out.stderr.contains(event),
@@ -827,6 +828,9 @@ fn verbose_run_logs_acquire_and_release() {
             out.stderr
         );
     }
+    assert!(!out.stderr.contains("renewed"), "-v: {}", out.stderr);
+    let out = cli.run(&[&["-vv"][..], &renewing].concat()).expect(0);
+    assert!(out.stderr.contains("renewed"), "-vv: {}", out.stderr);
     let quiet = cli.run(&["run", "k", "--", "true"]).expect(0);
     assert!(
         quiet.stderr.is_empty(),

@@ -267,7 +267,7 @@ impl LockGuard {
         held.line.close();
         tokio::task::consume_budget().await;
         let released = release(held.line.clone(), held.turn, &held.tasks).await?;
-        tracing::info!(
+        tracing::debug!(
             lock = %held.line.lease.name,
             token = held.token.0,
             held = ?held.acquired.elapsed(),

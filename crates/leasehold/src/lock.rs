@@ -174,7 +174,7 @@ impl Leasehold {
     pub async fn force_release<N: IntoLockName>(&self, name: N) -> Result<bool> {
         let name = name.into_lock_name()?;
         let held = self.store.force_release(&name).await?;
-        tracing::info!(lock = %name, held, "force-released");
+        tracing::debug!(lock = %name, held, "force-released");
         Ok(held)
     }
 }
@@ -322,7 +322,7 @@ impl Lock {
 
     async fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let mut req = self.request(!matches!(wait, Wait::No))?;
-        let span = tracing::info_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
+        let span = tracing::debug_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
         async {
             let gated = self.kind == LockKind::Exclusive
                 && self.owner.is_none()
@@ -363,7 +363,7 @@ impl Lock {
 
     /// The guard of a granted acquisition whose request was sent at `sent`.
     fn guard(&self, req: &AcquireRequest, grant: Grant, sent: Instant) -> LockGuard {
-        tracing::info!(token = grant.token.0, holds = grant.holds, "acquired");
+        tracing::debug!(token = grant.token.0, holds = grant.holds, "acquired");
         let granted = grant.lease.unwrap_or(req.ttl);
         let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl, granted);
         LockGuard::start(
@@ -540,7 +540,7 @@ impl Lock {
             if let Some(on_wait) = &self.on_wait {
                 on_wait(&busy);
             }
-            tracing::debug!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
+            tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
             // Try again when the store signals a change, or when a holder's lease (or a
             // waiter ahead) can have expired, or in time to refresh our own waiter lease.
             let refresh = waiter_lease(req.ttl) / 2;
