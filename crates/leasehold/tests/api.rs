@@ -52,6 +52,38 @@ async fn mutex_and_write_of_one_name_are_the_same_lock() {
     let _ = writer.release().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_guard_debugs_as_one_short_line_of_what_identifies_the_hold() {
+    let locks = Leasehold::new(MemoryStore::new());
+    let guard = locks
+        .mutex("nightly")
+        .unwrap()
+        .with_owner("web-3")
+        .with_ttl(Duration::from_secs(30))
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let shown = format!("{guard:?}");
+    assert!(shown.len() < 200, "{} bytes: {shown}", shown.len());
+    assert!(!shown.contains('\n'), "{shown}");
+    for part in [
+        "\"nightly\"",
+        &format!("token: {}", guard.token()),
+        "\"web-3\"",
+        "Exclusive",
+        "holds: 1",
+        "valid_for: 29",
+    ] {
+        assert!(shown.contains(part), "no {part:?} in {shown}");
+    }
+    locks.force_release("nightly").await.unwrap();
+    guard.lost().await;
+    let shown = format!("{guard:?}");
+    assert!(shown.contains("lost: ") && !shown.contains("valid_for"), "{shown}");
+    assert!(shown.len() < 300, "{} bytes: {shown}", shown.len());
+}
+
 /// A `tracing` writer into a shared buffer.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
