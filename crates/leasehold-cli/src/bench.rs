@@ -784,7 +784,7 @@ pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Fai
     // watchers) and fails fast, with the store's own error, if it cannot be used.
     for lock in handles.iter().take(plan.distinct_keys()) {
         if let Some(guard) = lock.try_lock().await? {
-            guard.release().await?;
+            let _ = guard.release().await?;
         }
     }
 

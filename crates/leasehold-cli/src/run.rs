@@ -597,6 +597,14 @@ async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure
             return Ok(ExitCode::from(exit::LOST));
         }
     }
-    guard.release().await?;
+    // The lease may have ended between the signal and the release (a force-release
+    // that the watch had not yet reported): what was done under it was not protected.
+    if guard.release().await? == leasehold::Released::NotHeld {
+        eprintln!(
+            "leasehold: lock \"{}\" was no longer held when it was released (its lease had ended)",
+            args.lock.name
+        );
+        return Ok(ExitCode::from(exit::LOST));
+    }
     Ok(ExitCode::SUCCESS)
 }

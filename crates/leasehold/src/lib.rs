@@ -3,7 +3,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
 //! use std::time::Duration;
-//! use leasehold::{Leasehold, MemoryStore};
+//! use leasehold::{Leasehold, MemoryStore, Released};
 //!
 //! let locks = Leasehold::new(MemoryStore::new());
 //! let guard = locks
@@ -19,7 +19,8 @@
 //! }
 //! let token = guard.check()?; // fails once the lock can no longer be proven held
 //! assert_eq!(token.get(), 1);
-//! guard.release().await?;
+//! // NotHeld: the lease ended before the release, so the last work was not protected.
+//! assert_eq!(guard.release().await?, Released::Released);
 //! # Ok(()) }
 //! ```
 //!

@@ -23,14 +23,16 @@ use crate::{Error, IntoLockName, LockName, Result};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
 /// use std::time::Duration;
-/// use leasehold::{Leasehold, MemoryStore};
+/// use leasehold::{Leasehold, MemoryStore, Released};
 ///
 /// let locks = Leasehold::new(MemoryStore::new());
 /// let nightly = locks.mutex("nightly")?.with_ttl(Duration::from_secs(30));
 /// if let Some(guard) = nightly.try_lock().await? {
 ///     let token = guard.check()?;      // send it with every write the lock protects
 ///     println!("running the nightly job with fencing token {token}");
-///     guard.release().await?;
+///     if guard.release().await? == Released::NotHeld {
+///         eprintln!("the lease ended before the job did: its last writes were unprotected");
+///     }
 /// }
 /// # Ok(()) }
 /// ```
