@@ -88,8 +88,12 @@ impl Leasehold {
     /// ends. Guards that still live are left alone. The locks stay usable; a later call
     /// waits for what they leave behind after this one.
     ///
+    /// `#[must_use]`: `false` means some of that work had not finished, so a lock may
+    /// stay held until its lease ends; say so, or ignore it with `let _ =`.
+    ///
     /// # Cancel safety
     /// Cancel-safe: it only waits; the work goes on in the background.
+    #[must_use = "false: some releases had not reached the store; those locks end with their leases"]
     pub async fn shutdown(&self, patience: Duration) -> bool {
         self.tasks.close();
         tokio::time::timeout(patience, self.tasks.wait())
