@@ -24,7 +24,8 @@ $XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold); \
 redis://[user:password@]host:port[/db][?replicas=N[&replica_timeout=DUR]] (wait for N replicas \
 to confirm each grant), rediss://... (TLS), redis+cluster://h1:p1,h2:p2; \
 etcd://h1:2379[,h2:2379...][?user=NAME&password=SECRET], etcds://... (TLS); \
-memory: (this process only; for bench)";
+memory: (this process only: for bench; run, hold, status, list and release refuse it). \
+local://DIR is refused (it reads as a host): write local:/DIR or local:///DIR";
 
 /// Distributed locks from the shell: run a command while holding a lock, with a lease,
 /// a fencing token and a stop when the lock is lost.
@@ -245,6 +246,26 @@ fn random_owner() -> String {
 /// Opens the store `--store` names (default: the local store's default directory).
 pub async fn open_store(url: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
     Ok(leasehold::open_store(url.unwrap_or("local:")).await?)
+}
+
+/// Opens the store for `command` (`run`, `hold`, `status`, `list`, `release`), whose
+/// locks are meant for other processes: `memory:` is refused (exit 64), as each
+/// `leasehold` process would have a store of its own and nothing would be excluded.
+pub async fn open_shared_store(
+    url: Option<&str>,
+    command: &str,
+) -> Result<Arc<dyn Store>, Failure> {
+    if url.is_some_and(|url| url.trim().split(':').next() == Some("memory")) {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "store memory: (from --store or LEASEHOLD_STORE) lives in one process only, so \
+`leasehold {command}` would share its locks with no other process and exclude nothing; use \
+local: (the processes of this host), redis://... or etcd://... (memory: is for bench)"
+            ),
+        ));
+    }
+    open_store(url).await
 }
 
 fn init_tracing(verbose: u8) {

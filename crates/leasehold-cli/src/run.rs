@@ -91,8 +91,10 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
     ))
 }
 
-async fn connect(store: Option<&str>) -> Result<Leasehold, Failure> {
-    Ok(Leasehold::from_store(crate::open_store(store).await?))
+async fn connect(store: Option<&str>, command: &str) -> Result<Leasehold, Failure> {
+    Ok(Leasehold::from_store(
+        crate::open_shared_store(store, command).await?,
+    ))
 }
 
 fn signals() -> Result<[Signal; 3], Failure> {
@@ -432,9 +434,10 @@ const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(2);
 /// Runs `command` with the store's locks, then lets their background work finish.
 async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
     store: Option<&str>,
+    subcommand: &str,
     command: impl FnOnce(Leasehold) -> F,
 ) -> Result<ExitCode, Failure> {
-    let locks = connect(store).await?;
+    let locks = connect(store, subcommand).await?;
     let outcome = command(locks.clone()).await;
     if !locks.shutdown(SHUTDOWN_PATIENCE).await {
         tracing::warn!(
@@ -446,7 +449,7 @@ async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
 
 /// `leasehold run NAME -- COMMAND...`.
 pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure> {
-    with_locks(store, |locks| run_with(locks, store, args)).await
+    with_locks(store, "run", |locks| run_with(locks, store, args)).await
 }
 
 async fn run_with(
@@ -574,7 +577,7 @@ async fn run_with(
 /// `leasehold hold NAME`: prints the token, holds until SIGINT, SIGTERM or SIGHUP,
 /// releases.
 pub async fn hold(store: Option<&str>, args: HoldArgs) -> Result<ExitCode, Failure> {
-    with_locks(store, |locks| hold_with(locks, args)).await
+    with_locks(store, "hold", |locks| hold_with(locks, args)).await
 }
 
 async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure> {

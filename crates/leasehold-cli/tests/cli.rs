@@ -552,6 +552,86 @@ fn unknown_store_scheme_is_rejected_with_64() {
 }
 
 #[test]
+fn local_store_url_with_a_host_is_rejected_with_64_and_the_spellings_that_work() {
+    let cli = Cli::new("bad-local-host");
+    let out = Out::from(
+        cli.bare(&[
+            "--store",
+            "local://srv/locks",
+            "run",
+            "k",
+            "--",
+            "touch",
+            "ran",
+        ])
+        .output()
+        .unwrap(),
+    )
+    .expect(64);
+    let said = "write local:/srv/locks or local:///srv/locks";
+    assert!(out.stderr.contains(said), "{out:?}");
+    assert!(!cli.exists("ran"), "the command ran");
+    assert!(
+        !cli.exists("srv"),
+        "a store was made at the relative path srv/locks"
+    );
+}
+
+#[test]
+fn local_store_url_with_three_slashes_is_an_absolute_directory() {
+    let cli = Cli::new("local-abs");
+    let dir = cli.work.join("abs-store");
+    let url = format!("local://{}", dir.display());
+    let (mut hold, _) = {
+        let mut cmd = cli.bare(&["--store", &url, "hold", "k"]);
+        cmd.current_dir(&cli.home);
+        let mut proc = cli.start("hold", cmd);
+        let token = proc.wait_for_line("hold to print its token");
+        (proc, token)
+    };
+    // The same lock, seen through the plain spelling from another directory.
+    let plain = format!("local:{}", dir.display());
+    let out = Out::from(
+        cli.bare(&["--store", &plain, "status", "k"])
+            .output()
+            .unwrap(),
+    );
+    assert!(out.expect(0).stdout.contains("held"));
+    hold.signal(libc::SIGTERM);
+    hold.expect_exit(0);
+}
+
+#[test]
+fn memory_store_is_refused_by_the_commands_that_share_locks_between_processes() {
+    let cli = Cli::new("memory-refused");
+    for args in [
+        &["run", "k", "--", "touch", "ran"][..],
+        &["hold", "k"],
+        &["status", "k"],
+        &["list"],
+        &["release", "--force", "k"],
+    ] {
+        let out = Out::from(
+            cli.bare(&[&["--store", "memory:"][..], args].concat())
+                .output()
+                .unwrap(),
+        );
+        let out = out.expect(64);
+        assert!(
+            out.stderr.contains("memory:") && out.stderr.contains("local:"),
+            "{args:?}: {out:?}"
+        );
+        let from_env = cli
+            .bare(args)
+            .env("LEASEHOLD_STORE", "memory:")
+            .output()
+            .unwrap();
+        Out::from(from_env).expect(64);
+    }
+    assert!(!cli.exists("ran"), "the command ran on a memory: store");
+}
+
+#[test]
 fn store_under_a_regular_file_is_rejected_with_64() {
     rejects(
         "bad-store-file",
