@@ -998,3 +998,45 @@ fn parallel_runs_of_another_name_inside_a_run_exclude_each_other() {
         .expect(0);
     assert!(cli.exists("reentered"));
 }
+
+// ---------------------------------------------------------------------------------------
+// One way to write durations, flags and help
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn bench_takes_durations_as_run_does_and_bare_seconds_still() {
+    let cli = Cli::new("bench-durations");
+    let help = Out::from(cli.bare(&["bench", "--help"]).output().unwrap()).expect(0);
+    for flag in [
+        "--ttl <DUR>",
+        "--wait <DUR>",
+        "--duration <DUR>",
+        "--max-seconds <DUR>",
+    ] {
+        assert!(help.stdout.contains(flag), "no {flag:?} in {}", help.stdout);
+    }
+    let bench = |extra: &[&str]| {
+        let base = ["--store", "memory:", "bench", "--json", "--workload"];
+        Out::from(cli.bare(&[&base[..], extra].concat()).output().unwrap())
+    };
+    let out = bench(&[
+        "W1",
+        "--ops",
+        "5",
+        "--ttl",
+        "500ms",
+        "--wait",
+        "2s",
+        "--max-seconds",
+        "1m",
+    ]);
+    let line: Value = serde_json::from_str(&out.expect(0).stdout).unwrap();
+    assert_eq!(line["params"]["ttl_s"], 0.5);
+    assert_eq!(line["params"]["wait_s"], 2.0);
+    let out = bench(&["W3", "--workers", "1", "--duration", "0.2", "--ttl", "1"]);
+    let line: Value = serde_json::from_str(&out.expect(0).stdout).unwrap();
+    assert_eq!(line["params"]["duration_s"], 0.2);
+    assert_eq!(line["params"]["ttl_s"], 1.0);
+    let out = bench(&["W1", "--ttl", "soon"]).expect(64);
+    assert!(out.stderr.contains("give e.g. 30s"), "{out:?}");
+}
