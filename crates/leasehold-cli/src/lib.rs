@@ -25,15 +25,19 @@ redis://[user:password@]host:port[/db][?replicas=N[&replica_timeout=DUR]] (wait 
 to confirm each grant), rediss://... (TLS), redis+cluster://h1:p1,h2:p2; \
 etcd://h1:2379[,h2:2379...][?user=NAME&password=SECRET], etcds://... (TLS); \
 memory: (this process only: for bench; run, hold, status, list and release refuse it). \
-local://DIR is refused (it reads as a host): write local:/DIR or local:///DIR";
+local://DIR is refused (it reads as a host): write local:/DIR or local:///DIR. \
+Without --store, the LEASEHOLD_STORE environment variable (empty: the default).";
 
 /// Distributed locks from the shell: run a command while holding a lock, with a lease,
 /// a fencing token and a stop when the lock is lost.
 #[derive(Debug, Parser)]
 #[command(name = "leasehold", version, after_help = exit::TABLE)]
 pub struct Cli {
-    /// Lock store URL [default: local:, the default directory]
-    #[arg(long, global = true, env = "LEASEHOLD_STORE", value_name = "URL", long_help = STORE_HELP)]
+    /// Lock store URL [env: LEASEHOLD_STORE] [default: local:, the default directory]
+    // LEASEHOLD_STORE is read in `dispatch`, not by clap: clap counts a value from the
+    // environment as given on the command line and shows `--store <URL>` in its usage
+    // line when another argument is missing, as if it were required.
+    #[arg(long, global = true, value_name = "URL", long_help = STORE_HELP)]
     pub store: Option<String>,
 
     /// More log output: -v the library's acquires, releases, losses and store trouble
@@ -89,6 +93,8 @@ Examples:
   leasehold run nightly -- ./nightly-report.sh
   leasehold run --wait 30s --ttl 1m migrate -- ./migrate.sh
   leasehold run --no-wait cron-job -- ./job     # exit 75 if someone else runs it
+  leasehold run -n -E 0 cron-job -- ./job       # the same, exit 0 (flock -n -E 0)
+  leasehold run -w 30s -s schema -- ./report    # a shared lock, waiting 30s at most
   leasehold run --permits 4 encoders -- ffmpeg ...
   leasehold run --shared schema -- ./read-only-task
 
@@ -96,7 +102,8 @@ Exit status:
   N      the command's own exit status, when it ran to the end
   128+N  the command died of signal N (not one sent because the lock was lost)
   64     bad usage or bad input        69  store unreachable      70  internal error
-  75     not acquired in time / busy   76  lock lost while running
+  75     not acquired in time / busy (or --conflict-exit-code N)
+  76     lock lost while running
   126    command not executable        127 command not found";
 
 /// The lock flags `run`, `hold` share.
@@ -109,13 +116,19 @@ pub struct LockArgs {
     #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Duration,
 
-    /// Give up after waiting this long [default: wait without limit]
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
+    /// Give up after waiting this long (exit 75, or --conflict-exit-code) [default: wait
+    /// without limit]
+    #[arg(short = 'w', long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
 
-    /// Do not wait: give up at once if the lock is busy (exit 75)
-    #[arg(long)]
+    /// Do not wait: give up at once if the lock is busy (exit 75, or --conflict-exit-code)
+    #[arg(short = 'n', long)]
     pub no_wait: bool,
+
+    /// Exit status when the lock is busy with --no-wait or --wait runs out, as flock's -E
+    /// (0 to 255; e.g. 0 for a cron job that skips quietly when another host runs it)
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+    pub conflict_exit_code: u8,
 
     /// First come, first served: do not pass earlier waiters [default: on for etcd, off
     /// for the other stores]
@@ -138,7 +151,7 @@ pub struct LockArgs {
     pub permits: Option<u32>,
 
     /// Take a shared (read) lock; plain holders are writers
-    #[arg(long)]
+    #[arg(short = 's', long)]
     pub shared: bool,
 
     /// Owner id: holders with the same id re-enter instead of waiting [default: the
@@ -284,11 +297,33 @@ fn init_tracing(verbose: u8) {
         .try_init();
 }
 
+/// `leasehold run NAME COMMAND` (without `--`) fails as an unexpected argument, naming
+/// the command's first word: add a tip that says how to write it.
+fn hint_the_double_dash(error: &mut clap::Error) {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let in_run = matches!(error.get(ContextKind::Usage),
+        Some(ContextValue::StyledStr(usage)) if usage.to_string().contains("leasehold run "));
+    let word = match error.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(word)) if !word.starts_with('-') => word.clone(),
+        _ => return,
+    };
+    if error.kind() == ErrorKind::UnknownArgument && in_run {
+        let tip = format!(
+            "the command goes after `--`: leasehold run [OPTIONS] NAME -- {word} [ARGS...]"
+        );
+        error.insert(
+            ContextKind::Suggested,
+            ContextValue::StyledStrs(vec![tip.into()]),
+        );
+    }
+}
+
 /// Parses arguments, runs, returns the exit code. Usage errors exit 64.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
+        Err(mut e) => {
+            hint_the_double_dash(&mut e);
             let code = if e.use_stderr() { exit::USAGE } else { 0 };
             let _ = e.print();
             return ExitCode::from(code);
@@ -323,7 +358,10 @@ pub fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
     // An empty LEASEHOLD_STORE means the default, as if it were not set.
-    let store = cli.store.as_deref().filter(|url| !url.trim().is_empty());
+    let from_env = std::env::var("LEASEHOLD_STORE").ok();
+    let store = (cli.store.as_deref())
+        .or(from_env.as_deref())
+        .filter(|url| !url.trim().is_empty());
     match cli.command {
         Command::Run(args) => run::run(store, args).await,
         Command::Hold(args) => run::hold(store, args).await,

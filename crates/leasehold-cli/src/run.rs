@@ -86,7 +86,7 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
         _ => "not waiting (--no-wait)".to_string(),
     };
     Err(Failure::new(
-        exit::NOT_ACQUIRED,
+        args.conflict_exit_code,
         format!("lock \"{}\" {held_by}; {gave_up}", args.name),
     ))
 }
@@ -409,11 +409,30 @@ fn on_disk(command: &OsString) -> bool {
 enum Ended {
     Exited(ExitStatus),
     /// The lock is lost, or about to be with renewals failing: stop the command,
-    /// SIGKILL at `kill_at`.
+    /// SIGKILL at `kill_at` (before `--grace` is over if `at_deadline`: the safe
+    /// deadline comes first).
     Lost {
         kill_at: Instant,
+        at_deadline: bool,
         why: String,
     },
+}
+
+/// What stopping the command will do, as the lost message says it: SIGTERM, then SIGKILL
+/// `kill_in` from now (after `--grace`, or earlier at the safe deadline).
+fn stop_plan(kill_in: Duration, at_deadline: bool, grace: Duration) -> String {
+    if kill_in.is_zero() {
+        "SIGTERM, then SIGKILL at once: the safe deadline has passed, so there is no grace"
+            .to_string()
+    } else if at_deadline {
+        format!(
+            "SIGTERM, then SIGKILL in {} at the safe deadline, before --grace {} is over",
+            humanize(kill_in),
+            humanize(grace)
+        )
+    } else {
+        format!("SIGTERM, then SIGKILL after --grace {}", humanize(grace))
+    }
 }
 
 fn exit_code(status: ExitStatus) -> ExitCode {
@@ -519,8 +538,9 @@ async fn run_with(
                     ),
                 };
                 // Past the safe deadline someone else may hold the lock: no grace then.
-                let kill_at = (now + args.grace).min(valid_until.max(now));
-                break Ended::Lost { kill_at, why };
+                let after_grace = now + args.grace;
+                let kill_at = after_grace.min(valid_until.max(now));
+                break Ended::Lost { kill_at, at_deadline: kill_at < after_grace, why };
             }
         }
     };
@@ -534,10 +554,18 @@ async fn run_with(
                 ExitCode::from(exit::LOST)
             }
         },
-        Ended::Lost { kill_at, why } => {
+        Ended::Lost {
+            kill_at,
+            at_deadline,
+            why,
+        } => {
             eprintln!(
-                "leasehold: {why}; stopping the command (SIGTERM, then SIGKILL after {})",
-                humanize(args.grace)
+                "leasehold: {why}; stopping the command ({})",
+                stop_plan(
+                    kill_at.saturating_duration_since(Instant::now()),
+                    at_deadline,
+                    args.grace
+                )
             );
             kill_group(pgid, libc::SIGTERM);
             tokio::select! {
@@ -610,4 +638,24 @@ async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure
         return Ok(ExitCode::from(exit::LOST));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stop_plan_says_when_sigkill_really_comes() {
+        let grace = Duration::from_secs(5);
+        let plan = stop_plan(Duration::from_millis(664), true, grace);
+        assert!(
+            plan.contains("SIGKILL in 664ms at the safe deadline"),
+            "{plan}"
+        );
+        assert!(!plan.contains("after"), "{plan}");
+        let plan = stop_plan(grace, false, grace);
+        assert!(plan.contains("SIGKILL after --grace 5s"), "{plan}");
+        let plan = stop_plan(Duration::ZERO, true, grace);
+        assert!(plan.contains("SIGKILL at once"), "{plan}");
+    }
 }
