@@ -18,7 +18,9 @@ async fn every_method_that_takes_a_name_takes_str_string_and_lock_name_owned_or_
         locks.mutex(text.clone()).unwrap(),
         locks.mutex(&name).unwrap(),
         locks.mutex(name.clone()).unwrap(),
-        locks.mutex(std::borrow::Cow::Borrowed(text.as_str())).unwrap(),
+        locks
+            .mutex(std::borrow::Cow::Borrowed(text.as_str()))
+            .unwrap(),
         locks.write(&text).unwrap(),
         locks.write(name.clone()).unwrap(),
         locks.read(&name).unwrap(),
@@ -28,7 +30,13 @@ async fn every_method_that_takes_a_name_takes_str_string_and_lock_name_owned_or_
     }
     assert_eq!(locks.semaphore(&text, 2).unwrap().name(), &name);
     assert_eq!(locks.semaphore(name.clone(), 2).unwrap().name(), &name);
-    let held = locks.mutex(&name).unwrap().try_lock().await.unwrap().unwrap();
+    let held = locks
+        .mutex(&name)
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(locks.describe(&text).await.unwrap().holders.len(), 1);
     assert_eq!(locks.describe(name.clone()).await.unwrap().holders.len(), 1);
     assert!(locks.force_release(&name).await.unwrap());
@@ -44,11 +52,23 @@ async fn every_method_that_takes_a_name_takes_str_string_and_lock_name_owned_or_
 async fn mutex_and_write_of_one_name_are_the_same_lock() {
     let locks = Leasehold::new(MemoryStore::new());
     let mutex = locks.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
-    assert!(locks.write("k").unwrap().try_lock().await.unwrap().is_none());
+    assert!(locks
+        .write("k")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
     assert!(locks.read("k").unwrap().try_lock().await.unwrap().is_none());
     let _ = mutex.release().await.unwrap();
     let writer = locks.write("k").unwrap().try_lock().await.unwrap().unwrap();
-    assert!(locks.mutex("k").unwrap().try_lock().await.unwrap().is_none());
+    assert!(locks
+        .mutex("k")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
     let _ = writer.release().await.unwrap();
 }
 
@@ -80,7 +100,10 @@ async fn a_guard_debugs_as_one_short_line_of_what_identifies_the_hold() {
     locks.force_release("nightly").await.unwrap();
     guard.lost().await;
     let shown = format!("{guard:?}");
-    assert!(shown.contains("lost: ") && !shown.contains("valid_for"), "{shown}");
+    assert!(
+        shown.contains("lost: ") && !shown.contains("valid_for"),
+        "{shown}"
+    );
     assert!(shown.len() < 300, "{} bytes: {shown}", shown.len());
 }
 
@@ -106,10 +129,7 @@ impl Captured {
 
 /// Logs at `level` and above while `work` runs (on this thread: a current-thread runtime
 /// runs every task here).
-async fn logged_at<F: std::future::Future<Output = ()>>(
-    level: tracing::Level,
-    work: F,
-) -> String {
+async fn logged_at<F: std::future::Future<Output = ()>>(level: tracing::Level, work: F) -> String {
     let captured = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
