@@ -67,12 +67,93 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Check safety under faults: workers, a fenced counter, a nemesis, a history checker
     Torture(torture::TortureArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(after_help = COMPLETIONS_AFTER_HELP)]
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff), of leasehold or of one of its commands
+    #[command(after_help = MAN_AFTER_HELP)]
+    Man(ManArgs),
     /// One torture worker (started by `torture`)
     #[command(hide = true)]
     TortureWorker(torture::worker::WorkerArgs),
     /// The command of a torture `leasehold run` worker (started by `torture`)
     #[command(hide = true)]
     TortureCommand(torture::command::CommandArgs),
+}
+
+/// Flags of `completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// Flags of `man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// A command's page (leasehold-COMMAND(1)) instead of leasehold(1)
+    #[arg(value_name = "COMMAND")]
+    pub command: Option<String>,
+}
+
+const COMPLETIONS_AFTER_HELP: &str = "\
+Install (for your user; open a new shell afterwards):
+  bash:        leasehold completions bash > ~/.local/share/bash-completion/completions/leasehold
+  zsh:         leasehold completions zsh > ~/.zfunc/_leasehold
+               (with fpath=(~/.zfunc $fpath) before compinit in ~/.zshrc)
+  fish:        leasehold completions fish > ~/.config/fish/completions/leasehold.fish
+  elvish:      leasehold completions elvish > ~/.config/elvish/lib/leasehold.elv
+               (with use leasehold in ~/.config/elvish/rc.elv)
+  powershell:  leasehold completions powershell >> $PROFILE";
+
+const MAN_AFTER_HELP: &str = "\
+Read it now:  leasehold man | man -l -
+Install:      leasehold man > ~/.local/share/man/man1/leasehold.1
+              leasehold man run > ~/.local/share/man/man1/leasehold-run.1  (and so on)
+              (system-wide: /usr/local/share/man/man1, as root)";
+
+/// The clap definition, for completions and the manual.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+/// `leasehold completions SHELL`: the script on stdout.
+fn completions(args: &CompletionsArgs) -> ExitCode {
+    let mut cmd = command();
+    clap_complete::generate(args.shell, &mut cmd, "leasehold", &mut std::io::stdout());
+    ExitCode::SUCCESS
+}
+
+/// `leasehold man [COMMAND]`: leasehold(1), or leasehold-COMMAND(1), in roff on stdout.
+fn man(args: &ManArgs) -> Result<ExitCode, Failure> {
+    let mut cmd = command();
+    cmd.build();
+    let page = match &args.command {
+        None => cmd,
+        Some(name) => {
+            let visible =
+                || (cmd.get_subcommands()).filter(|c| !c.is_hide_set() && c.get_name() != "help");
+            let Some(sub) = visible().find(|c| c.get_name() == name) else {
+                let names: Vec<&str> = visible().map(|c| c.get_name()).collect();
+                return Err(Failure::new(
+                    exit::USAGE,
+                    format!(
+                        "no command {name:?}; the manual has pages for: {}",
+                        names.join(", ")
+                    ),
+                ));
+            };
+            let full = format!("leasehold-{name}");
+            sub.clone().name(full.clone()).bin_name(full)
+        }
+    };
+    let mut out = Vec::new();
+    clap_mangen::Man::new(page)
+        .render(&mut out)
+        .and_then(|()| std::io::Write::write_all(&mut std::io::stdout(), &out))
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot write the manual: {e}")))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 const RUN_AFTER_HELP: &str = "\
@@ -329,6 +410,12 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // Generated from the definitions above: no store, no runtime.
+    match &cli.command {
+        Command::Completions(args) => return completions(args),
+        Command::Man(args) => return man(args).unwrap_or_else(Failure::report),
+        _ => {}
+    }
     init_tracing(cli.verbose);
     // bench drives many workers on two threads, like the peers it is compared with; the
     // other commands wait on one lock and one child, which one thread does with fewer
@@ -372,6 +459,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Torture(args) => torture::torture(store, args).await,
         Command::TortureWorker(args) => torture::worker::worker(store, args).await,
         Command::TortureCommand(args) => torture::command::command(args).await,
+        Command::Completions(args) => Ok(completions(&args)),
+        Command::Man(args) => man(&args),
     }
 }
 
