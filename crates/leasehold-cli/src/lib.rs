@@ -166,8 +166,8 @@ inside it is a holder of its own (parallel jobs under one run exclude each other
 SIGINT, SIGTERM and SIGHUP are passed to the command's process group; the lock is
 released after the command exits (what it left running in the background is left
 alone). If the lock is lost (force-released, or renewals fail until the safe deadline)
-the command's process group gets SIGTERM, then SIGKILL after --grace, and leasehold
-exits with 76. If leasehold itself is killed (SIGKILL), a watchdog kills the command's
+the command's process group gets SIGTERM, then SIGKILL after --grace (or at the safe
+deadline, if that comes first; the message says which), and leasehold exits with 76. If leasehold itself is killed (SIGKILL), a watchdog kills the command's
 process group.
 
 Examples:
