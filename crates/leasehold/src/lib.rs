@@ -37,8 +37,9 @@
 //!   anyone else.
 //! - Re-entry by owner id ([`Lock::with_owner`]), fair and non-fair modes, semaphores
 //!   ([`Leasehold::semaphore`]), read-write locks ([`Leasehold::read`],
-//!   [`Leasehold::write`]), [`Leasehold::describe`], [`Leasehold::list`],
-//!   [`Leasehold::force_release`].
+//!   [`Leasehold::write`]; a mutex is the write side of its name's read-write lock, so
+//!   `mutex(n)` and `write(n)` are the same lock), [`Leasehold::describe`],
+//!   [`Leasehold::list`], [`Leasehold::force_release`].
 //!
 //! # The lock rules
 //! Every store gives the same answer to the same request (one decision table in the
