@@ -29,7 +29,8 @@ use crate::exit::{Failure, INTERNAL, USAGE};
 
 /// Flags of `leasehold bench` (the lockbench.v1 driver contract plus `--store`, `--fair`).
 ///
-/// Seconds are plain numbers (fractions allowed, e.g. `2.5`) or durations like `500ms`.
+/// Durations are read as `run`'s are: `500ms`, `15s`, `1m30s`, or a bare number of
+/// seconds (fractions allowed, e.g. `2.5`, as lockbench.v1 drivers pass them).
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// W1: one worker, N acquire+release cycles on one key; W2: K workers contend for
@@ -45,36 +46,23 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     pub ops: u64,
 
-    /// W1: time cap, seconds
-    #[arg(
-        long,
-        value_name = "S",
-        default_value = "8",
-        allow_negative_numbers = true
-    )]
-    pub max_seconds: String,
+    /// W1: time cap (a bare number is seconds)
+    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = crate::parse_duration, allow_hyphen_values = true)]
+    pub max_seconds: Duration,
 
-    /// W2/W3: length of the measured window, seconds [default: W2 10, W3 5]
-    #[arg(long, value_name = "S", allow_negative_numbers = true)]
-    pub duration: Option<String>,
+    /// W2/W3: length of the measured window (a bare number is seconds) [default: W2 10s,
+    /// W3 5s]
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, allow_hyphen_values = true)]
+    pub duration: Option<Duration>,
 
-    /// Wait budget of each acquire, seconds; an acquire that runs out counts as a timeout
-    #[arg(
-        long,
-        value_name = "S",
-        default_value = "5",
-        allow_negative_numbers = true
-    )]
-    pub wait: String,
+    /// Wait budget of each acquire (a bare number is seconds); an acquire that runs out
+    /// counts as a timeout
+    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = crate::parse_duration, allow_hyphen_values = true)]
+    pub wait: Duration,
 
-    /// Lease TTL, seconds (from 0.1 to 86400)
-    #[arg(
-        long,
-        value_name = "S",
-        default_value = "30",
-        allow_negative_numbers = true
-    )]
-    pub ttl: String,
+    /// Lease TTL (100ms to 24h; a bare number is seconds)
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::parse_duration, allow_hyphen_values = true)]
+    pub ttl: Duration,
 
     /// Prefix of the lock names: W1/W2 use P:W:K:one, W3 uses P:W:K:kI (I = worker index)
     #[arg(long, value_name = "P", default_value = "lockbench")]
@@ -165,23 +153,22 @@ fn usage(message: impl Into<String>) -> Failure {
     Failure::new(USAGE, message)
 }
 
-/// Seconds as a plain number (`5`, `0.25`) or a duration (`250ms`, `2s`).
-fn seconds(flag: &str, text: &str) -> Result<f64, Failure> {
-    let secs = crate::parse_duration(text)
-        .map_err(|e| usage(format!("--{flag} {text:?}: {e}")))?
-        .as_secs_f64();
+/// A duration flag's seconds, at most [`MAX_SECONDS`].
+fn seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
+    let secs = duration.as_secs_f64();
     if secs > MAX_SECONDS {
         return Err(usage(format!(
-            "--{flag} {text}: at most {MAX_SECONDS} seconds (24 h)"
+            "--{flag} {}: at most 24h",
+            leasehold::humanize(duration)
         )));
     }
     Ok(secs)
 }
 
-fn positive_seconds(flag: &str, text: &str) -> Result<f64, Failure> {
-    let secs = seconds(flag, text)?;
+fn positive_seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
+    let secs = seconds(flag, duration)?;
     if secs == 0.0 {
-        return Err(usage(format!("--{flag} must be more than 0 seconds")));
+        return Err(usage(format!("--{flag} must be more than 0s")));
     }
     Ok(secs)
 }
@@ -203,21 +190,21 @@ impl Plan {
         if args.ops == 0 {
             return Err(usage("--ops must be at least 1"));
         }
-        let max_seconds = positive_seconds("max-seconds", &args.max_seconds)?;
-        let duration = match &args.duration {
-            Some(text) => positive_seconds("duration", text)?,
+        let max_seconds = positive_seconds("max-seconds", args.max_seconds)?;
+        let duration = match args.duration {
+            Some(window) => positive_seconds("duration", window)?,
             None if workload == Workload::W3 => 5.0,
             None => 10.0,
         };
-        let wait_s = seconds("wait", &args.wait)?;
-        let ttl_s = seconds("ttl", &args.ttl)?;
-        let ttl = Duration::from_secs_f64(ttl_s);
+        let wait_s = seconds("wait", args.wait)?;
+        let ttl = args.ttl;
+        let ttl_s = ttl.as_secs_f64();
         if ttl < leasehold::MIN_TTL || ttl > leasehold::MAX_TTL {
             return Err(usage(format!(
-                "--ttl {}: a lease must last from {} to {} seconds",
-                args.ttl.trim(),
-                leasehold::MIN_TTL.as_secs_f64(),
-                leasehold::MAX_TTL.as_secs_f64()
+                "--ttl {}: a lease must last from {} to {}",
+                leasehold::humanize(ttl),
+                leasehold::humanize(leasehold::MIN_TTL),
+                leasehold::humanize(leasehold::MAX_TTL)
             )));
         }
         if args.key_prefix.is_empty() {
@@ -784,7 +771,7 @@ pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Fai
     // watchers) and fails fast, with the store's own error, if it cannot be used.
     for lock in handles.iter().take(plan.distinct_keys()) {
         if let Some(guard) = lock.try_lock().await? {
-            guard.release().await?;
+            let _ = guard.release().await?;
         }
     }
 
@@ -825,10 +812,10 @@ mod tests {
             workload: workload.into(),
             workers: None,
             ops: 10_000,
-            max_seconds: "8".into(),
+            max_seconds: Duration::from_secs(8),
             duration: None,
-            wait: "5".into(),
-            ttl: "30".into(),
+            wait: Duration::from_secs(5),
+            ttl: Duration::from_secs(30),
             key_prefix: "lockbench".into(),
             redis_url: None,
             etcd: None,
@@ -887,7 +874,7 @@ mod tests {
         assert!(p.keys.iter().all(|k| k == "lockbench:W2:3:one"));
         let mut a = args("W3");
         a.workers = Some(2);
-        a.duration = Some("2.5".into());
+        a.duration = Some(Duration::from_millis(2500));
         let p = Plan::new(&a).unwrap();
         assert_eq!(p.window, Duration::from_millis(2500));
         assert_eq!(p.keys, vec!["lockbench:W3:2:k0", "lockbench:W3:2:k1"]);
@@ -905,13 +892,13 @@ mod tests {
         a.workers = Some(0);
         assert_eq!(code(a), USAGE);
         let mut a = args("W2");
-        a.ttl = "0".into();
+        a.ttl = Duration::ZERO;
         assert_eq!(code(a), USAGE);
         let mut a = args("W2");
-        a.wait = "-1".into();
+        a.duration = Some(Duration::ZERO);
         assert_eq!(code(a), USAGE);
         let mut a = args("W2");
-        a.duration = Some("soon".into());
+        a.wait = Duration::from_secs(86_401);
         assert_eq!(code(a), USAGE);
         let mut a = args("W1");
         a.ops = 0;

@@ -28,7 +28,7 @@ Exit status:
   69     the store is unreachable
   70     internal error (including unreadable store state)
   78     the store refused the configuration (credentials, permissions, database)
-  75     not acquired within --wait, or busy with --no-wait
+  75     not acquired within --wait, or busy with --no-wait (--conflict-exit-code N sets it)
   76     the lock was lost while the command ran; the command was stopped
   126    the command could not be executed
   127    the command was not found";

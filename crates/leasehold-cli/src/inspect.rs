@@ -43,8 +43,10 @@ pub struct ReleaseArgs {
     pub force: bool,
 }
 
-async fn connect(store: Option<&str>) -> Result<Leasehold, Failure> {
-    Ok(Leasehold::from_store(crate::open_store(store).await?))
+async fn connect(store: Option<&str>, command: &str) -> Result<Leasehold, Failure> {
+    Ok(Leasehold::from_store(
+        crate::open_shared_store(store, command).await?,
+    ))
 }
 
 fn ago(t: SystemTime) -> String {
@@ -101,7 +103,7 @@ fn json<T: serde::Serialize>(value: &T) -> Result<(), Failure> {
 
 /// `leasehold status NAME`.
 pub async fn status(store: Option<&str>, args: StatusArgs) -> Result<ExitCode, Failure> {
-    let locks = connect(store).await?;
+    let locks = connect(store, "status").await?;
     let state = locks.describe(args.name.as_str()).await?;
     // What a restart of the store can lose: with the lock's state, where one looks.
     let caveat = locks.store().caveat();
@@ -123,7 +125,7 @@ pub async fn status(store: Option<&str>, args: StatusArgs) -> Result<ExitCode, F
 
 /// `leasehold list [PREFIX]`.
 pub async fn list(store: Option<&str>, args: ListArgs) -> Result<ExitCode, Failure> {
-    let locks = connect(store).await?;
+    let locks = connect(store, "list").await?;
     let states = locks.list(&args.prefix).await?;
     if args.json {
         json(&states)?;
@@ -146,7 +148,7 @@ pub async fn release(store: Option<&str>, args: ReleaseArgs) -> Result<ExitCode,
             ),
         ));
     }
-    let locks = connect(store).await?;
+    let locks = connect(store, "release").await?;
     let before = locks.describe(args.name.as_str()).await?;
     if locks.force_release(args.name.as_str()).await? {
         let who: Vec<String> = before

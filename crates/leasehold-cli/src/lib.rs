@@ -24,18 +24,24 @@ $XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold); \
 redis://[user:password@]host:port[/db][?replicas=N[&replica_timeout=DUR]] (wait for N replicas \
 to confirm each grant), rediss://... (TLS), redis+cluster://h1:p1,h2:p2; \
 etcd://h1:2379[,h2:2379...][?user=NAME&password=SECRET], etcds://... (TLS); \
-memory: (this process only; for bench)";
+memory: (this process only: for bench; run, hold, status, list and release refuse it). \
+local://DIR is refused (it reads as a host): write local:/DIR or local:///DIR. \
+Without --store, the LEASEHOLD_STORE environment variable (empty: the default).";
 
 /// Distributed locks from the shell: run a command while holding a lock, with a lease,
 /// a fencing token and a stop when the lock is lost.
 #[derive(Debug, Parser)]
 #[command(name = "leasehold", version, after_help = exit::TABLE)]
 pub struct Cli {
-    /// Lock store URL [default: local:, the default directory]
-    #[arg(long, global = true, env = "LEASEHOLD_STORE", value_name = "URL", long_help = STORE_HELP)]
+    /// Lock store URL [env: LEASEHOLD_STORE] [default: local:, the default directory]
+    // LEASEHOLD_STORE is read in `dispatch`, not by clap: clap counts a value from the
+    // environment as given on the command line and shows `--store <URL>` in its usage
+    // line when another argument is missing, as if it were required.
+    #[arg(long, global = true, value_name = "URL", long_help = STORE_HELP)]
     pub store: Option<String>,
 
-    /// More log output (-v info, -vv debug); RUST_LOG overrides
+    /// More log output: -v the library's acquires, releases, losses and store trouble
+    /// (its debug log), -vv also each renewal and wait attempt (trace); RUST_LOG overrides
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
@@ -61,12 +67,93 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Check safety under faults: workers, a fenced counter, a nemesis, a history checker
     Torture(torture::TortureArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(after_help = COMPLETIONS_AFTER_HELP)]
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff), of leasehold or of one of its commands
+    #[command(after_help = MAN_AFTER_HELP)]
+    Man(ManArgs),
     /// One torture worker (started by `torture`)
     #[command(hide = true)]
     TortureWorker(torture::worker::WorkerArgs),
     /// The command of a torture `leasehold run` worker (started by `torture`)
     #[command(hide = true)]
     TortureCommand(torture::command::CommandArgs),
+}
+
+/// Flags of `completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// Flags of `man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// A command's page (leasehold-COMMAND(1)) instead of leasehold(1)
+    #[arg(value_name = "COMMAND")]
+    pub command: Option<String>,
+}
+
+const COMPLETIONS_AFTER_HELP: &str = "\
+Install (for your user; open a new shell afterwards):
+  bash:        leasehold completions bash > ~/.local/share/bash-completion/completions/leasehold
+  zsh:         leasehold completions zsh > ~/.zfunc/_leasehold
+               (with fpath=(~/.zfunc $fpath) before compinit in ~/.zshrc)
+  fish:        leasehold completions fish > ~/.config/fish/completions/leasehold.fish
+  elvish:      leasehold completions elvish > ~/.config/elvish/lib/leasehold.elv
+               (with use leasehold in ~/.config/elvish/rc.elv)
+  powershell:  leasehold completions powershell >> $PROFILE";
+
+const MAN_AFTER_HELP: &str = "\
+Read it now:  leasehold man | man -l -
+Install:      leasehold man > ~/.local/share/man/man1/leasehold.1
+              leasehold man run > ~/.local/share/man/man1/leasehold-run.1  (and so on)
+              (system-wide: /usr/local/share/man/man1, as root)";
+
+/// The clap definition, for completions and the manual.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+/// `leasehold completions SHELL`: the script on stdout.
+fn completions(args: &CompletionsArgs) -> ExitCode {
+    let mut cmd = command();
+    clap_complete::generate(args.shell, &mut cmd, "leasehold", &mut std::io::stdout());
+    ExitCode::SUCCESS
+}
+
+/// `leasehold man [COMMAND]`: leasehold(1), or leasehold-COMMAND(1), in roff on stdout.
+fn man(args: &ManArgs) -> Result<ExitCode, Failure> {
+    let mut cmd = command();
+    cmd.build();
+    let page = match &args.command {
+        None => cmd,
+        Some(name) => {
+            let visible =
+                || (cmd.get_subcommands()).filter(|c| !c.is_hide_set() && c.get_name() != "help");
+            let Some(sub) = visible().find(|c| c.get_name() == name) else {
+                let names: Vec<&str> = visible().map(|c| c.get_name()).collect();
+                return Err(Failure::new(
+                    exit::USAGE,
+                    format!(
+                        "no command {name:?}; the manual has pages for: {}",
+                        names.join(", ")
+                    ),
+                ));
+            };
+            let full = format!("leasehold-{name}");
+            sub.clone().name(full.clone()).bin_name(full)
+        }
+    };
+    let mut out = Vec::new();
+    clap_mangen::Man::new(page)
+        .render(&mut out)
+        .and_then(|()| std::io::Write::write_all(&mut std::io::stdout(), &out))
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot write the manual: {e}")))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 const RUN_AFTER_HELP: &str = "\
@@ -79,14 +166,16 @@ inside it is a holder of its own (parallel jobs under one run exclude each other
 SIGINT, SIGTERM and SIGHUP are passed to the command's process group; the lock is
 released after the command exits (what it left running in the background is left
 alone). If the lock is lost (force-released, or renewals fail until the safe deadline)
-the command's process group gets SIGTERM, then SIGKILL after --grace, and leasehold
-exits with 76. If leasehold itself is killed (SIGKILL), a watchdog kills the command's
+the command's process group gets SIGTERM, then SIGKILL after --grace (or at the safe
+deadline, if that comes first; the message says which), and leasehold exits with 76. If leasehold itself is killed (SIGKILL), a watchdog kills the command's
 process group.
 
 Examples:
   leasehold run nightly -- ./nightly-report.sh
   leasehold run --wait 30s --ttl 1m migrate -- ./migrate.sh
   leasehold run --no-wait cron-job -- ./job     # exit 75 if someone else runs it
+  leasehold run -n -E 0 cron-job -- ./job       # the same, exit 0 (flock -n -E 0)
+  leasehold run -w 30s -s schema -- ./report    # a shared lock, waiting 30s at most
   leasehold run --permits 4 encoders -- ffmpeg ...
   leasehold run --shared schema -- ./read-only-task
 
@@ -94,7 +183,8 @@ Exit status:
   N      the command's own exit status, when it ran to the end
   128+N  the command died of signal N (not one sent because the lock was lost)
   64     bad usage or bad input        69  store unreachable      70  internal error
-  75     not acquired in time / busy   76  lock lost while running
+  75     not acquired in time / busy (or --conflict-exit-code N)
+  76     lock lost while running
   126    command not executable        127 command not found";
 
 /// The lock flags `run`, `hold` share.
@@ -107,13 +197,19 @@ pub struct LockArgs {
     #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Duration,
 
-    /// Give up after waiting this long [default: wait without limit]
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
+    /// Give up after waiting this long (exit 75, or --conflict-exit-code) [default: wait
+    /// without limit]
+    #[arg(short = 'w', long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
 
-    /// Do not wait: give up at once if the lock is busy (exit 75)
-    #[arg(long)]
+    /// Do not wait: give up at once if the lock is busy (exit 75, or --conflict-exit-code)
+    #[arg(short = 'n', long)]
     pub no_wait: bool,
+
+    /// Exit status when the lock is busy with --no-wait or --wait runs out, as flock's -E
+    /// (0 to 255; e.g. 0 for a cron job that skips quietly when another host runs it)
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+    pub conflict_exit_code: u8,
 
     /// First come, first served: do not pass earlier waiters [default: on for etcd, off
     /// for the other stores]
@@ -136,7 +232,7 @@ pub struct LockArgs {
     pub permits: Option<u32>,
 
     /// Take a shared (read) lock; plain holders are writers
-    #[arg(long)]
+    #[arg(short = 's', long)]
     pub shared: bool,
 
     /// Owner id: holders with the same id re-enter instead of waiting [default: the
@@ -246,11 +342,32 @@ pub async fn open_store(url: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
     Ok(leasehold::open_store(url.unwrap_or("local:")).await?)
 }
 
+/// Opens the store for `command` (`run`, `hold`, `status`, `list`, `release`), whose
+/// locks are meant for other processes: `memory:` is refused (exit 64), as each
+/// `leasehold` process would have a store of its own and nothing would be excluded.
+pub async fn open_shared_store(
+    url: Option<&str>,
+    command: &str,
+) -> Result<Arc<dyn Store>, Failure> {
+    if url.is_some_and(|url| url.trim().split(':').next() == Some("memory")) {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "store memory: (from --store or LEASEHOLD_STORE) lives in one process only, so \
+`leasehold {command}` would share its locks with no other process and exclude nothing; use \
+local: (the processes of this host), redis://... or etcd://... (memory: is for bench)"
+            ),
+        ));
+    }
+    open_store(url).await
+}
+
 fn init_tracing(verbose: u8) {
     let default = match verbose {
         0 => "warn",
-        1 => "leasehold=info,leasehold_cli=info",
-        _ => "leasehold=debug,leasehold_cli=debug",
+        // The library logs routine events at debug and trace, leaving info to us.
+        1 => "leasehold=debug,leasehold_cli=info",
+        _ => "leasehold=trace,leasehold_cli=trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -261,16 +378,44 @@ fn init_tracing(verbose: u8) {
         .try_init();
 }
 
+/// `leasehold run NAME COMMAND` (without `--`) fails as an unexpected argument, naming
+/// the command's first word: add a tip that says how to write it.
+fn hint_the_double_dash(error: &mut clap::Error) {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let in_run = matches!(error.get(ContextKind::Usage),
+        Some(ContextValue::StyledStr(usage)) if usage.to_string().contains("leasehold run "));
+    let word = match error.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(word)) if !word.starts_with('-') => word.clone(),
+        _ => return,
+    };
+    if error.kind() == ErrorKind::UnknownArgument && in_run {
+        let tip = format!(
+            "the command goes after `--`: leasehold run [OPTIONS] NAME -- {word} [ARGS...]"
+        );
+        error.insert(
+            ContextKind::Suggested,
+            ContextValue::StyledStrs(vec![tip.into()]),
+        );
+    }
+}
+
 /// Parses arguments, runs, returns the exit code. Usage errors exit 64.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
+        Err(mut e) => {
+            hint_the_double_dash(&mut e);
             let code = if e.use_stderr() { exit::USAGE } else { 0 };
             let _ = e.print();
             return ExitCode::from(code);
         }
     };
+    // Generated from the definitions above: no store, no runtime.
+    match &cli.command {
+        Command::Completions(args) => return completions(args),
+        Command::Man(args) => return man(args).unwrap_or_else(Failure::report),
+        _ => {}
+    }
     init_tracing(cli.verbose);
     // bench drives many workers on two threads, like the peers it is compared with; the
     // other commands wait on one lock and one child, which one thread does with fewer
@@ -300,7 +445,10 @@ pub fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
     // An empty LEASEHOLD_STORE means the default, as if it were not set.
-    let store = cli.store.as_deref().filter(|url| !url.trim().is_empty());
+    let from_env = std::env::var("LEASEHOLD_STORE").ok();
+    let store = (cli.store.as_deref())
+        .or(from_env.as_deref())
+        .filter(|url| !url.trim().is_empty());
     match cli.command {
         Command::Run(args) => run::run(store, args).await,
         Command::Hold(args) => run::hold(store, args).await,
@@ -311,6 +459,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Torture(args) => torture::torture(store, args).await,
         Command::TortureWorker(args) => torture::worker::worker(store, args).await,
         Command::TortureCommand(args) => torture::command::command(args).await,
+        Command::Completions(args) => Ok(completions(&args)),
+        Command::Man(args) => man(&args),
     }
 }
 

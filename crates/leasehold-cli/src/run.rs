@@ -86,13 +86,15 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
         _ => "not waiting (--no-wait)".to_string(),
     };
     Err(Failure::new(
-        exit::NOT_ACQUIRED,
+        args.conflict_exit_code,
         format!("lock \"{}\" {held_by}; {gave_up}", args.name),
     ))
 }
 
-async fn connect(store: Option<&str>) -> Result<Leasehold, Failure> {
-    Ok(Leasehold::from_store(crate::open_store(store).await?))
+async fn connect(store: Option<&str>, command: &str) -> Result<Leasehold, Failure> {
+    Ok(Leasehold::from_store(
+        crate::open_shared_store(store, command).await?,
+    ))
 }
 
 fn signals() -> Result<[Signal; 3], Failure> {
@@ -407,11 +409,30 @@ fn on_disk(command: &OsString) -> bool {
 enum Ended {
     Exited(ExitStatus),
     /// The lock is lost, or about to be with renewals failing: stop the command,
-    /// SIGKILL at `kill_at`.
+    /// SIGKILL at `kill_at` (before `--grace` is over if `at_deadline`: the safe
+    /// deadline comes first).
     Lost {
         kill_at: Instant,
+        at_deadline: bool,
         why: String,
     },
+}
+
+/// What stopping the command will do, as the lost message says it: SIGTERM, then SIGKILL
+/// `kill_in` from now (after `--grace`, or earlier at the safe deadline).
+fn stop_plan(kill_in: Duration, at_deadline: bool, grace: Duration) -> String {
+    if kill_in.is_zero() {
+        "SIGTERM, then SIGKILL at once: the safe deadline has passed, so there is no grace"
+            .to_string()
+    } else if at_deadline {
+        format!(
+            "SIGTERM, then SIGKILL in {} at the safe deadline, before --grace {} is over",
+            humanize(kill_in),
+            humanize(grace)
+        )
+    } else {
+        format!("SIGTERM, then SIGKILL after --grace {}", humanize(grace))
+    }
 }
 
 fn exit_code(status: ExitStatus) -> ExitCode {
@@ -432,9 +453,10 @@ const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(2);
 /// Runs `command` with the store's locks, then lets their background work finish.
 async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
     store: Option<&str>,
+    subcommand: &str,
     command: impl FnOnce(Leasehold) -> F,
 ) -> Result<ExitCode, Failure> {
-    let locks = connect(store).await?;
+    let locks = connect(store, subcommand).await?;
     let outcome = command(locks.clone()).await;
     if !locks.shutdown(SHUTDOWN_PATIENCE).await {
         tracing::warn!(
@@ -446,7 +468,7 @@ async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
 
 /// `leasehold run NAME -- COMMAND...`.
 pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure> {
-    with_locks(store, |locks| run_with(locks, store, args)).await
+    with_locks(store, "run", |locks| run_with(locks, store, args)).await
 }
 
 async fn run_with(
@@ -516,8 +538,9 @@ async fn run_with(
                     ),
                 };
                 // Past the safe deadline someone else may hold the lock: no grace then.
-                let kill_at = (now + args.grace).min(valid_until.max(now));
-                break Ended::Lost { kill_at, why };
+                let after_grace = now + args.grace;
+                let kill_at = after_grace.min(valid_until.max(now));
+                break Ended::Lost { kill_at, at_deadline: kill_at < after_grace, why };
             }
         }
     };
@@ -531,10 +554,18 @@ async fn run_with(
                 ExitCode::from(exit::LOST)
             }
         },
-        Ended::Lost { kill_at, why } => {
+        Ended::Lost {
+            kill_at,
+            at_deadline,
+            why,
+        } => {
             eprintln!(
-                "leasehold: {why}; stopping the command (SIGTERM, then SIGKILL after {})",
-                humanize(args.grace)
+                "leasehold: {why}; stopping the command ({})",
+                stop_plan(
+                    kill_at.saturating_duration_since(Instant::now()),
+                    at_deadline,
+                    args.grace
+                )
             );
             kill_group(pgid, libc::SIGTERM);
             tokio::select! {
@@ -574,7 +605,7 @@ async fn run_with(
 /// `leasehold hold NAME`: prints the token, holds until SIGINT, SIGTERM or SIGHUP,
 /// releases.
 pub async fn hold(store: Option<&str>, args: HoldArgs) -> Result<ExitCode, Failure> {
-    with_locks(store, |locks| hold_with(locks, args)).await
+    with_locks(store, "hold", |locks| hold_with(locks, args)).await
 }
 
 async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure> {
@@ -597,6 +628,34 @@ async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure
             return Ok(ExitCode::from(exit::LOST));
         }
     }
-    guard.release().await?;
+    // The lease may have ended between the signal and the release (a force-release
+    // that the watch had not yet reported): what was done under it was not protected.
+    if guard.release().await? == leasehold::Released::NotHeld {
+        eprintln!(
+            "leasehold: lock \"{}\" was no longer held when it was released (its lease had ended)",
+            args.lock.name
+        );
+        return Ok(ExitCode::from(exit::LOST));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stop_plan_says_when_sigkill_really_comes() {
+        let grace = Duration::from_secs(5);
+        let plan = stop_plan(Duration::from_millis(664), true, grace);
+        assert!(
+            plan.contains("SIGKILL in 664ms at the safe deadline"),
+            "{plan}"
+        );
+        assert!(!plan.contains("after"), "{plan}");
+        let plan = stop_plan(grace, false, grace);
+        assert!(plan.contains("SIGKILL after --grace 5s"), "{plan}");
+        let plan = stop_plan(Duration::ZERO, true, grace);
+        assert!(plan.contains("SIGKILL at once"), "{plan}");
+    }
 }

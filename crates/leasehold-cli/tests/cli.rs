@@ -552,6 +552,86 @@ fn unknown_store_scheme_is_rejected_with_64() {
 }
 
 #[test]
+fn local_store_url_with_a_host_is_rejected_with_64_and_the_spellings_that_work() {
+    let cli = Cli::new("bad-local-host");
+    let out = Out::from(
+        cli.bare(&[
+            "--store",
+            "local://srv/locks",
+            "run",
+            "k",
+            "--",
+            "touch",
+            "ran",
+        ])
+        .output()
+        .unwrap(),
+    )
+    .expect(64);
+    let said = "write local:/srv/locks or local:///srv/locks";
+    assert!(out.stderr.contains(said), "{out:?}");
+    assert!(!cli.exists("ran"), "the command ran");
+    assert!(
+        !cli.exists("srv"),
+        "a store was made at the relative path srv/locks"
+    );
+}
+
+#[test]
+fn local_store_url_with_three_slashes_is_an_absolute_directory() {
+    let cli = Cli::new("local-abs");
+    let dir = cli.work.join("abs-store");
+    let url = format!("local://{}", dir.display());
+    let (mut hold, _) = {
+        let mut cmd = cli.bare(&["--store", &url, "hold", "k"]);
+        cmd.current_dir(&cli.home);
+        let mut proc = cli.start("hold", cmd);
+        let token = proc.wait_for_line("hold to print its token");
+        (proc, token)
+    };
+    // The same lock, seen through the plain spelling from another directory.
+    let plain = format!("local:{}", dir.display());
+    let out = Out::from(
+        cli.bare(&["--store", &plain, "status", "k"])
+            .output()
+            .unwrap(),
+    );
+    assert!(out.expect(0).stdout.contains("held"));
+    hold.signal(libc::SIGTERM);
+    hold.expect_exit(0);
+}
+
+#[test]
+fn memory_store_is_refused_by_the_commands_that_share_locks_between_processes() {
+    let cli = Cli::new("memory-refused");
+    for args in [
+        &["run", "k", "--", "touch", "ran"][..],
+        &["hold", "k"],
+        &["status", "k"],
+        &["list"],
+        &["release", "--force", "k"],
+    ] {
+        let out = Out::from(
+            cli.bare(&[&["--store", "memory:"][..], args].concat())
+                .output()
+                .unwrap(),
+        );
+        let out = out.expect(64);
+        assert!(
+            out.stderr.contains("memory:") && out.stderr.contains("local:"),
+            "{args:?}: {out:?}"
+        );
+        let from_env = cli
+            .bare(args)
+            .env("LEASEHOLD_STORE", "memory:")
+            .output()
+            .unwrap();
+        Out::from(from_env).expect(64);
+    }
+    assert!(!cli.exists("ran"), "the command ran on a memory: store");
+}
+
+#[test]
 fn store_under_a_regular_file_is_rejected_with_64() {
     rejects(
         "bad-store-file",
@@ -820,9 +900,10 @@ fn corrupt_lock_state_gives_a_clear_error_and_runs_nothing() {
 }
 
 #[test]
-fn verbose_run_logs_acquire_and_release() {
+fn verbose_run_logs_acquire_and_release_and_very_verbose_each_renewal() {
     let cli = Cli::new("verbose");
-    let out = cli.run(&["-v", "run", "k", "--", "true"]).expect(0);
+    let renewing = ["run", "--ttl", "300ms", "k", "--", "sleep", "0.5"];
+    let out = cli.run(&[&["-v"][..], &renewing].concat()).expect(0);
     for event in ["acquired", "released"] {
         assert!(
             out.stderr.contains(event),
@@ -830,6 +911,9 @@ fn verbose_run_logs_acquire_and_release() {
             out.stderr
         );
     }
+    assert!(!out.stderr.contains("renewed"), "-v: {}", out.stderr);
+    let out = cli.run(&[&["-vv"][..], &renewing].concat()).expect(0);
+    assert!(out.stderr.contains("renewed"), "-vv: {}", out.stderr);
     let quiet = cli.run(&["run", "k", "--", "true"]).expect(0);
     assert!(
         quiet.stderr.is_empty(),
@@ -916,4 +1000,233 @@ fn parallel_runs_of_another_name_inside_a_run_exclude_each_other() {
     cli.run(&["run", "outer", "--", "sh", "-c", chain])
         .expect(0);
     assert!(cli.exists("reentered"));
+}
+
+// ---------------------------------------------------------------------------------------
+// One way to write durations, flags and help
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn bench_takes_durations_as_run_does_and_bare_seconds_still() {
+    let cli = Cli::new("bench-durations");
+    let help = Out::from(cli.bare(&["bench", "--help"]).output().unwrap()).expect(0);
+    for flag in [
+        "--ttl <DUR>",
+        "--wait <DUR>",
+        "--duration <DUR>",
+        "--max-seconds <DUR>",
+    ] {
+        assert!(help.stdout.contains(flag), "no {flag:?} in {}", help.stdout);
+    }
+    let bench = |extra: &[&str]| {
+        let base = ["--store", "memory:", "bench", "--json", "--workload"];
+        Out::from(cli.bare(&[&base[..], extra].concat()).output().unwrap())
+    };
+    let out = bench(&[
+        "W1",
+        "--ops",
+        "5",
+        "--ttl",
+        "500ms",
+        "--wait",
+        "2s",
+        "--max-seconds",
+        "1m",
+    ]);
+    let line: Value = serde_json::from_str(&out.expect(0).stdout).unwrap();
+    assert_eq!(line["params"]["ttl_s"], 0.5);
+    assert_eq!(line["params"]["wait_s"], 2.0);
+    let out = bench(&["W3", "--workers", "1", "--duration", "0.2", "--ttl", "1"]);
+    let line: Value = serde_json::from_str(&out.expect(0).stdout).unwrap();
+    assert_eq!(line["params"]["duration_s"], 0.2);
+    assert_eq!(line["params"]["ttl_s"], 1.0);
+    let out = bench(&["W1", "--ttl", "soon"]).expect(64);
+    assert!(out.stderr.contains("give e.g. 30s"), "{out:?}");
+}
+
+#[test]
+fn flock_short_flags_and_a_chosen_busy_exit_code() {
+    let cli = Cli::new("flock-flags");
+    let (mut holder, _) = cli.hold("holder", &["k"]);
+    // -n: no wait; -E: the busy exit code (0 to skip quietly, as with flock -E 0).
+    cli.run(&["run", "-n", "k", "--", "touch", "ran"])
+        .expect(75);
+    cli.run(&["run", "-n", "-E", "3", "k", "--", "touch", "ran"])
+        .expect(3);
+    cli.run(&["run", "-n", "-E", "0", "k", "--", "touch", "ran"])
+        .expect(0);
+    cli.run(&[
+        "run",
+        "--conflict-exit-code",
+        "9",
+        "-w",
+        "200ms",
+        "k",
+        "--",
+        "touch",
+        "ran",
+    ])
+    .expect(9);
+    cli.run(&["hold", "-n", "-E", "4", "k"]).expect(4);
+    assert!(!cli.exists("ran"), "a command ran while the lock was busy");
+    cli.run(&["run", "-E", "300", "k", "--", "true"]).expect(64);
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
+    // -s: readers hold together.
+    let (mut reader, _) = cli.hold("reader", &["-s", "r"]);
+    cli.run(&["run", "-s", "-n", "r", "--", "touch", "read"])
+        .expect(0);
+    assert!(cli.exists("read"));
+    cli.run(&["run", "-n", "r", "--", "touch", "wrote"])
+        .expect(75);
+    reader.signal(libc::SIGTERM);
+    reader.expect_exit(0);
+    let help = Out::from(cli.bare(&["run", "--help"]).output().unwrap()).expect(0);
+    for flag in [
+        "-n, --no-wait",
+        "-w, --wait",
+        "-s, --shared",
+        "-E, --conflict-exit-code",
+    ] {
+        assert!(help.stdout.contains(flag), "no {flag:?} in run --help");
+    }
+}
+
+#[test]
+fn run_without_the_double_dash_says_how_to_write_it() {
+    let cli = Cli::new("no-dashes");
+    let out = cli.run(&["run", "k", "touch", "ran"]).expect(64);
+    assert!(
+        out.stderr.contains("leasehold run [OPTIONS] NAME -- touch"),
+        "{out:?}"
+    );
+    assert!(!cli.exists("ran"));
+}
+
+#[test]
+fn the_usage_line_does_not_show_store_as_required_when_leasehold_store_is_set() {
+    let cli = Cli::new("usage-env");
+    for args in [&["run", "k"][..], &["run"], &["status"]] {
+        let out = cli
+            .bare(args)
+            .env("LEASEHOLD_STORE", &cli.store)
+            .output()
+            .unwrap();
+        let out = Out::from(out).expect(64);
+        assert!(out.stderr.contains("Usage: leasehold"), "{out:?}");
+        assert!(
+            !out.stderr.contains("--store <URL>"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    let help = cli
+        .bare(&["run", "--help"])
+        .env("LEASEHOLD_STORE", &cli.store)
+        .output()
+        .unwrap();
+    let help = Out::from(help).expect(0);
+    assert!(help.stdout.contains("LEASEHOLD_STORE"), "{}", help.stdout);
+    // The variable still chooses the store.
+    let (mut holder, _) = cli.hold("holder", &["k"]);
+    let busy = cli
+        .bare(&["run", "-n", "k", "--", "true"])
+        .env("LEASEHOLD_STORE", &cli.store)
+        .output()
+        .unwrap();
+    Out::from(busy).expect(75);
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
+}
+
+#[test]
+fn a_loss_says_when_sigkill_really_comes() {
+    let cli = Cli::new("lost-when");
+    // The command ignores SIGTERM; --grace is longer than what is left of the 1s lease
+    // when the lock is force-released, so SIGKILL comes at the safe deadline.
+    let script = "trap '' TERM; touch started; while :; do sleep 0.05; done";
+    let mut run = cli.spawn(
+        "run",
+        &[
+            "run", "--ttl", "1s", "--grace", "5s", "k", "--", "sh", "-c", script,
+        ],
+    );
+    cli.wait_file("started");
+    cli.run(&["release", "--force", "k"]).expect(0);
+    run.expect_exit(76);
+    let stderr = run.stderr();
+    assert!(stderr.contains("at the safe deadline"), "{stderr}");
+    assert!(!stderr.contains("after --grace"), "{stderr}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Completions and the manual
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn bash_completions_pass_bash_n_and_every_shell_gets_a_script() {
+    let cli = Cli::new("completions");
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = Out::from(cli.bare(&["completions", shell]).output().unwrap()).expect(0);
+        for word in ["leasehold", "conflict-exit-code", "status"] {
+            assert!(out.stdout.contains(word), "{shell}: no {word:?}");
+        }
+        fs::write(cli.path(&format!("leasehold.{shell}")), &out.stdout).unwrap();
+    }
+    let checked = cli
+        .process("bash")
+        .args(["-n", "leasehold.bash"])
+        .output()
+        .unwrap();
+    Out::from(checked).expect(0);
+    cli.run(&["completions", "tcsh"]).expect(64);
+}
+
+/// `man -l FILE` in the work directory, formatted for a plain 80-column terminal.
+fn man_page(cli: &Cli, file: &str) -> Out {
+    let out = cli
+        .process("man")
+        .args(["-l", file])
+        .env("MANPAGER", "cat")
+        .env("MANWIDTH", "80")
+        .env("LC_ALL", "C.UTF-8")
+        .output()
+        .expect("man (Debian package man-db; ./scripts/test installs it)");
+    Out::from(out).expect(0)
+}
+
+#[test]
+fn the_manual_renders_with_man_l_for_leasehold_and_each_command() {
+    let cli = Cli::new("man");
+    let page = Out::from(cli.bare(&["man"]).output().unwrap()).expect(0);
+    fs::write(cli.path("leasehold.1"), &page.stdout).unwrap();
+    let shown = man_page(&cli, "leasehold.1").stdout;
+    for part in [
+        "NAME",
+        "SYNOPSIS",
+        "leasehold-run(1)",
+        "Exit status",
+        "--store",
+    ] {
+        assert!(
+            shown.contains(part),
+            "no {part:?} in leasehold(1):\n{shown}"
+        );
+    }
+    let run = Out::from(cli.bare(&["man", "run"]).output().unwrap()).expect(0);
+    fs::write(cli.path("leasehold-run.1"), &run.stdout).unwrap();
+    let shown = man_page(&cli, "leasehold-run.1").stdout;
+    for part in [
+        "leasehold-run",
+        "--conflict-exit-code",
+        "--grace",
+        "LEASEHOLD_TOKEN",
+    ] {
+        assert!(
+            shown.contains(part),
+            "no {part:?} in leasehold-run(1):\n{shown}"
+        );
+    }
+    let out = cli.run(&["man", "torture-worker"]).expect(64);
+    assert!(out.stderr.contains("run, hold, status"), "{out:?}");
 }

@@ -61,12 +61,12 @@ async fn run(
                 leasehold::store::Attempt::Granted(_) => {}
                 _ => return Err("busy".into()),
             }
-            store.release(&req.lease()).await?;
+            let _ = store.release(&req.lease()).await?;
             continue;
         }
         if mode == "leasehold" {
             let guard = lock.try_lock().await?.ok_or("the lock was busy")?;
-            guard.release().await?;
+            let _ = guard.release().await?;
             continue;
         }
         let token = format!("w0-{i}");

@@ -65,6 +65,15 @@ impl FenceGate {
     }
 
     /// Admits `token` if it is ≥ every token admitted before, and remembers it.
+    ///
+    /// `#[must_use]`: `false` is the gate refusing a stale holder, and a write made
+    /// anyway is the one fencing exists to stop.
+    ///
+    /// ```compile_fail
+    /// #![deny(unused_must_use)]
+    /// leasehold::FenceGate::new().admit(leasehold::FencingToken(1));
+    /// ```
+    #[must_use = "false means a newer holder has been admitted: do not write"]
     pub fn admit(&self, token: FencingToken) -> bool {
         self.highest.fetch_max(token.0, Ordering::AcqRel) <= token.0
     }

@@ -18,13 +18,48 @@ use crate::{Error, FencingToken, LockName, Result};
 /// Release it with [`release`](Self::release). Dropping it stops the renewal and makes a
 /// best-effort release on the current tokio runtime, if there is one; the only promise
 /// is that the lease then expires within its TTL.
+///
+/// Its `Debug` form is one short line for logs: name, token, owner, kind, holds, and how
+/// long the lock is provably held (or why it is lost).
 #[must_use = "the lock is released (best effort) as soon as the guard is dropped"]
-#[derive(Debug)]
 pub struct LockGuard {
     held: Option<Held>,
 }
 
-#[derive(Debug)]
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(held) = &self.held else {
+            return f.write_str("LockGuard { ended }");
+        };
+        let mut out = f.debug_struct("LockGuard");
+        out.field("name", &held.line.lease.name)
+            .field("token", &held.token.0)
+            .field("owner", &held.owner)
+            .field("kind", &held.kind)
+            .field("holds", &held.holds);
+        let status = held.status.borrow();
+        let now = Instant::now();
+        match &status.lost {
+            Some(reason) => out.field("lost", reason),
+            None if now >= status.valid_until => out.field(
+                "lost",
+                &format_args!(
+                    "safe deadline passed {} ago",
+                    humanize(now - status.valid_until)
+                ),
+            ),
+            None => out.field(
+                "valid_for",
+                &format_args!("{}", humanize(status.valid_until - now)),
+            ),
+        };
+        if status.failing {
+            out.field("renewal_failing", &true);
+        }
+        out.finish()
+    }
+}
+
 struct Held {
     line: Arc<Lifeline>,
     status: watch::Receiver<Status>,
@@ -267,7 +302,7 @@ impl LockGuard {
         held.line.close();
         tokio::task::consume_budget().await;
         let released = release(held.line.clone(), held.turn, &held.tasks).await?;
-        tracing::info!(
+        tracing::debug!(
             lock = %held.line.lease.name,
             token = held.token.0,
             held = ?held.acquired.elapsed(),

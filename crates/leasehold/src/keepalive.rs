@@ -88,9 +88,10 @@ impl Lifeline {
             if s.lost.is_some() {
                 return false;
             }
-            // Info, not warn: the guard's owner hears of it from `lost()` and `check()`, and
-            // says it in its own words (the CLI does).
-            tracing::info!(lock = %self.lease.name, reason, "lock lost");
+            // Debug, not warn: the guard's owner hears of it from `lost()`, `check()` and
+            // `release()`, and says it in its own words (the CLI does); the failing
+            // renewals that can lead here are warned of as they happen.
+            tracing::debug!(lock = %self.lease.name, reason, "lock lost");
             s.lost = Some(reason.to_string());
             true
         });
@@ -120,7 +121,7 @@ impl Lifeline {
                         s.failing = false;
                     }
                 });
-                tracing::debug!(lock = %self.lease.name, ttl = ?ttl, "renewed");
+                tracing::trace!(lock = %self.lease.name, ttl = ?ttl, "renewed");
                 Ok(Renewal::Renewed)
             }
             Ok(Ok(Renewal::Lost)) => {

@@ -3,7 +3,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
 //! use std::time::Duration;
-//! use leasehold::{Leasehold, MemoryStore};
+//! use leasehold::{Leasehold, MemoryStore, Released};
 //!
 //! let locks = Leasehold::new(MemoryStore::new());
 //! let guard = locks
@@ -19,7 +19,8 @@
 //! }
 //! let token = guard.check()?; // fails once the lock can no longer be proven held
 //! assert_eq!(token.get(), 1);
-//! guard.release().await?;
+//! // NotHeld: the lease ended before the release, so the last work was not protected.
+//! assert_eq!(guard.release().await?, Released::Released);
 //! # Ok(()) }
 //! ```
 //!
@@ -36,8 +37,9 @@
 //!   anyone else.
 //! - Re-entry by owner id ([`Lock::with_owner`]), fair and non-fair modes, semaphores
 //!   ([`Leasehold::semaphore`]), read-write locks ([`Leasehold::read`],
-//!   [`Leasehold::write`]), [`Leasehold::describe`], [`Leasehold::list`],
-//!   [`Leasehold::force_release`].
+//!   [`Leasehold::write`]; a mutex is the write side of its name's read-write lock, so
+//!   `mutex(n)` and `write(n)` are the same lock), [`Leasehold::describe`],
+//!   [`Leasehold::list`], [`Leasehold::force_release`].
 //!
 //! # The lock rules
 //! Every store gives the same answer to the same request (one decision table in the
@@ -131,7 +133,7 @@ pub use guard::{Deadlines, LockGuard, LostSignal};
 pub use local::LocalStore;
 pub use lock::{Leasehold, Lock};
 pub use memory::MemoryStore;
-pub use name::{LockName, MAX_NAME_LEN};
+pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;

@@ -16,21 +16,23 @@ use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Renewal, Requester,
     Store,
 };
-use crate::{Error, LockName, Result};
+use crate::{Error, IntoLockName, LockName, Result};
 
 /// A store plus this process's identity: makes lock handles.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
 /// use std::time::Duration;
-/// use leasehold::{Leasehold, MemoryStore};
+/// use leasehold::{Leasehold, MemoryStore, Released};
 ///
 /// let locks = Leasehold::new(MemoryStore::new());
 /// let nightly = locks.mutex("nightly")?.with_ttl(Duration::from_secs(30));
 /// if let Some(guard) = nightly.try_lock().await? {
 ///     let token = guard.check()?;      // send it with every write the lock protects
 ///     println!("running the nightly job with fencing token {token}");
-///     guard.release().await?;
+///     if guard.release().await? == Released::NotHeld {
+///         eprintln!("the lease ended before the job did: its last writes were unprotected");
+///     }
 /// }
 /// # Ok(()) }
 /// ```
@@ -86,8 +88,12 @@ impl Leasehold {
     /// ends. Guards that still live are left alone. The locks stay usable; a later call
     /// waits for what they leave behind after this one.
     ///
+    /// `#[must_use]`: `false` means some of that work had not finished, so a lock may
+    /// stay held until its lease ends; say so, or ignore it with `let _ =`.
+    ///
     /// # Cancel safety
     /// Cancel-safe: it only waits; the work goes on in the background.
+    #[must_use = "false: some releases had not reached the store; those locks end with their leases"]
     pub async fn shutdown(&self, patience: Duration) -> bool {
         self.tasks.close();
         tokio::time::timeout(patience, self.tasks.wait())
@@ -117,40 +123,41 @@ impl Leasehold {
     }
 
     /// A mutex: one holder at a time.
-    pub fn mutex<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.try_into()?, LockKind::Exclusive))
+    ///
+    /// `mutex(name)` and [`write(name)`](Self::write) are the same lock: a mutex is the
+    /// write side of the read-write lock of its name, so a mutex holder excludes
+    /// [`read`](Self::read) holders of the name, and a holder taken with one is re-entered
+    /// (with the same owner) or waited for through the other.
+    pub fn mutex<N: IntoLockName>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.into_lock_name()?, LockKind::Exclusive))
     }
 
     /// A semaphore: at most `permits` holders at a time, each with its own lease and token.
     /// Everyone using the name must pass the same `permits`.
-    pub fn semaphore<N: TryInto<LockName, Error = Error>>(
-        &self,
-        name: N,
-        permits: u32,
-    ) -> Result<Lock> {
+    pub fn semaphore<N: IntoLockName>(&self, name: N, permits: u32) -> Result<Lock> {
         let permits = check_permits(permits)?;
-        Ok(self.handle(name.try_into()?, LockKind::Permit { permits }))
+        Ok(self.handle(name.into_lock_name()?, LockKind::Permit { permits }))
     }
 
     /// The read side of a read-write lock: many readers together, never with a writer.
     /// A waiting writer is not passed by readers that arrive after it.
-    pub fn read<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.try_into()?, LockKind::Shared))
+    pub fn read<N: IntoLockName>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.into_lock_name()?, LockKind::Shared))
     }
 
     /// The write side of a read-write lock: one writer, no readers.
-    pub fn write<N: TryInto<LockName, Error = Error>>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.try_into()?, LockKind::Exclusive))
+    ///
+    /// The same lock as [`mutex(name)`](Self::mutex): a writer and a mutex holder of one
+    /// name exclude each other as two writers do.
+    pub fn write<N: IntoLockName>(&self, name: N) -> Result<Lock> {
+        Ok(self.handle(name.into_lock_name()?, LockKind::Exclusive))
     }
 
     /// Holders and waiters of one lock. Tasks of this process that wait behind another
     /// of its tasks (see [`Lock::lock`]) are listed after the store's waiters; other
     /// processes see only the one of them that the store queues.
-    pub async fn describe<N: TryInto<LockName, Error = Error>>(
-        &self,
-        name: N,
-    ) -> Result<LockState> {
-        let name = name.try_into()?;
+    pub async fn describe<N: IntoLockName>(&self, name: N) -> Result<LockState> {
+        let name = name.into_lock_name()?;
         let mut state = self.store.describe(&name).await?;
         state.waiters.extend(self.gates.waiting(&name));
         Ok(state)
@@ -170,13 +177,10 @@ impl Leasehold {
 
     /// Frees a lock whoever holds it; the holders' guards report it lost. Returns whether
     /// it was held.
-    pub async fn force_release<N: TryInto<LockName, Error = Error>>(
-        &self,
-        name: N,
-    ) -> Result<bool> {
-        let name = name.try_into()?;
+    pub async fn force_release<N: IntoLockName>(&self, name: N) -> Result<bool> {
+        let name = name.into_lock_name()?;
         let held = self.store.force_release(&name).await?;
-        tracing::info!(lock = %name, held, "force-released");
+        tracing::debug!(lock = %name, held, "force-released");
         Ok(held)
     }
 }
@@ -324,7 +328,7 @@ impl Lock {
 
     async fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let mut req = self.request(!matches!(wait, Wait::No))?;
-        let span = tracing::info_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
+        let span = tracing::debug_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
         async {
             let gated = self.kind == LockKind::Exclusive
                 && self.owner.is_none()
@@ -365,7 +369,7 @@ impl Lock {
 
     /// The guard of a granted acquisition whose request was sent at `sent`.
     fn guard(&self, req: &AcquireRequest, grant: Grant, sent: Instant) -> LockGuard {
-        tracing::info!(token = grant.token.0, holds = grant.holds, "acquired");
+        tracing::debug!(token = grant.token.0, holds = grant.holds, "acquired");
         let granted = grant.lease.unwrap_or(req.ttl);
         let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl, granted);
         LockGuard::start(
@@ -551,7 +555,7 @@ impl Lock {
             if let Some(on_wait) = &self.on_wait {
                 on_wait(&busy);
             }
-            tracing::debug!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
+            tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
             // Try again when the store signals a change, or when a holder's lease (or a
             // waiter ahead) can have expired, or in time to refresh our own waiter lease.
             let refresh = waiter_lease(req.ttl) / 2;

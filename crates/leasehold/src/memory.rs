@@ -25,7 +25,7 @@ use crate::{Error, LockName, Result};
 /// let locks = Leasehold::new(MemoryStore::new());
 /// let guard = locks.mutex("nightly")?.lock().await?;
 /// assert!(locks.mutex("nightly")?.try_lock().await?.is_none());
-/// guard.release().await?;
+/// let _ = guard.release().await?; // Released::NotHeld would say the lease had ended first
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug, Default)]

@@ -68,6 +68,64 @@ impl fmt::Debug for LockName {
     }
 }
 
+/// What a lock name can be given as: `&str`, `String`, `&String`, `Cow<str>`, or a
+/// [`LockName`] (owned or borrowed, kept as it is: it was validated when it was made).
+/// [`Leasehold::mutex`](crate::Leasehold::mutex) and the other methods that take a name
+/// take any of these.
+///
+/// ```
+/// # fn main() -> leasehold::Result<()> {
+/// use leasehold::{Leasehold, LockName, MemoryStore};
+/// let locks = Leasehold::new(MemoryStore::new());
+/// let name = format!("tenant:{}:migrate", 42);
+/// locks.mutex(&name)?;
+/// locks.mutex(name.clone())?;
+/// let checked = LockName::new(name)?;
+/// locks.write(&checked)?;
+/// locks.read(checked)?;
+/// # Ok(()) }
+/// ```
+pub trait IntoLockName {
+    /// The validated name; [`Error::InvalidName`] if it breaks a rule of [`LockName`].
+    fn into_lock_name(self) -> Result<LockName>;
+}
+
+impl IntoLockName for LockName {
+    fn into_lock_name(self) -> Result<LockName> {
+        Ok(self)
+    }
+}
+
+impl IntoLockName for &LockName {
+    fn into_lock_name(self) -> Result<LockName> {
+        Ok(self.clone())
+    }
+}
+
+impl IntoLockName for &str {
+    fn into_lock_name(self) -> Result<LockName> {
+        LockName::new(self)
+    }
+}
+
+impl IntoLockName for String {
+    fn into_lock_name(self) -> Result<LockName> {
+        LockName::new(self)
+    }
+}
+
+impl IntoLockName for &String {
+    fn into_lock_name(self) -> Result<LockName> {
+        LockName::new(self.as_str())
+    }
+}
+
+impl IntoLockName for std::borrow::Cow<'_, str> {
+    fn into_lock_name(self) -> Result<LockName> {
+        LockName::new(self)
+    }
+}
+
 impl TryFrom<&str> for LockName {
     type Error = Error;
     fn try_from(name: &str) -> Result<Self> {

@@ -206,6 +206,30 @@ pub enum Renewal {
 }
 
 /// The answer to a release. Releasing twice is not an error.
+///
+/// `#[must_use]`: [`NotHeld`](Released::NotHeld) from [`LockGuard::release`] says the lease
+/// had ended before the release, so the work done since its safe deadline was not
+/// protected by the lock. Look at it (`if guard.release().await? == Released::NotHeld`),
+/// or say that it does not matter with `let _ =`:
+///
+/// ```
+/// #![deny(unused_must_use)]
+/// # async fn job(guard: leasehold::LockGuard) -> leasehold::Result<()> {
+/// let _ = guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// Dropping it unlooked-at is a warning (an error here):
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # async fn job(guard: leasehold::LockGuard) -> leasehold::Result<()> {
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// [`LockGuard::release`]: crate::LockGuard::release
+#[must_use = "NotHeld means the lease had ended first: the work since its safe deadline was not protected"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Released {
     /// This acquisition's hold was removed (the lock is free if it was the last hold).

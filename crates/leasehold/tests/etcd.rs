@@ -70,7 +70,7 @@ async fn a_waiter_waits_on_a_short_lease_and_holds_on_the_full_ttl() {
     assert_eq!(granted_ttl(&server, leases[0]), 30, "the holder's lease");
     let short = leasehold::store::MAX_WAITER_LEASE.as_secs() as i64;
     assert_eq!(granted_ttl(&server, leases[1]), short, "the waiter's lease");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let guard = within("the hand-over", waiter).await.unwrap().unwrap();
     let left = guard.valid_until() - Instant::now();
     assert!(
@@ -84,7 +84,7 @@ async fn a_waiter_waits_on_a_short_lease_and_holds_on_the_full_ttl() {
         30,
         "the new holder's lease"
     );
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
     assert!(queue_leases(&server).is_empty());
 }
 
@@ -121,7 +121,7 @@ async fn a_waiter_whose_own_lease_ends_stops_with_a_clear_error() {
         other => panic!("expected WaitEnded, got {other:?}"),
     }
     assert!(holder.check().is_ok());
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,7 +164,7 @@ async fn non_fair_waiters_exclude_each_other() {
                 last = guard.token().get();
                 tokio::task::yield_now().await;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                guard.release().await.unwrap();
+                let _ = guard.release().await.unwrap();
             }
         }));
     }
@@ -190,12 +190,12 @@ async fn a_non_fair_writer_waits_in_the_queue_and_readers_do_not_pass_it() {
         later.try_lock().await.unwrap().is_none(),
         "a reader passed a waiting writer"
     );
-    held.release().await.unwrap();
+    let _ = held.release().await.unwrap();
     let guard = within("the writer to hold", waiting)
         .await
         .unwrap()
         .unwrap();
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 /// Two waiting requests of one owner each have a place in the queue (`describe` shows
@@ -230,7 +230,7 @@ async fn an_owner_waiting_twice_has_two_places_and_the_second_re_enters() {
         waiters.iter().map(|w| w.owner.as_str()).collect::<Vec<_>>() == ["me", "x", "me"]
     })
     .await;
-    held.release().await.unwrap();
+    let _ = held.release().await.unwrap();
     let outer = within("the owner to hold", first).await.unwrap().unwrap();
     let inner = within("the second to re-enter", second)
         .await
@@ -241,10 +241,10 @@ async fn an_owner_waiting_twice_has_two_places_and_the_second_re_enters() {
     let state = locks.describe("k").await.unwrap();
     assert_eq!(state.holders[0].holds, 2);
     assert_eq!(state.waiters.len(), 1, "x still waits");
-    inner.release().await.unwrap();
-    outer.release().await.unwrap();
+    let _ = inner.release().await.unwrap();
+    let _ = outer.release().await.unwrap();
     let x = within("x to hold", between).await.unwrap().unwrap();
-    x.release().await.unwrap();
+    let _ = x.release().await.unwrap();
 }
 
 /// `extend` past the lease etcd granted moves the key to a longer lease: the token stays,
@@ -265,7 +265,7 @@ async fn extend_beyond_the_granted_lease_keeps_the_token() {
     let state = locks.describe("k").await.unwrap();
     assert_eq!(state.holders[0].token, token);
     assert!(state.holders[0].lease_left > Duration::from_secs(20));
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 /// An owner that joined behind another holder (its key carries an owner marker) re-enters
@@ -283,13 +283,13 @@ async fn an_owner_that_queued_behind_another_re_enters() {
         locks.describe("k").await.unwrap().waiters.len() == 1
     })
     .await;
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     let outer = within("the owner to hold", queued).await.unwrap().unwrap();
     let inner = within("the re-entry", mine.lock()).await.unwrap();
     assert_eq!(inner.token(), outer.token());
     assert_eq!(inner.holds(), 2);
-    inner.release().await.unwrap();
-    outer.release().await.unwrap();
+    let _ = inner.release().await.unwrap();
+    let _ = outer.release().await.unwrap();
     let state = locks.describe("k").await.unwrap();
     assert!(state.holders.is_empty() && state.waiters.is_empty());
     let left = tokio::task::block_in_place(|| {
@@ -327,10 +327,10 @@ async fn a_waiter_moves_off_a_paused_member() {
     })
     .await;
     cluster.members[0].pause();
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let guard = within("the waiter to hold", waiter).await.unwrap().unwrap();
     assert!(guard.check().is_ok());
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
     cluster.members[0].resume();
 }
 
@@ -365,7 +365,7 @@ async fn a_short_lease_is_renewed_through_another_member_while_its_member_is_pau
     .await;
     assert!(guard.check().is_ok(), "{:?}", guard.check());
     cluster.members[first].resume();
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 /// A holder cut off from etcd while its lock was force-released through another member
@@ -424,7 +424,7 @@ async fn a_leaked_re_entry_ends_at_its_own_ttl_after_its_owner_releases() {
     assert_eq!((inner.holds(), inner.token()), (2, first.token()));
     let leaked_at = Instant::now();
     let _lease = inner.leak();
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     let state = locks.describe(name).await.unwrap();
     assert_eq!(state.holders.len(), 1, "the leaked re-entry still holds");
     assert_eq!(state.holders[0].holds, 1);
@@ -432,7 +432,7 @@ async fn a_leaked_re_entry_ends_at_its_own_ttl_after_its_owner_releases() {
     let other = locks.mutex(name).unwrap().with_owner("other");
     loop {
         if let Some(guard) = other.try_lock().await.unwrap() {
-            guard.release().await.unwrap();
+            let _ = guard.release().await.unwrap();
             break;
         }
         assert!(
@@ -482,13 +482,13 @@ async fn a_leaked_re_entry_expires_while_its_owner_holds_on() {
     first.check().unwrap();
     let busy = locks.mutex(name).unwrap().with_owner("other");
     assert!(busy.try_lock().await.unwrap().is_none(), "still held");
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     let free = busy
         .try_lock()
         .await
         .unwrap()
         .expect("free after the last release");
-    free.release().await.unwrap();
+    let _ = free.release().await.unwrap();
 }
 
 /// Releasing the hold whose lease carries the queue key keeps the lock for the owner's
@@ -512,7 +512,7 @@ async fn a_re_entry_keeps_the_lock_after_its_first_hold_is_released() {
         .unwrap()
         .unwrap();
     let released_at = Instant::now();
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     // Renewed on its own lease past the end of the first hold's.
     let past = released_at + ttl + ETCD_LEASE_SLACK;
     eventually(
@@ -530,13 +530,13 @@ async fn a_re_entry_keeps_the_lock_after_its_first_hold_is_released() {
     );
     let busy = locks.mutex(name).unwrap().with_owner("other");
     assert!(busy.try_lock().await.unwrap().is_none(), "still held");
-    inner.release().await.unwrap();
+    let _ = inner.release().await.unwrap();
     let free = busy
         .try_lock()
         .await
         .unwrap()
         .expect("free after the last release");
-    free.release().await.unwrap();
+    let _ = free.release().await.unwrap();
     let left = tokio::task::block_in_place(|| {
         server.etcdctl(&["get", "--prefix", "leasehold", "--keys-only"])
     });
@@ -556,12 +556,12 @@ async fn a_re_entry_after_a_released_re_entry_counts_both_holds() {
         .unwrap()
         .unwrap();
     assert_eq!(second.holds(), 2);
-    second.release().await.unwrap();
+    let _ = second.release().await.unwrap();
     let third = lock.try_lock().await.unwrap().unwrap();
     assert_eq!((third.holds(), third.token()), (2, first.token()));
     assert_eq!(locks.describe(name).await.unwrap().holders[0].holds, 2);
-    third.release().await.unwrap();
-    first.release().await.unwrap();
+    let _ = third.release().await.unwrap();
+    let _ = first.release().await.unwrap();
 }
 
 /// The first hold released while a re-entry holds on, the owner re-enters again: the
@@ -578,7 +578,7 @@ async fn a_re_entry_after_the_first_hold_is_released_counts_both_holds() {
         .await
         .unwrap()
         .unwrap();
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     let third = lock
         .try_lock_for(Duration::from_millis(100))
         .await
@@ -586,7 +586,7 @@ async fn a_re_entry_after_the_first_hold_is_released_counts_both_holds() {
         .unwrap();
     assert_eq!((third.holds(), third.token()), (2, second.token()));
     assert_eq!(locks.describe(name).await.unwrap().holders[0].holds, 2);
-    third.release().await.unwrap();
-    second.release().await.unwrap();
+    let _ = third.release().await.unwrap();
+    let _ = second.release().await.unwrap();
     assert!(locks.describe(name).await.unwrap().holders.is_empty());
 }

@@ -11,7 +11,7 @@ async fn tokens_continue_after_the_store_is_reopened() {
     let first = Leasehold::new(LocalStore::open(dir.path()).unwrap());
     let g = first.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
     let token = g.token();
-    g.release().await.unwrap();
+    let _ = g.release().await.unwrap();
     drop(first);
 
     let reopened = Leasehold::new(LocalStore::open(dir.path()).unwrap());
@@ -27,7 +27,7 @@ async fn tokens_continue_after_the_store_is_reopened() {
         "token {} after {token} from before the reopen",
         g.token()
     );
-    g.release().await.unwrap();
+    let _ = g.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -38,11 +38,11 @@ async fn two_stores_on_one_directory_exclude_each_other() {
     let held = a.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
     assert!(b.mutex("k").unwrap().try_lock().await.unwrap().is_none());
     let waiting = tokio::spawn(async move { b.mutex("k").unwrap().lock().await.unwrap() });
-    held.release().await.unwrap();
+    let _ = held.release().await.unwrap();
     let next = leasehold::conformance::within("the other store's waiter", waiting)
         .await
         .unwrap();
-    next.release().await.unwrap();
+    let _ = next.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -84,7 +84,7 @@ async fn names_of_any_characters_and_length_get_their_own_files() {
         );
     }
     for g in guards {
-        g.release().await.unwrap();
+        let _ = g.release().await.unwrap();
     }
 }
 
@@ -97,13 +97,13 @@ async fn tokens_rise_after_the_lock_file_is_lost() {
     let lock = locks.mutex("k").unwrap();
     let g = lock.try_lock().await.unwrap().unwrap();
     let before = g.token();
-    g.release().await.unwrap();
+    let _ = g.release().await.unwrap();
     drop(locks);
     std::fs::remove_file(dir.path().join("locks/k.lock")).unwrap();
     let locks = Leasehold::new(LocalStore::open(dir.path()).unwrap());
     let g = locks.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
     assert!(g.token() > before, "{} after {before}", g.token());
-    g.release().await.unwrap();
+    let _ = g.release().await.unwrap();
 }
 
 /// A stranger holds the lock file's `flock`: a bounded wait fails after one store call's
@@ -116,11 +116,23 @@ async fn a_wait_that_a_stuck_file_lock_ends_leaves_nothing_to_undo() {
     let dir = TempDir::new("local-stuck");
     let locks = Leasehold::new(LocalStore::open(dir.path()).unwrap());
     let lock = locks.mutex("k").unwrap();
-    lock.try_lock().await.unwrap().unwrap().release().await.unwrap();
+    let _ = lock
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let stranger = std::fs::File::open(dir.path().join("locks/k.lock")).unwrap();
     // SAFETY: a valid fd; the lock goes with the file.
-    assert_eq!(unsafe { libc::flock(stranger.as_raw_fd(), libc::LOCK_EX) }, 0);
-    let failed = lock.try_lock_for(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        unsafe { libc::flock(stranger.as_raw_fd(), libc::LOCK_EX) },
+        0
+    );
+    let failed = lock
+        .try_lock_for(std::time::Duration::from_millis(500))
+        .await;
     assert!(
         matches!(failed, Err(leasehold::Error::Unavailable { .. })),
         "{failed:?}"

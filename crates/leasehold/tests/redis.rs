@@ -41,7 +41,7 @@ async fn guard_fires_lost_when_the_server_stays_away_past_its_deadline() {
         .await
         .unwrap();
     assert!(next.token() > guard.token());
-    next.release().await.unwrap();
+    let _ = next.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +75,7 @@ async fn many_waiters_of_one_client_share_its_single_subscription() {
         subscribers, 1,
         "one subscription connection per client:\n{clients}"
     );
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     leasehold::conformance::join_all("every waiter", waiters).await;
 }
 
@@ -89,7 +89,8 @@ async fn a_grant_that_arrives_after_its_deadline_is_confirmed_before_it_is_retur
     let ttl = Duration::from_millis(300);
     let lock = locks.mutex("late").unwrap().with_ttl(ttl);
     // Scripts loaded and connections up, so the next attempt is one request.
-    lock.try_lock()
+    let _ = lock
+        .try_lock()
         .await
         .unwrap()
         .unwrap()
@@ -113,7 +114,7 @@ async fn a_grant_that_arrives_after_its_deadline_is_confirmed_before_it_is_retur
         .expect("nobody else wanted the lock");
     assert!(guard.check().is_ok(), "returned already lost");
     assert!(guard.valid_until() > Instant::now());
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 /// Tasks of one process wait for a fair lock in the process, behind the one of them that
@@ -139,7 +140,7 @@ async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
         waiters.push(tokio::spawn(async move {
             let guard = lock.lock().await.unwrap();
             order.lock().unwrap().push(who);
-            guard.release().await.unwrap();
+            let _ = guard.release().await.unwrap();
         }));
         eventually("the waiter to arrive", || async {
             here.describe("k").await.unwrap().waiters.len() == i + 1
@@ -160,7 +161,7 @@ async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
         1,
         "only one of this process's tasks is in the store's queue"
     );
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     leasehold::conformance::join_all("every waiter", waiters).await;
     assert_eq!(*order.lock().unwrap(), ["here-1", "elsewhere", "here-2"]);
 }
@@ -193,7 +194,7 @@ async fn a_fair_task_that_gets_its_gate_s_turn_from_a_cancelled_one_keeps_its_ar
         waiters.push(tokio::spawn(async move {
             let guard = lock.lock().await.unwrap();
             order.lock().unwrap().push(who);
-            guard.release().await.unwrap();
+            let _ = guard.release().await.unwrap();
         }));
         eventually("the waiter to arrive", || async {
             here.describe("k").await.unwrap().waiters.len() == i + 1
@@ -211,7 +212,7 @@ async fn a_fair_task_that_gets_its_gate_s_turn_from_a_cancelled_one_keeps_its_ar
         queued.unwrap().waiters.len() == 2
     })
     .await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     leasehold::conformance::join_all("every waiter", waiters).await;
     assert_eq!(*order.lock().unwrap(), ["here-2", "elsewhere"]);
 }
@@ -268,11 +269,11 @@ async fn a_lock_moves_between_its_hold_key_and_its_record_and_tokens_keep_rising
     assert!(state.holders[0].lease_left > Duration::ZERO);
 
     let first_token = first.token();
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     let second = within("the waiter's grant", waiter).await.unwrap().unwrap();
     let second_token = second.token();
     assert!(second_token > first_token);
-    second.release().await.unwrap();
+    let _ = second.release().await.unwrap();
     assert_eq!(keys_of(&server, "k"), [token]);
     assert_eq!(here.describe("k").await.unwrap().last_token, second_token);
 
@@ -285,7 +286,7 @@ async fn a_lock_moves_between_its_hold_key_and_its_record_and_tokens_keep_rising
     let fourth = elsewhere.mutex("k").unwrap().try_lock().await.unwrap();
     let fourth = fourth.expect("forced free");
     assert!(fourth.token() > third.token());
-    fourth.release().await.unwrap();
+    let _ = fourth.release().await.unwrap();
 }
 
 /// A lock written by the one-key layout (the record alone, no token counter) goes on
@@ -408,8 +409,8 @@ async fn tokens_so_far(locks: &Leasehold) -> [u64; 2] {
         let permit = sem.try_lock().await.unwrap().unwrap();
         assert!(mutex.token().get() > last[0] && permit.token().get() > last[1]);
         last = [mutex.token().get(), permit.token().get()];
-        mutex.release().await.unwrap();
-        permit.release().await.unwrap();
+        let _ = mutex.release().await.unwrap();
+        let _ = permit.release().await.unwrap();
     }
     last
 }
@@ -421,7 +422,7 @@ async fn tokens_rise_across_a_wipe(url: &str, wipe: impl FnOnce()) {
     let locks = Leasehold::new(RedisStore::connect(url).await.unwrap());
     let before = tokens_so_far(&locks).await;
     wipe();
-    within("the store to answer again", async {
+    let _ = within("the store to answer again", async {
         // The client reconnects after a restart.
         loop {
             match locks.mutex("forgotten").unwrap().try_lock().await {
@@ -549,7 +550,7 @@ async fn polling_lost_again_and_again_asks_the_store_once() {
     }
     let asked = scripts_run(&server) - before;
     assert!(asked <= 2, "{asked} scripts for 200 polls of lost()");
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 /// A non-fair waiter whose process died stays at the head of the queue until its waiter
@@ -582,9 +583,9 @@ async fn a_live_non_fair_waiter_behind_a_dead_one_is_woken_at_the_release() {
         async move { lock.lock().await }
     });
     eventually("w2 to queue behind w1", || async { waiters().await == 2 }).await;
-    holder.release().await.unwrap();
+    assert_eq!(holder.release().await.unwrap(), Released::Released);
     // Its own next look would come a quarter of a waiter lease or more later.
     let next = tokio::time::timeout(Duration::from_secs(1), w2).await;
     let next = next.expect("w2 is woken at the release");
-    next.unwrap().unwrap().release().await.unwrap();
+    let _ = next.unwrap().unwrap().release().await.unwrap();
 }

@@ -219,7 +219,7 @@ pub async fn mutual_exclusion(store: Arc<dyn Store>) {
                 tokio::task::yield_now().await;
                 counter.store(seen + 1, Ordering::SeqCst);
                 inside.fetch_sub(1, Ordering::SeqCst);
-                guard.release().await.unwrap();
+                let _ = guard.release().await.unwrap();
             }
         }));
     }
@@ -248,7 +248,7 @@ pub async fn drop_releases(store: Arc<dyn Store>) {
     let next = within("the waiter after a dropped guard", waiter)
         .await
         .unwrap();
-    next.release().await.unwrap();
+    let _ = next.release().await.unwrap();
 }
 
 /// `try_lock` never waits; bounded waits give up and leave no trace in the queue.
@@ -282,14 +282,14 @@ pub async fn try_and_bounded_waits(store: Arc<dyn Store>) {
         state.waiters.is_empty(),
         "a waiter that gave up is still queued: {state:?}"
     );
-    held.release().await.unwrap();
+    let _ = held.release().await.unwrap();
     let again = within(
         "a bounded wait on a free lock",
         lock.try_lock_for(Duration::from_secs(5)),
     )
     .await
     .unwrap();
-    again
+    let _ = again
         .expect("free lock within a bounded wait")
         .release()
         .await
@@ -315,7 +315,7 @@ pub async fn expiry_after_holder_dies(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(next.token() > dead_token);
-    next.release().await.unwrap();
+    let _ = next.release().await.unwrap();
 }
 
 /// Renewal keeps a lock held across several TTLs.
@@ -380,7 +380,7 @@ pub async fn lost_fires_before_takeover(store: Arc<dyn Store>) {
     assert!(guard.valid_until() <= Instant::now());
     assert!(next.token() > guard.token());
     assert_eq!(guard.release().await.unwrap(), Released::NotHeld);
-    next.release().await.unwrap();
+    let _ = next.release().await.unwrap();
 }
 
 /// A release the store did not get (the link was down) is sent again once the store can
@@ -410,7 +410,7 @@ pub async fn missed_release_is_sent_again(store: Arc<dyn Store>) {
     .unwrap();
     let taken = next.token();
     assert!(taken > token);
-    next.release().await.unwrap();
+    let _ = next.release().await.unwrap();
     let again = lock.try_lock().await.unwrap().unwrap();
     assert!(again.token() > taken, "re-entered a hold left behind");
     assert_eq!(again.holds(), 1);
@@ -434,14 +434,14 @@ pub async fn missed_release_is_sent_again(store: Arc<dyn Store>) {
     })
     .await;
     partition.heal();
-    again.release().await.unwrap();
+    let _ = again.release().await.unwrap();
     let last = within(
         "the lock past the cancelled waiter's place",
         other.mutex(name.as_str()).unwrap().with_fair(true).lock(),
     )
     .await
     .unwrap();
-    last.release().await.unwrap();
+    let _ = last.release().await.unwrap();
 }
 
 /// A guard renews again once its store is back from `restart` (a restart well within the
@@ -464,7 +464,7 @@ pub async fn renews_again_after_a_restart(
     .await;
     assert!(guard.check().is_ok());
     assert!(lock.try_lock().await.unwrap().is_none(), "taken meanwhile");
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 /// Tokens strictly increase across holders; re-entry keeps the token and counts holds;
@@ -483,7 +483,7 @@ pub async fn tokens_and_reentry(store: Arc<dyn Store>) {
             .unwrap();
         assert!(g.token().get() > last, "token did not increase");
         last = g.token().get();
-        g.release().await.unwrap();
+        let _ = g.release().await.unwrap();
     }
     let mine = locks.mutex(name.as_str()).unwrap().with_owner("worker-7");
     let first = mine.try_lock().await.unwrap().unwrap();
@@ -508,7 +508,7 @@ pub async fn tokens_and_reentry(store: Arc<dyn Store>) {
         .unwrap()
         .expect("free after the last hold");
     assert!(g.token() > held_token);
-    g.release().await.unwrap();
+    let _ = g.release().await.unwrap();
 }
 
 /// Fair mode serves waiters in arrival order.
@@ -524,14 +524,14 @@ pub async fn fifo_when_fair(store: Arc<dyn Store>) {
         handles.push(tokio::spawn(async move {
             let g = lock.lock().await.unwrap();
             order.lock().unwrap().push(i);
-            g.release().await.unwrap();
+            let _ = g.release().await.unwrap();
         }));
         eventually("the waiter to queue", || async {
             locks.describe(name.as_str()).await.unwrap().waiters.len() == i + 1
         })
         .await;
     }
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     join_all("every waiter", handles).await;
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
 }
@@ -561,7 +561,7 @@ pub async fn hand_over_renews_to_the_full_ttl(store: Arc<dyn Store>) {
         locks.describe(name.as_str()).await.unwrap().waiters.len() == 1
     })
     .await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let guard = within("the hand-over", waiting).await.unwrap();
     let granted = Instant::now();
     // More than a waiter lease (at most 5 s) ahead: renewed to the TTL asked for.
@@ -578,7 +578,7 @@ pub async fn hand_over_renews_to_the_full_ttl(store: Arc<dyn Store>) {
         sent.saturating_duration_since(granted)
     );
     assert!(!guard.renewal_failing());
-    guard.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
 }
 
 /// A task of one process that stops waiting just as the task before it hands it the lock
@@ -597,10 +597,10 @@ pub async fn hand_over_to_a_dropped_waiter_is_not_lost(store: Arc<dyn Store>) {
     })
     .await;
     // Handed to the waiter, which is never polled again.
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     drop(waiter);
     let next = within("the next task to get the lock", lock.lock()).await;
-    next.unwrap().release().await.unwrap();
+    let _ = next.unwrap().release().await.unwrap();
 }
 
 /// A semaphore admits at most its permits, each holder with its own token.
@@ -623,7 +623,7 @@ pub async fn semaphore_limit(store: Arc<dyn Store>) {
         locks.semaphore(name.as_str(), 5).unwrap().try_lock().await,
         Err(Error::Conflict { .. })
     ));
-    held.pop().unwrap().release().await.unwrap();
+    let _ = held.pop().unwrap().release().await.unwrap();
     held.push(
         sem.try_lock()
             .await
@@ -631,7 +631,7 @@ pub async fn semaphore_limit(store: Arc<dyn Store>) {
             .expect("a released permit is free"),
     );
     for g in held {
-        g.release().await.unwrap();
+        let _ = g.release().await.unwrap();
     }
 
     let inside = Arc::new(AtomicUsize::new(0));
@@ -646,7 +646,7 @@ pub async fn semaphore_limit(store: Arc<dyn Store>) {
                 most.fetch_max(now, Ordering::SeqCst);
                 tokio::task::yield_now().await;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.unwrap();
+                let _ = g.release().await.unwrap();
             }
         }));
     }
@@ -696,8 +696,8 @@ pub async fn read_write_rules(store: Arc<dyn Store>) {
             .is_none(),
         "a new reader passed a waiting writer"
     );
-    r1.release().await.unwrap();
-    r2.release().await.unwrap();
+    let _ = r1.release().await.unwrap();
+    let _ = r2.release().await.unwrap();
     let w = within("the writer", waiting).await.unwrap();
     assert!(
         locks
@@ -719,9 +719,10 @@ pub async fn read_write_rules(store: Arc<dyn Store>) {
             .is_none(),
         "two writers"
     );
-    w.release().await.unwrap();
+    let _ = w.release().await.unwrap();
     let r = locks.read(name.as_str()).unwrap().try_lock().await.unwrap();
-    r.expect("readers after the writer")
+    let _ = r
+        .expect("readers after the writer")
         .release()
         .await
         .unwrap();
@@ -766,8 +767,8 @@ pub async fn lock_rules(store: Arc<dyn Store>) {
     );
     let as_semaphore = locks.semaphore(name, 2).unwrap().with_owner("x");
     conflict(as_semaphore.try_lock().await, "the reader's own semaphore");
-    x_reads.release().await.unwrap();
-    y_reads.release().await.unwrap();
+    let _ = x_reads.release().await.unwrap();
+    let _ = y_reads.release().await.unwrap();
 
     // Exclusive, then shared, by one owner: one more hold, the same token.
     let x_writes = write("x").try_lock().await.unwrap().expect("a free lock");
@@ -781,8 +782,8 @@ pub async fn lock_rules(store: Arc<dyn Store>) {
         read("y").try_lock().await.unwrap().is_none(),
         "a reader beside a writer"
     );
-    again.release().await.unwrap();
-    x_writes.release().await.unwrap();
+    let _ = again.release().await.unwrap();
+    let _ = x_writes.release().await.unwrap();
 
     // A semaphore: not a mutex, and not another size.
     let permit = locks.semaphore(name, 2).unwrap().try_lock().await.unwrap();
@@ -795,7 +796,7 @@ pub async fn lock_rules(store: Arc<dyn Store>) {
         locks.semaphore(name, 3).unwrap().try_lock().await,
         "a semaphore of another size",
     );
-    permit.release().await.unwrap();
+    let _ = permit.release().await.unwrap();
 
     // Readers, fair or not, do not pass a waiting writer.
     let reader = read("r").try_lock().await.unwrap().expect("a free lock");
@@ -814,8 +815,8 @@ pub async fn lock_rules(store: Arc<dyn Store>) {
             "a reader (fair: {fair}) passed a waiting writer"
         );
     }
-    reader.release().await.unwrap();
-    within("the writer", waiting)
+    let _ = reader.release().await.unwrap();
+    let _ = within("the writer", waiting)
         .await
         .unwrap()
         .release()
@@ -837,7 +838,7 @@ pub async fn release_is_idempotent(store: Arc<dyn Store>) {
         "an old lease released the new holder"
     );
     assert_eq!(store.renew(&lease, SHORT_TTL).await.unwrap(), Renewal::Lost);
-    next.release().await.unwrap();
+    let _ = next.release().await.unwrap();
 }
 
 /// Force-release frees the lock; the holder's guard reports the loss at once (not at
@@ -893,7 +894,7 @@ pub async fn force_release_is_seen_as_lost(store: Arc<dyn Store>) {
         .expect("free after force-release");
     assert!(next.token() > guard.token());
     assert_eq!(guard.release().await.unwrap(), Released::NotHeld);
-    next.release().await.unwrap();
+    let _ = next.release().await.unwrap();
 }
 
 /// A cancelled wait leaves the queue, so it does not block anyone.
@@ -920,13 +921,13 @@ pub async fn cancelled_wait_leaves_no_trace(store: Arc<dyn Store>) {
             .is_empty()
     })
     .await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let g = lock
         .try_lock()
         .await
         .unwrap()
         .expect("fair lock free after a cancelled waiter");
-    g.release().await.unwrap();
+    let _ = g.release().await.unwrap();
 }
 
 /// How long the next waiter may take once nothing keeps it out: far less than the
@@ -981,10 +982,10 @@ pub async fn timed_out_wait_leaves_the_queue(store: Arc<dyn Store>) {
     assert!(gave_up.is_none(), "w1 got a held lock");
     let left = waiting_owners(&holding, &name).await;
     assert!(!left.contains(&"w1".into()), "w1 still queued: {left:?}");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let next = tokio::time::timeout(PROMPT, w2).await;
     let next = next.expect("w2 is served promptly at the release");
-    next.unwrap().unwrap().release().await.unwrap();
+    let _ = next.unwrap().unwrap().release().await.unwrap();
 }
 
 /// Opens a connection of its own to the store under test, as another process would; it
@@ -1094,10 +1095,10 @@ pub async fn abandoned_wait_leaves_by_shutdown(open: Open) {
     let (locks, name, holder, w2) = after_waiter_process(&open, true).await;
     let left = waiting_owners(&locks, &name).await;
     assert_eq!(left, ["w2"], "w1 left its place behind");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let next = tokio::time::timeout(PROMPT, w2).await;
     let next = next.expect("w2 is served promptly at the release");
-    next.unwrap().unwrap().release().await.unwrap();
+    let _ = next.unwrap().unwrap().release().await.unwrap();
 }
 
 /// A waiter whose process dies without a word costs the others at most its waiter
@@ -1110,14 +1111,14 @@ pub async fn dead_waiter_costs_at_most_its_waiter_lease(open: Open) {
     let lease = crate::store::MAX_WAITER_LEASE;
     // Part of the scenario, not a wait for anything: the holder works on for a while.
     tokio::time::sleep_until(died + lease * 4 / 5).await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     // The waiter lease, a refresh of w2's wait (half a waiter lease) and a second of
     // etcd's rounding.
     let bound = lease + lease / 2 + Duration::from_secs(1);
     assert!(bound < LONG_TTL);
     let next = tokio::time::timeout_at(died + bound, w2).await;
     let next = next.expect("w2 is served within the dead waiter's lease");
-    next.unwrap().unwrap().release().await.unwrap();
+    let _ = next.unwrap().unwrap().release().await.unwrap();
 }
 
 /// Bad input is rejected before anything reaches the store, with the rule in the message.

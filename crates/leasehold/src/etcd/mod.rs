@@ -6,7 +6,7 @@
 //! let locks = Leasehold::connect("etcd://127.0.0.1:2379,127.0.0.1:22379").await?;
 //! let guard = locks.mutex("nightly")?.lock().await?; // fair (FIFO) by default on etcd
 //! println!("fencing token {}", guard.token());
-//! guard.release().await?;
+//! let _ = guard.release().await?; // Released::NotHeld would say the lease had ended first
 //! # Ok(()) }
 //! ```
 //!

@@ -5,7 +5,7 @@
 //! use leasehold::Leasehold;
 //! let locks = Leasehold::connect("redis://127.0.0.1:6379/0").await?;
 //! let guard = locks.mutex("nightly")?.lock().await?;
-//! guard.release().await?;
+//! let _ = guard.release().await?; // Released::NotHeld would say the lease had ended first
 //! # Ok(()) }
 //! ```
 //!
