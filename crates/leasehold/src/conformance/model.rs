@@ -646,7 +646,13 @@ struct Direct {
     turn: Option<usize>,
     outcome: Outcome,
     guard: Option<LockGuard>,
+    /// When it was answered.
+    since: Instant,
 }
+
+/// A request that ended: its id ([`DIRECT`] for the racing one), name, request, outcome
+/// and guard.
+type Ended = (usize, usize, Option<Req>, Outcome, Option<LockGuard>);
 
 /// A guard the driver holds.
 #[derive(Debug)]
@@ -694,6 +700,9 @@ struct Driver {
     trace: Vec<String>,
     /// A request racing the waiters a release let in, to check with them.
     direct: Option<Direct>,
+    /// Ended requests of a name kept back, with the racing request, until the waiters
+    /// still running there have finished (see [`collect`](Self::collect)).
+    parked: Vec<Ended>,
     /// Whether the store queues a fair request by how long it waited in its process
     /// ([`Capabilities::queues_by_wait`](crate::store::Capabilities)): fair ownerless requests
     /// then wait in their client's gate too.
@@ -724,6 +733,7 @@ async fn run(store: &Arc<dyn Store>, plan: &Plan, ops: &[Op]) -> Result<Counts, 
         trace: Vec::new(),
         counts: Default::default(),
         direct: None,
+        parked: Vec::new(),
         queues_by_wait: store.capabilities().queues_by_wait,
         handed: Vec::new(),
         anonymous: Default::default(),
@@ -962,6 +972,7 @@ impl Driver {
                         turn: self.gated(&req).then_some(req.client),
                         outcome,
                         guard,
+                        since: Instant::now(),
                     });
                 }
                 self.settle(PROMPT).await
@@ -1142,10 +1153,11 @@ impl Driver {
             .partition(|t| t.handle.is_finished());
         self.tasks = waiting;
         let direct = self.direct.take();
-        if done.is_empty() && direct.is_none() {
+        let mut ended: Vec<Ended> = std::mem::take(&mut self.parked);
+        if done.is_empty() && direct.is_none() && ended.is_empty() {
             return Ok(false);
         }
-        let mut ended = Vec::new();
+        let parked_direct = ended.iter().any(|e| e.0 == DIRECT);
         for mut task in done {
             let got = (&mut task.handle).await;
             let (outcome, guard) = match got {
@@ -1163,9 +1175,12 @@ impl Driver {
             ended.push((task.id, task.name, Some(task.req), outcome, guard));
         }
         let direct = direct.map(|mut d| {
-            ended.push((DIRECT, d.name, None, d.outcome, d.guard.take()));
+            if !parked_direct {
+                ended.push((DIRECT, d.name, None, d.outcome, d.guard.take()));
+            }
             d
         });
+        let mut applied = false;
         for n in 0..self.model.len() {
             let mine: Vec<(usize, Outcome)> = (ended.iter())
                 .filter(|e| e.1 == n)
@@ -1176,6 +1191,19 @@ impl Driver {
             }
             let direct = direct.as_ref().filter(|d| d.name == n);
             let Some((order, after)) = serve_order(&self.model[n], &mine, direct) else {
+                // A waiter the release let in can be granted in the store before the
+                // racing request was answered, while its task is still on its way back
+                // (a call after the grant): keep this name's outcomes back until the
+                // waiters still running there have finished, for a while.
+                let running = self.tasks.iter().any(|t| t.name == n);
+                if running && direct.is_some_and(|d| d.since.elapsed() < PATIENCE) {
+                    let (kept, rest): (Vec<Ended>, Vec<Ended>) =
+                        ended.into_iter().partition(|e| e.1 == n);
+                    self.parked.extend(kept);
+                    self.count("racing request judged once a grant came back");
+                    ended = rest;
+                    continue;
+                }
                 let got: Vec<String> = (mine.iter())
                     .map(|(id, o)| match *id {
                         DIRECT => format!("the request after the release: {o:?}"),
@@ -1189,6 +1217,7 @@ impl Driver {
                 ));
             };
             self.model[n] = after;
+            applied = true;
             // A gate task handed the lock by a release is the next holder of the name.
             if let Some(h) = self.handed.iter().position(|h| h.name == n) {
                 let first = (mine.iter())
@@ -1246,7 +1275,10 @@ impl Driver {
                 }
             }
         }
-        Ok(true)
+        if !self.parked.is_empty() {
+            self.direct = direct;
+        }
+        Ok(applied)
     }
 
     /// `None` if every name's `describe` shows the model; else what differs. Fails at
