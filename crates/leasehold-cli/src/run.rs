@@ -91,11 +91,44 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
     ))
 }
 
-async fn connect(store: Option<&str>, command: &str) -> Result<Leasehold, Failure> {
-    Ok(Leasehold::from_store(
-        crate::open_shared_store(store, command).await?,
-    ))
+/// Opens the store; with a bounded wait (`--wait`, `--no-wait`), within that wait and
+/// [`CONNECT_SLACK`], so a store that does not answer (paused, a black-holed link) cannot
+/// stretch it by the client's connect and response timeouts (9.5 s for a paused Redis).
+async fn connect(
+    store: Option<&str>,
+    command: &str,
+    lock: &LockArgs,
+) -> Result<Leasehold, Failure> {
+    let opening = crate::open_shared_store(store, command);
+    let wait = match (lock.no_wait, lock.wait) {
+        (true, _) => Some(Duration::ZERO),
+        (false, wait) => wait,
+    };
+    let opened = match wait {
+        Some(wait) => (tokio::time::timeout(wait.saturating_add(CONNECT_SLACK), opening))
+            .await
+            .map_err(|_| {
+                let allowed = match wait.is_zero() {
+                    true => format!("{} to connect", humanize(CONNECT_SLACK)),
+                    false => format!(
+                        "the --wait of {} and {} to connect",
+                        humanize(wait),
+                        humanize(CONNECT_SLACK)
+                    ),
+                };
+                Failure::new(
+                    exit::UNAVAILABLE,
+                    format!("the store did not answer within {allowed}"),
+                )
+            })?,
+        None => opening.await,
+    };
+    Ok(Leasehold::from_store(opened?))
 }
+
+/// What a bounded wait allows the store's connect beyond the wait itself: a few round
+/// trips on a loaded machine.
+const CONNECT_SLACK: Duration = Duration::from_secs(2);
 
 fn signals() -> Result<[Signal; 3], Failure> {
     let make = |kind| {
@@ -454,9 +487,10 @@ const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(2);
 async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
     store: Option<&str>,
     subcommand: &str,
+    lock: &LockArgs,
     command: impl FnOnce(Leasehold) -> F,
 ) -> Result<ExitCode, Failure> {
-    let locks = connect(store, subcommand).await?;
+    let locks = connect(store, subcommand, lock).await?;
     let outcome = command(locks.clone()).await;
     if !locks.shutdown(SHUTDOWN_PATIENCE).await {
         tracing::warn!(
@@ -468,7 +502,8 @@ async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
 
 /// `leasehold run NAME -- COMMAND...`.
 pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure> {
-    with_locks(store, "run", |locks| run_with(locks, store, args)).await
+    let lock = args.lock.clone();
+    with_locks(store, "run", &lock, |locks| run_with(locks, store, args)).await
 }
 
 async fn run_with(
@@ -605,7 +640,8 @@ async fn run_with(
 /// `leasehold hold NAME`: prints the token, holds until SIGINT, SIGTERM or SIGHUP,
 /// releases.
 pub async fn hold(store: Option<&str>, args: HoldArgs) -> Result<ExitCode, Failure> {
-    with_locks(store, "hold", |locks| hold_with(locks, args)).await
+    let lock = args.lock.clone();
+    with_locks(store, "hold", &lock, |locks| hold_with(locks, args)).await
 }
 
 async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure> {

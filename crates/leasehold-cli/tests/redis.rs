@@ -575,3 +575,30 @@ fn garbage_in_a_lock_key_exits_70_naming_the_key() {
     }
     assert!(!cli.exists("ran"));
 }
+
+/// A store that does not answer (a paused Redis) cannot stretch a bounded wait by the
+/// client's connect and response timeouts: `run --wait` and `--no-wait` give up on the
+/// connect too, exit 69, and say so. (Without the bound: 9.5 s for any --wait.)
+#[test]
+fn a_paused_redis_cannot_stretch_a_bounded_wait_by_its_connect() {
+    let server = RedisServer::start();
+    let cli = world("redis-paused-connect", &server);
+    server.pause();
+    let out = cli
+        .run(&["run", "--wait", "1s", "k", "--", "touch", "ran"])
+        .expect(69);
+    assert!(
+        out.stderr
+            .contains("did not answer within the --wait of 1s and 2s to connect"),
+        "{out:?}"
+    );
+    let out = cli
+        .run(&["run", "--no-wait", "k", "--", "touch", "ran"])
+        .expect(69);
+    assert!(
+        out.stderr.contains("did not answer within 2s to connect"),
+        "{out:?}"
+    );
+    server.resume();
+    assert!(!cli.exists("ran"));
+}
