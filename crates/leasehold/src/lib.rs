@@ -104,6 +104,7 @@ mod lock;
 mod memory;
 mod name;
 mod options;
+mod rate;
 mod record;
 mod rules;
 pub mod store;
@@ -133,6 +134,7 @@ pub use lock::{Leasehold, Lock};
 pub use memory::MemoryStore;
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
+pub use rate::{Rate, RateDecision, RateLimiter, MAX_RATE_TOLERANCE};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use store::{Busy, HolderInfo, LockKind, LockState, Released, Store, WaiterInfo};

@@ -12,10 +12,10 @@ use async_trait::async_trait;
 
 use crate::record::{Look, Now, Record, Wake};
 use crate::store::{
-    AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal, Store,
-    Watermark,
+    gcra, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, RateRequest, Released,
+    Renewal, Store, Watermark,
 };
-use crate::{Error, LockName, Result};
+use crate::{Error, LockName, Locked, RateDecision, Result};
 
 /// The in-process store. Cheap to clone; clones share locks.
 ///
@@ -37,6 +37,8 @@ pub struct MemoryStore {
 struct Inner {
     epoch: Instant,
     locks: Mutex<HashMap<LockName, Entry>>,
+    /// Rate limiters: theoretical arrival time, µs since `epoch`.
+    limits: Mutex<HashMap<LockName, u64>>,
 }
 
 impl Default for Inner {
@@ -44,6 +46,7 @@ impl Default for Inner {
         Inner {
             epoch: Instant::now(),
             locks: Mutex::default(),
+            limits: Mutex::default(),
         }
     }
 }
@@ -187,5 +190,26 @@ impl Store for MemoryStore {
 
     fn caveat(&self) -> Option<String> {
         None
+    }
+
+    async fn rate(&self, req: &RateRequest) -> Result<RateDecision> {
+        let mut limits = self.inner.limits.locked();
+        let now = self.inner.epoch.elapsed().as_micros() as u64;
+        let (decision, tat) = gcra(
+            limits.get(&req.name).copied(),
+            now,
+            req.limit,
+            req.units,
+            req.max_wait_us,
+        );
+        if let Some(tat) = tat {
+            // Idle limiters (back to full burst) are dropped, as Redis expires their key,
+            // whenever the map has doubled since the last sweep.
+            if limits.len() >= 1024 && limits.len().is_power_of_two() {
+                limits.retain(|_, tat| *tat > now);
+            }
+            limits.insert(req.name.clone(), tat);
+        }
+        Ok(decision)
     }
 }
