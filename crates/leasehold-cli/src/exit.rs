@@ -65,7 +65,8 @@ impl From<leasehold::Error> for Failure {
             E::InvalidName { .. }
             | E::InvalidOption { .. }
             | E::InvalidStore { .. }
-            | E::Conflict { .. } => USAGE,
+            | E::Conflict { .. }
+            | E::Unsupported { .. } => USAGE,
             E::Unavailable { .. } | E::WaitEnded { .. } => UNAVAILABLE,
             E::Config { .. } => CONFIG,
             E::Lost { .. } => LOST,
