@@ -32,9 +32,12 @@ use crate::exit::{Failure, INTERNAL, USAGE};
 /// Seconds are plain numbers (fractions allowed, e.g. `2.5`) or durations like `500ms`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// W1: one worker, N acquire+release cycles on one key; W2: K workers contend for
-    /// ONE key for a fixed time; W3: K workers, a key each (no contention)
-    #[arg(long, value_name = "W1|W2|W3")]
+    /// Locks (lockbench.v1): W1: one worker, N acquire+release cycles on one key; W2: K
+    /// workers contend for ONE key for a fixed time; W3: K workers, a key each (no
+    /// contention). Rate limiter (ratebench.v1): R1: K workers ask for 1 unit of ONE key
+    /// as fast as they can; R2: a key each, a limit that allows ~all; R3: K workers wait
+    /// for 1 unit (budget --wait); R4: a trickle plus pulses of hammering on ONE key
+    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4")]
     pub workload: String,
 
     /// Workers (tokio tasks, one lock handle each) [default: 8; W1 always uses 1]
@@ -59,13 +62,17 @@ pub struct BenchArgs {
     pub duration: Option<String>,
 
     /// Wait budget of each acquire, seconds; an acquire that runs out counts as a timeout
-    #[arg(
-        long,
-        value_name = "S",
-        default_value = "5",
-        allow_negative_numbers = true
-    )]
-    pub wait: String,
+    /// [default: 5; R3: 1]
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    pub wait: Option<String>,
+
+    /// R1-R4: the limiter's rate, units per second [default: 1000; R2: 1000000; R4: 100]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub rate: Option<String>,
+
+    /// R1-R4: the limiter's burst [default: 100; R2: 1000000; R4: 10]
+    #[arg(long, value_name = "B")]
+    pub burst: Option<u64>,
 
     /// Lease TTL, seconds (from 0.1 to 86400)
     #[arg(
@@ -126,7 +133,7 @@ impl Workload {
             "W2" => Ok(Workload::W2),
             "W3" => Ok(Workload::W3),
             _ => Err(usage(format!(
-                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each)"
+                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each), or a rate limiter's R1, R2, R3 or R4"
             ))),
         }
     }
@@ -166,7 +173,7 @@ fn usage(message: impl Into<String>) -> Failure {
 }
 
 /// Seconds as a plain number (`5`, `0.25`) or a duration (`250ms`, `2s`).
-fn seconds(flag: &str, text: &str) -> Result<f64, Failure> {
+pub(crate) fn seconds(flag: &str, text: &str) -> Result<f64, Failure> {
     let secs = crate::parse_duration(text)
         .map_err(|e| usage(format!("--{flag} {text:?}: {e}")))?
         .as_secs_f64();
@@ -178,7 +185,7 @@ fn seconds(flag: &str, text: &str) -> Result<f64, Failure> {
     Ok(secs)
 }
 
-fn positive_seconds(flag: &str, text: &str) -> Result<f64, Failure> {
+pub(crate) fn positive_seconds(flag: &str, text: &str) -> Result<f64, Failure> {
     let secs = seconds(flag, text)?;
     if secs == 0.0 {
         return Err(usage(format!("--{flag} must be more than 0 seconds")));
@@ -209,7 +216,7 @@ impl Plan {
             None if workload == Workload::W3 => 5.0,
             None => 10.0,
         };
-        let wait_s = seconds("wait", &args.wait)?;
+        let wait_s = seconds("wait", args.wait.as_deref().unwrap_or("5"))?;
         let ttl_s = seconds("ttl", &args.ttl)?;
         let ttl = Duration::from_secs_f64(ttl_s);
         if ttl < leasehold::MIN_TTL || ttl > leasehold::MAX_TTL {
@@ -763,6 +770,10 @@ fn table(r: &Report, store: &str, cpu: Duration) -> String {
 
 /// Runs the benchmark.
 pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Failure> {
+    if crate::ratebench::is_rate_workload(&args.workload) {
+        let url = store_url(store, &args)?;
+        return crate::ratebench::bench(&url, &backend_of(&url), &args).await;
+    }
     let mut plan = Plan::new(&args)?;
     let url = store_url(store, &args)?;
     let backend = backend_of(&url);
@@ -827,7 +838,9 @@ mod tests {
             ops: 10_000,
             max_seconds: "8".into(),
             duration: None,
-            wait: "5".into(),
+            wait: None,
+            rate: None,
+            burst: None,
             ttl: "30".into(),
             key_prefix: "lockbench".into(),
             redis_url: None,

@@ -38,6 +38,8 @@
 //!   ([`Leasehold::semaphore`]), read-write locks ([`Leasehold::read`],
 //!   [`Leasehold::write`]), [`Leasehold::describe`], [`Leasehold::list`],
 //!   [`Leasehold::force_release`].
+//! - Rate limiters on the same stores ([`Leasehold::rate_limiter`], GCRA): at most
+//!   `burst + rate·t` units in any window of length `t`; waits sleep until their turn.
 //!
 //! # The lock rules
 //! Every store gives the same answer to the same request (one decision table in the
