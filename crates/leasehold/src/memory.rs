@@ -37,8 +37,8 @@ pub struct MemoryStore {
 struct Inner {
     epoch: Instant,
     locks: Mutex<HashMap<LockName, Entry>>,
-    /// Rate limiters: theoretical arrival time, µs since `epoch`.
-    limits: Mutex<HashMap<LockName, u64>>,
+    /// Rate limiters.
+    limits: Mutex<Limits>,
 }
 
 impl Default for Inner {
@@ -49,6 +49,15 @@ impl Default for Inner {
             limits: Mutex::default(),
         }
     }
+}
+
+/// Rate limiters' theoretical arrival times, µs since `epoch`.
+#[derive(Debug, Default)]
+struct Limits {
+    tat: HashMap<LockName, u64>,
+    /// Idle limiters (back to full burst) are dropped, as Redis expires their key, when
+    /// the map reaches this size; then it is set to twice what is left (at least 1024).
+    sweep_at: usize,
 }
 
 #[derive(Debug, Default)]
@@ -195,20 +204,14 @@ impl Store for MemoryStore {
     async fn rate(&self, req: &RateRequest) -> Result<RateDecision> {
         let mut limits = self.inner.limits.locked();
         let now = self.inner.epoch.elapsed().as_micros() as u64;
-        let (decision, tat) = gcra(
-            limits.get(&req.name).copied(),
-            now,
-            req.limit,
-            req.units,
-            req.max_wait_us,
-        );
+        let kept = limits.tat.get(&req.name).copied();
+        let (decision, tat) = gcra(kept, now, req.limit, req.units, req.max_wait_us);
         if let Some(tat) = tat {
-            // Idle limiters (back to full burst) are dropped, as Redis expires their key,
-            // whenever the map has doubled since the last sweep.
-            if limits.len() >= 1024 && limits.len().is_power_of_two() {
-                limits.retain(|_, tat| *tat > now);
+            if limits.tat.len() >= limits.sweep_at {
+                limits.tat.retain(|_, tat| *tat > now);
+                limits.sweep_at = (limits.tat.len() * 2).max(1024);
             }
-            limits.insert(req.name.clone(), tat);
+            limits.tat.insert(req.name.clone(), tat);
         }
         Ok(decision)
     }
