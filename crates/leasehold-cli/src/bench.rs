@@ -921,7 +921,7 @@ mod tests {
         a.ttl = "0".into();
         assert_eq!(code(a), USAGE);
         let mut a = args("W2");
-        a.wait = "-1".into();
+        a.wait = Some("-1".into());
         assert_eq!(code(a), USAGE);
         let mut a = args("W2");
         a.duration = Some("soon".into());
