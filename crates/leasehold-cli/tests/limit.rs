@@ -175,3 +175,54 @@ fn redis_keeps_one_limiter_for_all_processes_its_key_expiring_when_back_to_full(
         .unwrap();
     assert!(pttl > 7_000_000 && pttl <= 7_200_000, "{pttl}");
 }
+
+#[test]
+fn bench_prints_one_ratebench_line_per_rate_workload_within_the_bound() {
+    let cli = Cli::new("limit-bench");
+    for workload in ["R1", "R3", "R4"] {
+        let out = cli
+            .run(&[
+                "bench",
+                "--json",
+                "--workload",
+                workload,
+                "--duration",
+                "1",
+                "--workers",
+                "4",
+                "--rate",
+                "200",
+                "--burst",
+                "20",
+                "--wait",
+                "0.5",
+                "--key-prefix",
+                "t",
+            ])
+            .expect(0);
+        let line: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!(line["schema"], "ratebench.v1");
+        assert_eq!(line["workload"], workload);
+        assert_eq!(line["algorithm"], "gcra");
+        assert_eq!(line["errors"], 0);
+        // GCRA's bound, by the harness's lower-bound count: rate + burst in any second.
+        assert!(line["max_allowed_1s"].as_u64().unwrap() <= 220, "{line}");
+        assert!(line["allowed"].as_u64().unwrap() >= 20, "{line}");
+    }
+    let out = cli
+        .run(&[
+            "bench",
+            "--json",
+            "--workload",
+            "R2",
+            "--duration",
+            "1",
+            "--key-prefix",
+            "t",
+        ])
+        .expect(0);
+    let line: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(line["keys"], 8);
+    assert!(line["max_allowed_1s"].is_null());
+    cli.run(&["bench", "--workload", "R5"]).expect(64);
+}
