@@ -169,8 +169,10 @@ impl RateLimit {
             return Err(Error::option(
                 "burst",
                 format!(
-                    "a burst of {burst} at {rate} takes more than {} to refill; the limiter allows at most 366 days",
-                    crate::humanize(Duration::from_micros(interval_us.min(max) as u64))
+                    "a burst of {burst} at {rate} takes {} to refill; the limiter allows at most 366 days",
+                    crate::humanize(Duration::from_micros(
+                        interval_us.saturating_mul(burst as u128).min(u64::MAX as u128) as u64
+                    ))
                 ),
             ));
         }
