@@ -226,3 +226,14 @@ fn bench_prints_one_ratebench_line_per_rate_workload_within_the_bound() {
     assert!(line["max_allowed_1s"].is_null());
     cli.run(&["bench", "--workload", "R5"]).expect(64);
 }
+
+#[test]
+fn an_unreachable_store_exits_69_and_does_not_run_the_command() {
+    let url = format!("redis://127.0.0.1:{}/0", leasehold_testkit::free_port());
+    let cli = Cli::with_store("limit-unreachable", Some(url));
+    let out = cli
+        .run(&["limit", "api", "--rate", "1/s", "--", "touch", "ran"])
+        .expect(69);
+    assert!(out.stderr.contains("unavailable"), "{out:?}");
+    assert!(!cli.exists("ran"));
+}
