@@ -237,3 +237,17 @@ fn an_unreachable_store_exits_69_and_does_not_run_the_command() {
     assert!(out.stderr.contains("unavailable"), "{out:?}");
     assert!(!cli.exists("ran"));
 }
+
+#[test]
+fn etcd_has_no_rate_limiters_and_says_so_with_64() {
+    let server = leasehold_testkit::EtcdServer::start();
+    let cli = Cli::with_store("limit-etcd", Some(server.url()));
+    let out = cli
+        .run(&["limit", "api", "--rate", "1/s", "--", "touch", "ran"])
+        .expect(64);
+    assert!(
+        out.stderr.contains("does not offer rate limiters"),
+        "{out:?}"
+    );
+    assert!(!cli.exists("ran"));
+}

@@ -348,7 +348,10 @@ pub trait Store: Debug + Send + Sync + 'static {
     async fn rate(&self, req: &RateRequest) -> Result<crate::RateDecision> {
         Err(crate::Error::Unsupported {
             store: self.describe_store(),
-            what: format!("rate limiters (limiter \"{}\")", req.name),
+            what: format!(
+                "rate limiters (asked for \"{}\"); the local, Redis and memory stores do",
+                req.name
+            ),
         })
     }
 }
