@@ -33,9 +33,12 @@ use crate::exit::{Failure, INTERNAL, USAGE};
 /// seconds (fractions allowed, e.g. `2.5`, as lockbench.v1 drivers pass them).
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// W1: one worker, N acquire+release cycles on one key; W2: K workers contend for
-    /// ONE key for a fixed time; W3: K workers, a key each (no contention)
-    #[arg(long, value_name = "W1|W2|W3")]
+    /// Locks (lockbench.v1): W1: one worker, N acquire+release cycles on one key; W2: K
+    /// workers contend for ONE key for a fixed time; W3: K workers, a key each (no
+    /// contention). Rate limiter (ratebench.v1): R1: K workers ask for 1 unit of ONE key
+    /// as fast as they can; R2: a key each, a limit that allows ~all; R3: K workers wait
+    /// for 1 unit (budget --wait); R4: a trickle plus pulses of hammering on ONE key
+    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4")]
     pub workload: String,
 
     /// Workers (tokio tasks, one lock handle each) [default: 8; W1 always uses 1]
@@ -56,9 +59,17 @@ pub struct BenchArgs {
     pub duration: Option<Duration>,
 
     /// Wait budget of each acquire (a bare number is seconds); an acquire that runs out
-    /// counts as a timeout
-    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = crate::parse_duration, allow_hyphen_values = true)]
-    pub wait: Duration,
+    /// counts as a timeout [default: 5s; R3: 1s]
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, allow_hyphen_values = true)]
+    pub wait: Option<Duration>,
+
+    /// R1-R4: the limiter's rate, units per second [default: 1000; R2: 1000000; R4: 100]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub rate: Option<String>,
+
+    /// R1-R4: the limiter's burst [default: 100; R2: 1000000; R4: 10]
+    #[arg(long, value_name = "B")]
+    pub burst: Option<u64>,
 
     /// Lease TTL (100ms to 24h; a bare number is seconds)
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::parse_duration, allow_hyphen_values = true)]
@@ -114,7 +125,7 @@ impl Workload {
             "W2" => Ok(Workload::W2),
             "W3" => Ok(Workload::W3),
             _ => Err(usage(format!(
-                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each)"
+                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each), or a rate limiter's R1, R2, R3 or R4"
             ))),
         }
     }
@@ -154,7 +165,7 @@ fn usage(message: impl Into<String>) -> Failure {
 }
 
 /// A duration flag's seconds, at most [`MAX_SECONDS`].
-fn seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
+pub(crate) fn seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
     let secs = duration.as_secs_f64();
     if secs > MAX_SECONDS {
         return Err(usage(format!(
@@ -165,7 +176,7 @@ fn seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
     Ok(secs)
 }
 
-fn positive_seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
+pub(crate) fn positive_seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
     let secs = seconds(flag, duration)?;
     if secs == 0.0 {
         return Err(usage(format!("--{flag} must be more than 0s")));
@@ -196,7 +207,7 @@ impl Plan {
             None if workload == Workload::W3 => 5.0,
             None => 10.0,
         };
-        let wait_s = seconds("wait", args.wait)?;
+        let wait_s = seconds("wait", args.wait.unwrap_or(Duration::from_secs(5)))?;
         let ttl = args.ttl;
         let ttl_s = ttl.as_secs_f64();
         if ttl < leasehold::MIN_TTL || ttl > leasehold::MAX_TTL {
@@ -750,6 +761,10 @@ fn table(r: &Report, store: &str, cpu: Duration) -> String {
 
 /// Runs the benchmark.
 pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Failure> {
+    if crate::ratebench::is_rate_workload(&args.workload) {
+        let url = store_url(store, &args)?;
+        return crate::ratebench::bench(&url, &backend_of(&url), &args).await;
+    }
     let mut plan = Plan::new(&args)?;
     let url = store_url(store, &args)?;
     let backend = backend_of(&url);
@@ -814,7 +829,9 @@ mod tests {
             ops: 10_000,
             max_seconds: Duration::from_secs(8),
             duration: None,
-            wait: Duration::from_secs(5),
+            wait: None,
+            rate: None,
+            burst: None,
             ttl: Duration::from_secs(30),
             key_prefix: "lockbench".into(),
             redis_url: None,
@@ -898,7 +915,7 @@ mod tests {
         a.duration = Some(Duration::ZERO);
         assert_eq!(code(a), USAGE);
         let mut a = args("W2");
-        a.wait = Duration::from_secs(86_401);
+        a.wait = Some(Duration::from_secs(86_401));
         assert_eq!(code(a), USAGE);
         let mut a = args("W1");
         a.ops = 0;

@@ -10,7 +10,7 @@ pub const UNAVAILABLE: u8 = 69;
 pub const INTERNAL: u8 = 70;
 /// The store refused us for a configuration reason (credentials, permissions, database).
 pub const CONFIG: u8 = 78;
-/// Not acquired within `--wait`, or busy with `--no-wait`.
+/// Not acquired within `--wait`, or busy with `--no-wait`; `limit`: over the rate.
 pub const NOT_ACQUIRED: u8 = 75;
 /// The lock was lost while the command ran (the command was stopped).
 pub const LOST: u8 = 76;
@@ -28,7 +28,8 @@ Exit status:
   69     the store is unreachable
   70     internal error (including unreadable store state)
   78     the store refused the configuration (credentials, permissions, database)
-  75     not acquired within --wait, or busy with --no-wait (--conflict-exit-code N sets it)
+  75     not acquired within --wait, or busy with --no-wait (--conflict-exit-code N sets it);
+         limit: over the rate
   76     the lock was lost while the command ran; the command was stopped
   126    the command could not be executed
   127    the command was not found";
@@ -65,7 +66,8 @@ impl From<leasehold::Error> for Failure {
             E::InvalidName { .. }
             | E::InvalidOption { .. }
             | E::InvalidStore { .. }
-            | E::Conflict { .. } => USAGE,
+            | E::Conflict { .. }
+            | E::Unsupported { .. } => USAGE,
             E::Unavailable { .. } | E::WaitEnded { .. } => UNAVAILABLE,
             E::Config { .. } => CONFIG,
             E::Lost { .. } => LOST,

@@ -5,7 +5,9 @@
 pub mod bench;
 pub mod exit;
 mod inspect;
+mod limit;
 mod progress;
+mod ratebench;
 mod run;
 pub mod torture;
 
@@ -63,7 +65,11 @@ pub enum Command {
     List(inspect::ListArgs),
     /// Free a lock whoever holds it (needs --force); its holder sees the loss
     Release(inspect::ReleaseArgs),
-    /// Measure a store: latency, hand-off and throughput (lockbench.v1 with --json)
+    /// Run COMMAND when rate limiter NAME lets it through (GCRA), or print one decision
+    #[command(after_help = limit::LIMIT_AFTER_HELP)]
+    Limit(limit::LimitArgs),
+    /// Measure a store: locks (W1-W3, lockbench.v1 with --json) or the rate limiter
+    /// (R1-R4, ratebench.v1 with --json)
     Bench(bench::BenchArgs),
     /// Check safety under faults: workers, a fenced counter, a nemesis, a history checker
     Torture(torture::TortureArgs),
@@ -455,6 +461,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Status(args) => inspect::status(store, args).await,
         Command::List(args) => inspect::list(store, args).await,
         Command::Release(args) => inspect::release(store, args).await,
+        Command::Limit(args) => limit::limit(store, args).await,
         Command::Bench(args) => bench::bench(store, args).await,
         Command::Torture(args) => torture::torture(store, args).await,
         Command::TortureWorker(args) => torture::worker::worker(store, args).await,

@@ -100,6 +100,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// The store does not offer what was asked (e.g. rate limiters on etcd, which has no
+    /// server clock every client can trust). Not retryable: use another store.
+    #[error("store {store} does not offer {what}")]
+    Unsupported {
+        /// Which store.
+        store: String,
+        /// What it does not offer.
+        what: String,
+    },
+
     /// A bug or an unexpected state.
     #[error("internal error: {0}")]
     Internal(String),

@@ -40,6 +40,8 @@
 //!   [`Leasehold::write`]; a mutex is the write side of its name's read-write lock, so
 //!   `mutex(n)` and `write(n)` are the same lock), [`Leasehold::describe`],
 //!   [`Leasehold::list`], [`Leasehold::force_release`].
+//! - Rate limiters on the same stores ([`Leasehold::rate_limiter`], GCRA): at most
+//!   `burst + rate·t` units in any window of length `t`; waits sleep until their turn.
 //!
 //! # The lock rules
 //! Every store gives the same answer to the same request (one decision table in the
@@ -106,6 +108,7 @@ mod lock;
 mod memory;
 mod name;
 mod options;
+mod rate;
 mod record;
 mod rules;
 pub mod store;
@@ -135,6 +138,7 @@ pub use lock::{Leasehold, Lock};
 pub use memory::MemoryStore;
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
 pub use options::{DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
+pub use rate::{Rate, RateDecision, RateLimiter, MAX_RATE_TOLERANCE};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use store::{Busy, HolderInfo, LockKind, LockState, Released, Store, WaiterInfo};

@@ -153,6 +153,22 @@ impl Leasehold {
         Ok(self.handle(name.into_lock_name()?, LockKind::Exclusive))
     }
 
+    /// A rate limiter (GCRA): `rate` units per period in the long run, up to `burst` at
+    /// once from idle; in every window of length `t`, at most `burst + rate·t` units
+    /// pass. Everyone using the name must pass the same rate and burst. Limiters have
+    /// names of their own: a limiter and a lock may share a name.
+    ///
+    /// Offered by the memory, local and Redis stores; etcd answers
+    /// [`Error::Unsupported`] (it has no server clock every client can trust).
+    pub fn rate_limiter<N: TryInto<LockName, Error = Error>>(
+        &self,
+        name: N,
+        rate: crate::Rate,
+        burst: u64,
+    ) -> Result<crate::RateLimiter> {
+        crate::RateLimiter::new(self.store.clone(), name.try_into()?, rate, burst)
+    }
+
     /// Holders and waiters of one lock. Tasks of this process that wait behind another
     /// of its tasks (see [`Lock::lock`]) are listed after the store's waiters; other
     /// processes see only the one of them that the store queues.

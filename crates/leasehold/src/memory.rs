@@ -12,10 +12,10 @@ use async_trait::async_trait;
 
 use crate::record::{Look, Now, Record, Wake};
 use crate::store::{
-    AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal, Store,
-    Watermark,
+    gcra, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, RateRequest, Released,
+    Renewal, Store, Watermark,
 };
-use crate::{Error, LockName, Result};
+use crate::{Error, LockName, Locked, RateDecision, Result};
 
 /// The in-process store. Cheap to clone; clones share locks.
 ///
@@ -37,6 +37,8 @@ pub struct MemoryStore {
 struct Inner {
     epoch: Instant,
     locks: Mutex<HashMap<LockName, Entry>>,
+    /// Rate limiters.
+    limits: Mutex<Limits>,
 }
 
 impl Default for Inner {
@@ -44,8 +46,18 @@ impl Default for Inner {
         Inner {
             epoch: Instant::now(),
             locks: Mutex::default(),
+            limits: Mutex::default(),
         }
     }
+}
+
+/// Rate limiters' theoretical arrival times, µs since `epoch`.
+#[derive(Debug, Default)]
+struct Limits {
+    tat: HashMap<LockName, u64>,
+    /// Idle limiters (back to full burst) are dropped, as Redis expires their key, when
+    /// the map reaches this size; then it is set to twice what is left (at least 1024).
+    sweep_at: usize,
 }
 
 #[derive(Debug, Default)]
@@ -187,5 +199,20 @@ impl Store for MemoryStore {
 
     fn caveat(&self) -> Option<String> {
         None
+    }
+
+    async fn rate(&self, req: &RateRequest) -> Result<RateDecision> {
+        let mut limits = self.inner.limits.locked();
+        let now = self.inner.epoch.elapsed().as_micros() as u64;
+        let kept = limits.tat.get(&req.name).copied();
+        let (decision, tat) = gcra(kept, now, req.limit, req.units, req.max_wait_us);
+        if let Some(tat) = tat {
+            if limits.tat.len() >= limits.sweep_at {
+                limits.tat.retain(|_, tat| *tat > now);
+                limits.sweep_at = (limits.tat.len() * 2).max(1024);
+            }
+            limits.tat.insert(req.name.clone(), tat);
+        }
+        Ok(decision)
     }
 }

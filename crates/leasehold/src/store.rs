@@ -17,6 +17,7 @@ use crate::{FencingToken, LockName, Result};
 
 pub use crate::keepalive::{safe_deadline, DRIFT, MARGIN};
 pub use crate::options::{waiter_lease, MAX_WAITER_LEASE};
+pub use crate::rate::{gcra, RateLimit};
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -366,6 +367,35 @@ pub trait Store: Debug + Send + Sync + 'static {
     /// (held locks, tokens), as found when it was opened; `None` when nothing is known
     /// to be at risk. Shown by `leasehold status`.
     fn caveat(&self) -> Option<String>;
+
+    /// One rate-limiter decision ([`RateRequest`]), as one atomic step on the store's
+    /// own clock: the arithmetic of [`gcra`] on the limiter's stored theoretical
+    /// arrival time. Optional: a store that has no clock every client can trust (etcd)
+    /// keeps this default, which refuses with [`Error::Unsupported`](crate::Error).
+    async fn rate(&self, req: &RateRequest) -> Result<crate::RateDecision> {
+        Err(crate::Error::Unsupported {
+            store: self.describe_store(),
+            what: format!(
+                "rate limiters (asked for \"{}\"); the local, Redis and memory stores do",
+                req.name
+            ),
+        })
+    }
+}
+
+/// One decision asked of a rate limiter.
+#[derive(Clone, Debug)]
+pub struct RateRequest {
+    /// The limiter (a namespace apart from the locks: a lock and a limiter may share a
+    /// name).
+    pub name: LockName,
+    /// Its rate and burst.
+    pub limit: RateLimit,
+    /// Units asked for: 1 to the burst.
+    pub units: u64,
+    /// Allow (and reserve) the units if they can pass within this many microseconds of
+    /// now; 0: only if they can pass now.
+    pub max_wait_us: u64,
 }
 
 mod unix_ms {

@@ -15,6 +15,7 @@
 //! operation sequences and checks every outcome against the lock rules (see [`model`]).
 
 pub mod model;
+pub mod rate;
 
 pub use model::model_based;
 

@@ -17,6 +17,10 @@
 //!   not fsync'ed: after a power loss the last tokens issued may be issued again. A
 //!   name's first token is the wall clock in microseconds, so a lock file that is lost or
 //!   moved aside does not make tokens go back (unless the clock stepped back).
+//! - **Rate limiters** keep their theoretical arrival time (on `CLOCK_BOOTTIME`) in
+//!   `DIR/limits/`, one file each, read and written under the file's `flock` like a
+//!   lock's record. A limiter's file stays after it goes idle (a few bytes); after a
+//!   reboot the limiter starts again at full burst.
 //! - The directory must be on a local file system (`flock` and inotify do not work across
 //!   NFS clients).
 
@@ -42,10 +46,11 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::record::{Look, Now, Record, Wake};
 use crate::store::{
-    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal,
-    Store, Watermark,
+    busy_states, gcra, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, RateRequest,
+    Released, Renewal, Store, Watermark,
 };
 use crate::Locked;
+use crate::RateDecision;
 use crate::{sys, Error, LockName, Result};
 
 /// The local store. Cheap to clone.
@@ -71,6 +76,8 @@ struct Inner {
     boot: String,
     host: String,
     files: Mutex<HashMap<LockName, Arc<LockFile>>>,
+    /// Rate limiters' files, under `DIR/limits/`.
+    limit_files: Mutex<HashMap<LockName, Arc<LockFile>>>,
     wakers: Arc<Wakers>,
     watcher: OnceLock<Option<AbortOnDropHandle<()>>>,
 }
@@ -271,6 +278,7 @@ impl LocalStore {
                 boot: sys::boot_id(),
                 host: sys::hostname(),
                 files: Mutex::default(),
+                limit_files: Mutex::default(),
                 wakers: Arc::default(),
                 watcher: OnceLock::new(),
             }),
@@ -302,11 +310,44 @@ impl LocalStore {
     }
 
     fn lock_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
-        let mut files = self.inner.files.locked();
+        self.open_file(&self.inner.files, &self.inner.locks_dir, name)
+    }
+
+    /// A rate limiter's file, in `DIR/limits/` (made on first use, with the locks
+    /// directory's mode), so limiters and locks of one name are apart.
+    fn limit_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = self.inner.dir.join("limits");
+        if !dir.is_dir() {
+            let mode = match self.inner.file_mode & 0o060 {
+                0 => 0o700,
+                _ => 0o770,
+            };
+            std::fs::DirBuilder::new()
+                .mode(mode)
+                .create(&dir)
+                .or_else(|e| match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => Ok(()),
+                    _ => Err(e),
+                })
+                .map_err(|e| {
+                    self.io_error(name.as_str(), "cannot create the limits directory", e)
+                })?;
+        }
+        self.open_file(&self.inner.limit_files, &dir, name)
+    }
+
+    fn open_file(
+        &self,
+        files: &Mutex<HashMap<LockName, Arc<LockFile>>>,
+        dir: &Path,
+        name: &LockName,
+    ) -> Result<Arc<LockFile>> {
+        let mut files = files.locked();
         if let Some(f) = files.get(name) {
             return Ok(f.clone());
         }
-        let path = self.inner.locks_dir.join(file_name(name));
+        let path = dir.join(file_name(name));
         let cannot =
             |e| self.io_error(name.as_str(), &format!("cannot open {}", path.display()), e);
         let file = OpenOptions::new()
@@ -429,6 +470,18 @@ impl LocalStore {
             name: name.to_string(),
             reason: format!(
                 "{} {why}; move it aside to start the lock afresh (its fencing tokens then start again from the clock, above the old ones unless the clock stepped back)",
+                path.display()
+            ),
+        }
+    }
+
+    fn limit_corrupt(&self, name: &LockName, why: &str) -> Error {
+        let path = self.inner.dir.join("limits").join(file_name(name));
+        Error::Corrupt {
+            store: self.store_name(),
+            name: name.to_string(),
+            reason: format!(
+                "rate limiter file {} {why}; delete it to start the limiter afresh (at full burst)",
                 path.display()
             ),
         }
@@ -726,6 +779,50 @@ impl Store for LocalStore {
     fn caveat(&self) -> Option<String> {
         None
     }
+
+    /// Under the limiter file's `flock`, on `CLOCK_BOOTTIME` as the leases are: a TAT
+    /// from another boot (a new boot id) counts as absent.
+    async fn rate(&self, req: &RateRequest) -> Result<RateDecision> {
+        let name = &req.name;
+        let lf = self.limit_file(name)?;
+        let _turn = lf.turn.lock().await;
+        let _flock = match tokio::time::timeout(FLOCK_PATIENCE, flock(&lf)).await {
+            Ok(flock) => {
+                flock.map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?
+            }
+            Err(_) => return Err(self.file_lock_stuck(name, &lf)),
+        };
+        let now = sys::boottime_ns() / 1000;
+        let (seq, tat) = match slots::read(&lf.file)
+            .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?
+        {
+            slots::Found::Empty => (0, None),
+            slots::Found::State { seq, json } => {
+                let kept: Tat = serde_json::from_slice(&json)
+                    .map_err(|e| self.limit_corrupt(name, &e.to_string()))?;
+                (seq, (kept.boot == self.inner.boot).then_some(kept.tat_us))
+            }
+            slots::Found::Corrupt(why) => return Err(self.limit_corrupt(name, &why)),
+        };
+        let (decision, new_tat) = gcra(tat, now, req.limit, req.units, req.max_wait_us);
+        if let Some(tat_us) = new_tat {
+            let kept = Tat {
+                boot: self.inner.boot.clone(),
+                tat_us,
+            };
+            let json = serde_json::to_vec(&kept).map_err(|e| Error::Internal(e.to_string()))?;
+            slots::write(&lf.file, seq + 1, &json)
+                .map_err(|e| self.io_error(name.as_str(), "cannot write its file", e))?;
+        }
+        Ok(decision)
+    }
+}
+
+/// A rate limiter's file: its theoretical arrival time on this boot's `CLOCK_BOOTTIME`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Tat {
+    boot: String,
+    tat_us: u64,
 }
 
 #[cfg(test)]

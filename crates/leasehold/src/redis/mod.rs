@@ -41,6 +41,14 @@
 //!   task handed over takes its place in the queue by when it arrived in its process
 //!   (entries record arrival on the server's clock), so FIFO holds across processes.
 //!
+//! - A rate limiter `NAME` is one key, `lh:rate:{NAME}`: its theoretical arrival time
+//!   in microseconds of the server's clock. Each decision is one EVALSHA of
+//!   `rate.lua` (`TIME`, `GET`, and `SET … PX` when it lets units through), which
+//!   expires the key when the limiter would be back to full burst: an idle limiter
+//!   leaves nothing behind. A server that restarts without persistence (or fails over
+//!   to a replica that missed the write) forgets it: the limiter starts again at full
+//!   burst. A call in flight when the connection drops is sent once more.
+//!
 //! # Guarantees and limits
 //! - One Redis server is one point of truth. With replicas, a failover to a replica that
 //!   had not received the latest writes can hand a held lock to a second holder and
@@ -75,10 +83,10 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::options::waiter_lease;
 use crate::store::{
     busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId,
-    LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
+    LockKind, LockState, RateRequest, Released, Renewal, Store, WaiterInfo, Watermark,
 };
-use crate::Locked;
 use crate::{rules, Error, FencingToken, LockName, Result};
+use crate::{Locked, RateDecision};
 
 struct Scripts {
     acquire: Script,
@@ -88,6 +96,7 @@ struct Scripts {
     force: Script,
     held: Script,
     describe: Script,
+    rate: Script,
 }
 
 fn scripts() -> &'static Scripts {
@@ -117,6 +126,8 @@ fn scripts() -> &'static Scripts {
         force: script!("local PREFIX, HOT"; => "force.lua"),
         held: script!("local PREFIX, HOT = nil, 'held'"; => "held.lua"),
         describe: script!("local PREFIX, HOT"; => "describe.lua"),
+        // Alone: a limiter's decision needs none of the locks' code.
+        rate: Script::new(include_str!("rate.lua")),
     })
 }
 
@@ -1252,6 +1263,73 @@ impl Store for RedisStore {
     fn caveat(&self) -> Option<String> {
         self.inner.caveat.clone()
     }
+
+    /// `rate.lua`: one EVALSHA, one round trip, on the server's clock.
+    async fn rate(&self, req: &RateRequest) -> Result<RateDecision> {
+        let mut key = String::with_capacity(req.name.as_str().len() + 12);
+        push_rate_key(&mut key, &req.name);
+        let script = &scripts().rate;
+        let mut cmd = redis::Cmd::with_capacity(8, 128);
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(1)
+            .arg(&key)
+            .arg(req.limit.interval_us())
+            .arg(req.limit.burst())
+            .arg(req.units)
+            .arg(req.max_wait_us);
+        // A call that met a dropped connection (a server restart) is sent once more, as
+        // the locks' calls are; if its first send took effect too, its units count twice:
+        // the limiter lets fewer through, never more.
+        let mut sent = 0;
+        let reply: Vec<i64> = loop {
+            sent += 1;
+            let result = match self.inner.conn.clone() {
+                Conn::Single(mut c) => eval(&cmd, script, &mut c).await,
+                Conn::Cluster(mut c, _) => eval(&cmd, script, &mut c).await,
+            };
+            match result {
+                Err(e)
+                    if sent == 1
+                        && (e.is_io_error()
+                            || e.is_connection_dropped()
+                            || e.is_connection_refusal()) => {}
+                Ok(reply) => break reply,
+                Err(e) => {
+                    let text = e.to_string();
+                    if text.contains("LHCORRUPT") || text.contains("WRONGTYPE") {
+                        return Err(Error::Corrupt {
+                            store: self.inner.shown.clone(),
+                            name: req.name.to_string(),
+                            reason: format!(
+                                "{key} does not hold a rate limiter's time ({text}); delete it to start the limiter afresh (at full burst)"
+                            ),
+                        });
+                    }
+                    return Err(failed(&self.inner.shown, e));
+                }
+            }
+        };
+        let [allowed, wait, remaining, reset] = reply[..] else {
+            return Err(Error::Internal(format!("rate.lua answered {reply:?}")));
+        };
+        let us = |v: i64| Duration::from_micros(v.max(0) as u64);
+        Ok(RateDecision {
+            allowed: allowed == 1,
+            wait: us(wait),
+            remaining: remaining.max(0) as u64,
+            reset_after: us(reset),
+        })
+    }
+}
+
+/// `lh:rate:{NAME}` (escaped as [`key`]): a rate limiter's key. Lock keys start with
+/// `lh:{`, so a limiter and a lock of the same name never share a key, while both hash
+/// to the same cluster slot.
+fn push_rate_key(out: &mut String, name: &LockName) {
+    out.push_str("lh:rate:{");
+    out.push_str(&key_escape(name.as_str()));
+    out.push('}');
 }
 
 fn key_escape(s: &str) -> std::borrow::Cow<'_, str> {

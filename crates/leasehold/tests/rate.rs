@@ -1,0 +1,259 @@
+//! Rate limiters against the real stores: the window bound under contention from
+//! several clients, waits served in turn, bad input; on Redis, expiry of idle limiters
+//! and a server restart; on etcd, a clear refusal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold::conformance::rate::{
+    acquire_waits_for_its_turn, bad_limiter_input_is_refused, bound_holds_under_contention,
+    burst_from_idle_is_exact,
+};
+use leasehold::conformance::{opener, unique};
+use leasehold::{Leasehold, MemoryStore, Rate, Store};
+
+const RUN: Duration = Duration::from_secs(3);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_keeps_the_window_bound_under_contention() {
+    let store = MemoryStore::new();
+    let open = opener(move || {
+        let store = store.clone();
+        async move { Ok(store) }
+    });
+    bound_holds_under_contention(open, 3, 4, RUN).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_serves_waits_in_turn() {
+    let store = MemoryStore::new();
+    acquire_waits_for_its_turn(opener(move || {
+        let store = store.clone();
+        async move { Ok(store) }
+    }))
+    .await;
+}
+
+#[tokio::test]
+async fn memory_lets_exactly_the_burst_through_from_idle() {
+    let store = MemoryStore::new();
+    burst_from_idle_is_exact(opener(move || {
+        let store = store.clone();
+        async move { Ok(store) }
+    }))
+    .await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused() {
+    bad_limiter_input_is_refused(Arc::new(MemoryStore::new())).await;
+}
+
+#[cfg(feature = "local")]
+mod local {
+    use super::*;
+    use leasehold::LocalStore;
+    use leasehold_testkit::TempDir;
+
+    fn open(dir: &TempDir) -> leasehold::conformance::Open {
+        let dir = dir.path().to_path_buf();
+        // A store opened anew per client: its own open files, as another process has.
+        opener(move || {
+            let dir = dir.clone();
+            async move { LocalStore::open(&dir) }
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn local_keeps_the_window_bound_under_contention() {
+        let dir = TempDir::new("rate-local");
+        bound_holds_under_contention(open(&dir), 3, 3, RUN).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn local_serves_waits_in_turn() {
+        let dir = TempDir::new("rate-local-turns");
+        acquire_waits_for_its_turn(open(&dir)).await;
+    }
+
+    #[tokio::test]
+    async fn local_lets_exactly_the_burst_through_from_idle() {
+        let dir = TempDir::new("rate-local-burst");
+        burst_from_idle_is_exact(open(&dir)).await;
+    }
+
+    #[tokio::test]
+    async fn a_limiter_and_a_lock_of_one_name_are_apart() {
+        let dir = TempDir::new("rate-local-apart");
+        let limits = Leasehold::new(LocalStore::open(dir.path()).unwrap());
+        let guard = limits.mutex("shared").unwrap().lock().await.unwrap();
+        let limiter = limits
+            .rate_limiter("shared", Rate::per_second(1), 1)
+            .unwrap();
+        assert!(limiter.try_acquire(1).await.unwrap().allowed);
+        assert!(!limiter.try_acquire(1).await.unwrap().allowed);
+        assert_eq!(limits.describe("shared").await.unwrap().holders.len(), 1);
+        let _ = guard.release().await.unwrap();
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use leasehold::conformance::{eventually, within};
+    use leasehold::{Error, RedisStore};
+    use leasehold_testkit::{RedisCluster, RedisServer};
+
+    fn open(url: String) -> leasehold::conformance::Open {
+        opener(move || {
+            let url = url.clone();
+            async move { RedisStore::connect(&url).await }
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_keeps_the_window_bound_under_contention() {
+        let server = RedisServer::start();
+        bound_holds_under_contention(open(server.url()), 3, 4, RUN).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_serves_waits_in_turn() {
+        let server = RedisServer::start();
+        acquire_waits_for_its_turn(open(server.url())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_cluster_keeps_the_window_bound_under_contention() {
+        let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .unwrap();
+        bound_holds_under_contention(open(cluster.url()), 3, 4, RUN).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_cluster_serves_waits_in_turn() {
+        let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .unwrap();
+        acquire_waits_for_its_turn(open(cluster.url())).await;
+    }
+
+    #[tokio::test]
+    async fn redis_lets_exactly_the_burst_through_from_idle() {
+        let server = RedisServer::start();
+        burst_from_idle_is_exact(open(server.url())).await;
+    }
+
+    #[tokio::test]
+    async fn redis_cluster_lets_exactly_the_burst_through_from_idle() {
+        let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .unwrap();
+        burst_from_idle_is_exact(open(cluster.url())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_limiter_key_expires_when_back_to_full_burst() {
+        let server = RedisServer::start();
+        let limits = Leasehold::new(RedisStore::connect(&server.url()).await.unwrap());
+        let name = unique("rate-expiry");
+        let key = format!("lh:rate:{{{name}}}");
+        let limiter = limits
+            .rate_limiter(name.as_str(), Rate::per_second(10), 5)
+            .unwrap();
+        let d = limiter.try_acquire(3).await.unwrap();
+        assert!(d.allowed && d.remaining == 2);
+        assert_eq!(d.reset_after, Duration::from_millis(300));
+        let pttl: i64 = server.cli(&["PTTL", &key]).trim().parse().unwrap();
+        assert!((1..=300).contains(&pttl), "PTTL {pttl}");
+        eventually("the idle limiter's key expires", || async {
+            server.cli(&["EXISTS", &key]).trim() == "0"
+        })
+        .await;
+        // Gone means full again.
+        assert_eq!(limiter.try_acquire(1).await.unwrap().remaining, 4);
+        // A refusal writes nothing: the key keeps its expiry.
+        assert!(limiter.try_acquire(4).await.unwrap().allowed);
+        let before: i64 = server.cli(&["PTTL", &key]).trim().parse().unwrap();
+        assert!(!limiter.try_acquire(1).await.unwrap().allowed);
+        let after: i64 = server.cli(&["PTTL", &key]).trim().parse().unwrap();
+        assert!(
+            after <= before,
+            "a refusal extended the key: {before} -> {after}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_limiter_and_a_lock_of_one_name_do_not_collide() {
+        let server = RedisServer::start();
+        let limits = Leasehold::new(RedisStore::connect(&server.url()).await.unwrap());
+        let guard = limits.mutex("shared").unwrap().lock().await.unwrap();
+        let limiter = limits
+            .rate_limiter("shared", Rate::per_second(1), 1)
+            .unwrap();
+        assert!(limiter.try_acquire(1).await.unwrap().allowed);
+        assert!(!limiter.try_acquire(1).await.unwrap().allowed);
+        assert_eq!(limits.list("").await.unwrap().len(), 1);
+        let _ = guard.release().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_restart_gives_an_error_or_a_fresh_limiter_never_a_panic() {
+        let mut server = RedisServer::start();
+        let limits = Leasehold::new(RedisStore::connect(&server.url()).await.unwrap());
+        let limiter = limits
+            .rate_limiter(unique("rate-restart").as_str(), Rate::per_minute(1), 2)
+            .unwrap();
+        assert!(limiter.try_acquire(2).await.unwrap().allowed);
+        server.kill();
+        match limiter.try_acquire(1).await {
+            Err(e @ Error::Unavailable { .. }) => assert!(e.is_retryable()),
+            other => panic!("expected unavailable while the server is down, got {other:?}"),
+        }
+        server.restart();
+        // The server kept nothing: the limiter starts again at full burst.
+        within("a decision after the restart", async {
+            loop {
+                match limiter.try_acquire(2).await {
+                    Ok(d) => break assert!(d.allowed),
+                    Err(e) => assert!(e.is_retryable(), "{e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_key_that_is_not_a_limiter_is_reported_as_unreadable() {
+        let server = RedisServer::start();
+        let limits = Leasehold::new(RedisStore::connect(&server.url()).await.unwrap());
+        server.cli(&["SET", "lh:rate:{odd}", "hello"]);
+        server.cli(&["HSET", "lh:rate:{odder}", "a", "b"]);
+        for name in ["odd", "odder"] {
+            let limiter = limits.rate_limiter(name, Rate::per_second(1), 1).unwrap();
+            let err = limiter.try_acquire(1).await.unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+            assert!(err.to_string().contains("delete it"), "{err}");
+        }
+    }
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn etcd_refuses_rate_limiters_as_unsupported() {
+    let server = tokio::task::spawn_blocking(leasehold_testkit::EtcdServer::start)
+        .await
+        .unwrap();
+    let store = leasehold::EtcdStore::connect(&server.url()).await.unwrap();
+    let limits = Leasehold::from_store(Arc::new(store) as Arc<dyn Store>);
+    let limiter = limits.rate_limiter("api", Rate::per_second(1), 1).unwrap();
+    let err = limiter.try_acquire(1).await.unwrap_err();
+    assert!(matches!(err, leasehold::Error::Unsupported { .. }), "{err}");
+    assert!(!err.is_retryable());
+    assert!(
+        err.to_string().contains("does not offer rate limiters"),
+        "{err}"
+    );
+}
