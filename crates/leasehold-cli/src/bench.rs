@@ -184,19 +184,22 @@ pub(crate) fn positive_seconds(flag: &str, duration: Duration) -> Result<f64, Fa
     Ok(secs)
 }
 
+/// `--workers`: 8 unless given, 1 to [`MAX_WORKERS`].
+pub(crate) fn workers(args: &BenchArgs) -> Result<usize, Failure> {
+    match args.workers {
+        Some(0) => Err(usage("--workers must be at least 1")),
+        Some(k) if k > MAX_WORKERS => Err(usage(format!(
+            "--workers {k}: at most {MAX_WORKERS} workers"
+        ))),
+        Some(k) => Ok(k),
+        None => Ok(8),
+    }
+}
+
 impl Plan {
     fn new(args: &BenchArgs) -> Result<Plan, Failure> {
         let workload = Workload::parse(&args.workload)?;
-        let workers = match args.workers {
-            Some(0) => return Err(usage("--workers must be at least 1")),
-            Some(k) if k > MAX_WORKERS => {
-                return Err(usage(format!(
-                    "--workers {k}: at most {MAX_WORKERS} workers"
-                )))
-            }
-            Some(k) => k,
-            None => 8,
-        };
+        let workers = workers(args)?;
         let workers = if workload == Workload::W1 { 1 } else { workers };
         if args.ops == 0 {
             return Err(usage("--ops must be at least 1"));

@@ -29,7 +29,6 @@ const PULSE_LEN: Duration = Duration::from_millis(500);
 const TRICKLE: Duration = Duration::from_millis(50);
 const STUCK_GRACE: Duration = Duration::from_secs(10);
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
-const MAX_WORKERS: usize = 10_000;
 
 fn usage(message: impl Into<String>) -> Failure {
     Failure::new(USAGE, message)
@@ -201,16 +200,7 @@ async fn worker(
 /// Runs a rate workload and prints its `ratebench.v1` line (or a short table).
 pub async fn bench(url: &str, backend: &str, args: &BenchArgs) -> Result<ExitCode, Failure> {
     let workload = parse(&args.workload).ok_or_else(|| usage("unknown rate workload"))?;
-    let workers = match args.workers {
-        Some(0) => return Err(usage("--workers must be at least 1")),
-        Some(k) if k > MAX_WORKERS => {
-            return Err(usage(format!(
-                "--workers {k}: at most {MAX_WORKERS} workers"
-            )))
-        }
-        Some(k) => k,
-        None => 8,
-    };
+    let workers = crate::bench::workers(args)?;
     let duration = crate::bench::positive_seconds(
         "duration",
         args.duration.unwrap_or(Duration::from_secs(10)),

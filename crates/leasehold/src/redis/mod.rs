@@ -771,11 +771,20 @@ impl RedisStore {
             }
             cmd
         };
+        // Every script is safe to repeat for its lease id. (A release whose first send
+        // took effect then answers "not held": the cautious answer, as the two cannot be
+        // told apart.)
+        (self.send(script, command).await).map_err(|e| self.error(e, name))
+    }
+
+    /// Runs the EVALSHA `command(resent)` builds; a call that met a dropped connection
+    /// (a server restart) is sent once more, on the reconnected one, built with `resent`.
+    async fn send<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        mut command: impl FnMut(bool) -> redis::Cmd,
+    ) -> redis::RedisResult<T> {
         let mut cmd = command(false);
-        // Every script is safe to repeat for its lease id, so a call that met a dropped
-        // connection (a server restart) is sent once more on the reconnected one. (A
-        // release whose first send took effect then answers "not held": the cautious
-        // answer, as the two cannot be told apart.)
         let mut sent = 0;
         loop {
             sent += 1;
@@ -795,7 +804,7 @@ impl RedisStore {
                 {
                     tracing::debug!(error = %e, "redis connection dropped; sending again");
                 }
-                result => return result.map_err(|e| self.error(e, name)),
+                result => return result,
             }
         }
     }
@@ -1269,45 +1278,34 @@ impl Store for RedisStore {
         let mut key = String::with_capacity(req.name.as_str().len() + 12);
         push_rate_key(&mut key, &req.name);
         let script = &scripts().rate;
-        let mut cmd = redis::Cmd::with_capacity(8, 128);
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(1)
-            .arg(&key)
-            .arg(req.limit.interval_us())
-            .arg(req.limit.burst())
-            .arg(req.units)
-            .arg(req.max_wait_us);
-        // A call that met a dropped connection (a server restart) is sent once more, as
-        // the locks' calls are; if its first send took effect too, its units count twice:
-        // the limiter lets fewer through, never more.
-        let mut sent = 0;
-        let reply: Vec<i64> = loop {
-            sent += 1;
-            let result = match self.inner.conn.clone() {
-                Conn::Single(mut c) => eval(&cmd, script, &mut c).await,
-                Conn::Cluster(mut c, _) => eval(&cmd, script, &mut c).await,
-            };
-            match result {
-                Err(e)
-                    if sent == 1
-                        && (e.is_io_error()
-                            || e.is_connection_dropped()
-                            || e.is_connection_refusal()) => {}
-                Ok(reply) => break reply,
-                Err(e) => {
-                    let text = e.to_string();
-                    if text.contains("LHCORRUPT") || text.contains("WRONGTYPE") {
-                        return Err(Error::Corrupt {
-                            store: self.inner.shown.clone(),
-                            name: req.name.to_string(),
-                            reason: format!(
-                                "{key} does not hold a rate limiter's time ({text}); delete it to start the limiter afresh (at full burst)"
-                            ),
-                        });
-                    }
-                    return Err(failed(&self.inner.shown, e));
+        let command = |_resent| {
+            let mut cmd = redis::Cmd::with_capacity(8, 128);
+            cmd.arg("EVALSHA")
+                .arg(script.get_hash())
+                .arg(1)
+                .arg(&key)
+                .arg(req.limit.interval_us())
+                .arg(req.limit.burst())
+                .arg(req.units)
+                .arg(req.max_wait_us);
+            cmd
+        };
+        // A call sent again after a dropped connection whose first send took effect too
+        // counts its units twice: the limiter lets fewer through, never more.
+        let reply: Vec<i64> = match self.send(script, command).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                let text = e.to_string();
+                if text.contains("LHCORRUPT") || text.contains("WRONGTYPE") {
+                    return Err(Error::Corrupt {
+                        store: self.inner.shown.clone(),
+                        name: req.name.to_string(),
+                        reason: format!(
+                            "{key} does not hold a rate limiter's time ({text}); delete it to start the limiter afresh (at full burst)"
+                        ),
+                    });
                 }
+                return Err(failed(&self.inner.shown, e));
             }
         };
         let [allowed, wait, remaining, reset] = reply[..] else {
