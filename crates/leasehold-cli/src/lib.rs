@@ -368,6 +368,40 @@ local: (the processes of this host), redis://... or etcd://... (memory: is for b
     open_store(url).await
 }
 
+/// What a bounded wait allows the store beyond the wait itself: a connect and a few round
+/// trips on a loaded machine.
+const STORE_SLACK: Duration = Duration::from_secs(2);
+
+/// Runs `work`, which talks to the store; with a bounded `wait` (`Some(ZERO)` for
+/// `--no-wait`), for at most the wait and [`STORE_SLACK`], so a store that does not answer
+/// (paused, a black-holed link) cannot stretch it by the client's connect and response
+/// timeouts (9.5 s for a paused Redis): exit 69 then.
+pub async fn within_wait<T, E: Into<Failure>>(
+    wait: Option<Duration>,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, Failure> {
+    let Some(wait) = wait else {
+        return work.await.map_err(Into::into);
+    };
+    match tokio::time::timeout(wait.saturating_add(STORE_SLACK), work).await {
+        Ok(done) => done.map_err(Into::into),
+        Err(_) => {
+            let allowed = match wait.is_zero() {
+                true => format!("{} to connect", leasehold::humanize(STORE_SLACK)),
+                false => format!(
+                    "the --wait of {} and {} to connect",
+                    leasehold::humanize(wait),
+                    leasehold::humanize(STORE_SLACK)
+                ),
+            };
+            Err(Failure::new(
+                exit::UNAVAILABLE,
+                format!("the store did not answer within {allowed}"),
+            ))
+        }
+    }
+}
+
 fn init_tracing(verbose: u8) {
     let default = match verbose {
         0 => "warn",

@@ -103,9 +103,18 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
             ),
         ));
     }
-    let locks = Leasehold::from_store(crate::open_store(store).await?);
-    let limiter = locks.rate_limiter(args.name.as_str(), args.rate, burst)?;
-    let decision = decide(&limiter, &args).await?;
+    // A store that does not answer cannot stretch a bounded wait (see within_wait).
+    let wait = match (args.no_wait || args.check, args.wait) {
+        (_, Some(wait)) => Some(wait),
+        (true, None) => Some(Duration::ZERO),
+        (false, None) => None,
+    };
+    let decision = crate::within_wait(wait, async {
+        let locks = Leasehold::from_store(crate::open_store(store).await?);
+        let limiter = locks.rate_limiter(args.name.as_str(), args.rate, burst)?;
+        decide(&limiter, &args).await
+    })
+    .await?;
     if args.check {
         print_decision(&args, burst, &decision);
         return Ok(ExitCode::from(match decision.allowed {

@@ -91,44 +91,22 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
     ))
 }
 
-/// Opens the store; with a bounded wait (`--wait`, `--no-wait`), within that wait and
-/// [`CONNECT_SLACK`], so a store that does not answer (paused, a black-holed link) cannot
-/// stretch it by the client's connect and response timeouts (9.5 s for a paused Redis).
+/// Opens the store; with a bounded wait (`--wait`, `--no-wait`), within that wait and a
+/// little (see [`crate::within_wait`]).
 async fn connect(
     store: Option<&str>,
     command: &str,
     lock: &LockArgs,
 ) -> Result<Leasehold, Failure> {
-    let opening = crate::open_shared_store(store, command);
     let wait = match (lock.no_wait, lock.wait) {
         (true, _) => Some(Duration::ZERO),
         (false, wait) => wait,
     };
-    let opened = match wait {
-        Some(wait) => (tokio::time::timeout(wait.saturating_add(CONNECT_SLACK), opening))
-            .await
-            .map_err(|_| {
-                let allowed = match wait.is_zero() {
-                    true => format!("{} to connect", humanize(CONNECT_SLACK)),
-                    false => format!(
-                        "the --wait of {} and {} to connect",
-                        humanize(wait),
-                        humanize(CONNECT_SLACK)
-                    ),
-                };
-                Failure::new(
-                    exit::UNAVAILABLE,
-                    format!("the store did not answer within {allowed}"),
-                )
-            })?,
-        None => opening.await,
-    };
-    Ok(Leasehold::from_store(opened?))
+    let opening = crate::open_shared_store(store, command);
+    Ok(Leasehold::from_store(
+        crate::within_wait(wait, opening).await?,
+    ))
 }
-
-/// What a bounded wait allows the store's connect beyond the wait itself: a few round
-/// trips on a loaded machine.
-const CONNECT_SLACK: Duration = Duration::from_secs(2);
 
 fn signals() -> Result<[Signal; 3], Failure> {
     let make = |kind| {

@@ -251,3 +251,43 @@ fn etcd_has_no_rate_limiters_and_says_so_with_64() {
     );
     assert!(!cli.exists("ran"));
 }
+
+/// A store that does not answer (a paused Redis) cannot stretch `--no-wait`, `--check`
+/// or `--wait` by the client's connect and response timeouts: exit 69 saying so, and
+/// the command does not run. (Without the bound: 9.5 s whatever the flags.)
+#[test]
+fn a_paused_redis_cannot_stretch_a_bounded_limit() {
+    let server = RedisServer::start();
+    let cli = Cli::with_store("limit-paused", Some(server.url()));
+    server.pause();
+    let out = cli.run(&[
+        "limit",
+        "p",
+        "--rate",
+        "10/s",
+        "--no-wait",
+        "--",
+        "touch",
+        "ran",
+    ]);
+    let out = out.expect(69);
+    assert!(
+        out.stderr.contains("did not answer within 2s to connect"),
+        "{out:?}"
+    );
+    let out = cli
+        .run(&["limit", "p", "--rate", "10/s", "--check"])
+        .expect(69);
+    assert!(out.stderr.contains("did not answer within"), "{out:?}");
+    let out = cli.run(&[
+        "limit", "p", "--rate", "10/s", "--wait", "1s", "--", "touch", "ran",
+    ]);
+    let out = out.expect(69);
+    assert!(
+        out.stderr
+            .contains("did not answer within the --wait of 1s"),
+        "{out:?}"
+    );
+    server.resume();
+    assert!(!cli.exists("ran"));
+}

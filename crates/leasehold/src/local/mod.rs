@@ -384,7 +384,7 @@ impl LocalStore {
             Ok(flock) => {
                 flock.map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?
             }
-            Err(_) => return Err(self.file_lock_stuck(name, &lf)),
+            Err(_) => return Err(self.file_lock_stuck(&lf)),
         };
         let wall_us = Now::wall_us();
         let now = Now {
@@ -441,8 +441,10 @@ impl LocalStore {
 
     /// Our processes hold a lock file's `flock` for microseconds; one held longer than
     /// [`FLOCK_PATIENCE`] is held by a process that is stuck, or that is not leasehold.
-    fn file_lock_stuck(&self, name: &LockName, lf: &LockFile) -> Error {
-        let path = self.inner.locks_dir.join(file_name(name));
+    fn file_lock_stuck(&self, lf: &LockFile) -> Error {
+        // The file itself, whichever folder it is in (a lock's or a limiter's).
+        let path = std::fs::read_link(format!("/proc/self/fd/{}", lf.file.as_raw_fd()))
+            .unwrap_or_else(|_| "its lock file".into());
         let holder = lf
             .file
             .metadata()
@@ -790,7 +792,7 @@ impl Store for LocalStore {
             Ok(flock) => {
                 flock.map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?
             }
-            Err(_) => return Err(self.file_lock_stuck(name, &lf)),
+            Err(_) => return Err(self.file_lock_stuck(&lf)),
         };
         let now = sys::boottime_ns() / 1000;
         let (seq, tat) = match slots::read(&lf.file)
