@@ -34,6 +34,15 @@ Exit status:
   126    the command could not be executed
   127    the command was not found";
 
+/// Writes `text` to standard output: a write that fails (a reader gone, `| head`; a full
+/// disk) is a clean error, exit 70, not a panic.
+pub fn print(text: &str) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    (out.write_all(text.as_bytes()).and_then(|()| out.flush()))
+        .map_err(|e| Failure::new(INTERNAL, format!("cannot write to standard output: {e}")))
+}
+
 /// An expected failure: what to print and which code to exit with.
 #[derive(Debug)]
 pub struct Failure {

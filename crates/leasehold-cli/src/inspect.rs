@@ -53,16 +53,20 @@ fn ago(t: SystemTime) -> String {
     humanize(SystemTime::now().duration_since(t).unwrap_or_default())
 }
 
-fn print_state(s: &LockState) {
+/// What `status` and `list` print of one lock.
+fn state_text(s: &LockState) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
     let state = if s.holders.is_empty() { "free" } else { "held" };
-    println!("{}: {state} (last token {})", s.name, s.last_token);
+    let _ = writeln!(out, "{}: {state} (last token {})", s.name, s.last_token);
     for h in &s.holders {
         let holds = if h.holds > 1 {
             format!(", {} holds", h.holds)
         } else {
             String::new()
         };
-        println!(
+        let _ = writeln!(
+            out,
             "  holder  {} on {} pid {}: token {}, {} for {}, lease left {}{holds}",
             h.owner,
             h.host,
@@ -74,7 +78,8 @@ fn print_state(s: &LockState) {
         );
     }
     for (i, w) in s.waiters.iter().enumerate() {
-        println!(
+        let _ = writeln!(
+            out,
             "  waiter {}  {} on {} pid {}: {} for {}",
             i + 1,
             w.owner,
@@ -84,6 +89,7 @@ fn print_state(s: &LockState) {
             ago(w.since)
         );
     }
+    out
 }
 
 /// `exclusive`, `shared`, or `permit of N` (a semaphore's size).
@@ -97,8 +103,7 @@ fn kind(kind: LockKind) -> String {
 fn json<T: serde::Serialize>(value: &T) -> Result<(), Failure> {
     let text =
         serde_json::to_string(value).map_err(|e| Failure::new(exit::INTERNAL, e.to_string()))?;
-    println!("{text}");
-    Ok(())
+    exit::print(&format!("{text}\n"))
 }
 
 /// `leasehold status NAME`.
@@ -115,10 +120,11 @@ pub async fn status(store: Option<&str>, args: StatusArgs) -> Result<ExitCode, F
         }
         json(&value)?;
     } else {
-        print_state(&state);
+        let mut text = state_text(&state);
         if let Some(caveat) = caveat {
-            println!("  store: {caveat}");
+            text.push_str(&format!("  store: {caveat}\n"));
         }
+        exit::print(&text)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -130,9 +136,9 @@ pub async fn list(store: Option<&str>, args: ListArgs) -> Result<ExitCode, Failu
     if args.json {
         json(&states)?;
     } else if states.is_empty() {
-        println!("no locks held or awaited");
+        exit::print("no locks held or awaited\n")?;
     } else {
-        states.iter().for_each(print_state);
+        exit::print(&states.iter().map(state_text).collect::<String>())?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -156,9 +162,13 @@ pub async fn release(store: Option<&str>, args: ReleaseArgs) -> Result<ExitCode,
             .iter()
             .map(|h| format!("{} (pid {}, token {})", h.owner, h.pid, h.token))
             .collect();
-        println!("released \"{}\", held by {}", args.name, who.join(", "));
+        exit::print(&format!(
+            "released \"{}\", held by {}\n",
+            args.name,
+            who.join(", ")
+        ))?;
     } else {
-        println!("\"{}\" was not held", args.name);
+        exit::print(&format!("\"{}\" was not held\n", args.name))?;
     }
     Ok(ExitCode::SUCCESS)
 }

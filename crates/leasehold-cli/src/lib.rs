@@ -125,10 +125,12 @@ pub fn command() -> clap::Command {
 }
 
 /// `leasehold completions SHELL`: the script on stdout.
-fn completions(args: &CompletionsArgs) -> ExitCode {
+fn completions(args: &CompletionsArgs) -> Result<ExitCode, Failure> {
     let mut cmd = command();
-    clap_complete::generate(args.shell, &mut cmd, "leasehold", &mut std::io::stdout());
-    ExitCode::SUCCESS
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut cmd, "leasehold", &mut script);
+    exit::print(&String::from_utf8_lossy(&script))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `leasehold man [COMMAND]`: leasehold(1), or leasehold-COMMAND(1), in roff on stdout.
@@ -452,7 +454,7 @@ pub fn main() -> ExitCode {
     };
     // Generated from the definitions above: no store, no runtime.
     match &cli.command {
-        Command::Completions(args) => return completions(args),
+        Command::Completions(args) => return completions(args).unwrap_or_else(Failure::report),
         Command::Man(args) => return man(args).unwrap_or_else(Failure::report),
         _ => {}
     }
@@ -500,7 +502,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Torture(args) => torture::torture(store, args).await,
         Command::TortureWorker(args) => torture::worker::worker(store, args).await,
         Command::TortureCommand(args) => torture::command::command(args).await,
-        Command::Completions(args) => Ok(completions(&args)),
+        Command::Completions(args) => completions(&args),
         Command::Man(args) => man(&args),
     }
 }

@@ -116,7 +116,7 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
     })
     .await?;
     if args.check {
-        print_decision(&args, burst, &decision);
+        print_decision(&args, burst, &decision)?;
         return Ok(ExitCode::from(match decision.allowed {
             true => 0,
             false => exit::NOT_ACQUIRED,
@@ -197,7 +197,7 @@ fn refusal(args: &LimitArgs, burst: u64, d: &RateDecision) -> String {
     )
 }
 
-fn print_decision(args: &LimitArgs, burst: u64, d: &RateDecision) {
+fn print_decision(args: &LimitArgs, burst: u64, d: &RateDecision) -> Result<(), Failure> {
     if args.json {
         let out = serde_json::json!({
             "name": args.name,
@@ -209,21 +209,21 @@ fn print_decision(args: &LimitArgs, burst: u64, d: &RateDecision) {
             "remaining": d.remaining,
             "reset_after_ms": d.reset_after.as_secs_f64() * 1000.0,
         });
-        println!("{out}");
+        exit::print(&format!("{out}\n"))
     } else if d.allowed {
-        println!(
-            "{}: allowed {}; {} of the burst of {burst} left",
+        exit::print(&format!(
+            "{}: allowed {}; {} of the burst of {burst} left\n",
             args.name,
             units(args.cost),
             d.remaining
-        );
+        ))
     } else {
-        println!(
-            "{}: refused; {} would be allowed in {}; {} of the burst of {burst} left",
+        exit::print(&format!(
+            "{}: refused; {} would be allowed in {}; {} of the burst of {burst} left\n",
             args.name,
             units(args.cost),
             humanize(d.wait),
             d.remaining
-        );
+        ))
     }
 }

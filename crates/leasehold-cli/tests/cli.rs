@@ -1230,3 +1230,30 @@ fn the_manual_renders_with_man_l_for_leasehold_and_each_command() {
     let out = cli.run(&["man", "torture-worker"]).expect(64);
     assert!(out.stderr.contains("run, hold, status"), "{out:?}");
 }
+
+/// Output that cannot be written (a full disk here; a reader gone is the same error) is
+/// a clean error, exit 70, not a panic, for every command that prints.
+#[test]
+fn output_that_cannot_be_written_is_an_error_not_a_panic() {
+    let cli = Cli::new("full-stdout");
+    let commands: [&[&str]; 5] = [
+        &["status", "k"],
+        &["status", "k", "--json"],
+        &["list"],
+        &["limit", "k", "--rate", "10/s", "--check"],
+        &["completions", "bash"],
+    ];
+    for args in commands {
+        let full = fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = cli.cmd(args).stdout(full).output().expect("run leasehold");
+        let out = Out::from(out).expect(70);
+        assert!(
+            out.stderr.contains("cannot write to standard output")
+                && !out.stderr.contains("panicked"),
+            "{args:?}: {out:?}"
+        );
+    }
+}
