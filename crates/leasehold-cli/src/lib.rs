@@ -375,7 +375,7 @@ local: (the processes of this host), redis://... or etcd://... (memory: is for b
 const STORE_SLACK: Duration = Duration::from_secs(2);
 
 /// Runs `work`, which talks to the store; with a bounded `wait` (`Some(ZERO)` for
-/// `--no-wait`), for at most the wait and [`STORE_SLACK`], so a store that does not answer
+/// `--no-wait`), for at most the wait and `STORE_SLACK`, so a store that does not answer
 /// (paused, a black-holed link) cannot stretch it by the client's connect and response
 /// timeouts (9.5 s for a paused Redis): exit 69 then.
 pub async fn within_wait<T, E: Into<Failure>>(

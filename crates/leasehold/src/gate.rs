@@ -6,7 +6,10 @@
 //! through the store for all of them. A fair task handed over this way takes its place
 //! in the store's queue by when it arrived here, so other processes' waiters keep the
 //! order they arrived in; so does one whose turn came without the lock (the task before
-//! it gave up), which asks the store itself with how long it waited here.
+//! it gave up), which asks the store itself with how long it waited here. Fair and
+//! non-fair tasks queue at gates of their own: a fair task behind a non-fair one's turn
+//! would wait for a store request that joined the store's queue late, and another
+//! process's later waiter could pass it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -20,38 +23,46 @@ use crate::store::{AcquireRequest, Attempt, Grant, Lease, Released, Store, Waite
 use crate::Locked;
 use crate::{LockName, Result};
 
-/// The gates of one [`Leasehold`](crate::Leasehold), by lock name.
+/// The gates of one [`Leasehold`](crate::Leasehold), by lock name and fairness.
 #[derive(Debug, Default)]
-pub(crate) struct Gates(Mutex<HashMap<LockName, Arc<Gate>>>);
+pub(crate) struct Gates(Mutex<HashMap<(LockName, bool), Arc<Gate>>>);
 
 impl Gates {
-    pub fn gate(&self, name: &LockName) -> Arc<Gate> {
+    pub fn gate(&self, name: &LockName, fair: bool) -> Arc<Gate> {
         let mut gates = self.0.locked();
         if gates.len() > 1024 {
             gates.retain(|_, gate| Arc::strong_count(gate) > 1);
         }
-        gates.entry(name.clone()).or_default().clone()
+        gates.entry((name.clone(), fair)).or_default().clone()
     }
 
-    /// The tasks waiting at the gate of `name`, in arrival order (for `describe`).
+    /// The tasks waiting at the gates of `name`, in arrival order (for `describe`).
     pub fn waiting(&self, name: &LockName) -> Vec<WaiterInfo> {
-        let Some(gate) = self.0.locked().get(name).cloned() else {
-            return Vec::new();
+        let gates: Vec<Arc<Gate>> = {
+            let gates = self.0.locked();
+            [false, true]
+                .iter()
+                .filter_map(|&fair| gates.get(&(name.clone(), fair)).cloned())
+                .collect()
         };
-        let state = gate.0.locked();
         let now = (SystemTime::now(), Instant::now());
-        state
-            .queue
-            .iter()
-            .filter(|waiting| !waiting.tx.is_closed())
-            .map(|waiting| WaiterInfo {
-                owner: waiting.req.owner.clone(),
-                host: waiting.req.requester.host.clone(),
-                pid: waiting.req.requester.pid,
-                kind: waiting.req.kind,
-                since: now.0.checked_sub(now.1 - waiting.since).unwrap_or(now.0),
-            })
-            .collect()
+        let mut waiting: Vec<(Instant, WaiterInfo)> = Vec::new();
+        for gate in gates {
+            let state = gate.0.locked();
+            let open = state.queue.iter().filter(|waiting| !waiting.tx.is_closed());
+            waiting.extend(open.map(|waiting| {
+                let info = WaiterInfo {
+                    owner: waiting.req.owner.clone(),
+                    host: waiting.req.requester.host.clone(),
+                    pid: waiting.req.requester.pid,
+                    kind: waiting.req.kind,
+                    since: now.0.checked_sub(now.1 - waiting.since).unwrap_or(now.0),
+                };
+                (waiting.since, info)
+            }));
+        }
+        waiting.sort_by_key(|(since, _)| *since);
+        waiting.into_iter().map(|(_, info)| info).collect()
     }
 }
 

@@ -359,7 +359,12 @@ impl Lock {
                 };
                 let undo = Pending::new(self.store.clone(), &req, &self.tasks);
                 let arrived = Instant::now();
-                match self.gates.gate(&self.name).enter(&req, until, undo).await {
+                match self
+                    .gates
+                    .gate(&self.name, self.fair)
+                    .enter(&req, until, undo)
+                    .await
+                {
                     None => return Ok(None),
                     // Handed over by the task before us, in one store step.
                     Some((turn, Some((grant, sent)))) => {

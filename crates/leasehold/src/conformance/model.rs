@@ -446,6 +446,16 @@ fn gated(req: &Req, queues_by_wait: bool) -> bool {
     req.owner.is_none() && req.asked.kind() == LockKind::Exclusive && (!req.fair || queues_by_wait)
 }
 
+/// The gate `req` waits at: a client's fair and non-fair requests have gates of their
+/// own. [`client_of`] gives its client back.
+fn gate_of(req: &Req) -> usize {
+    req.client * 2 + usize::from(req.fair)
+}
+
+fn client_of(gate: usize) -> usize {
+    gate / 2
+}
+
 /// The model's name for an ownerless waiter until it is granted and its guard tells.
 fn unnamed(id: usize) -> String {
     format!("~w{id}")
@@ -489,9 +499,9 @@ impl Name {
 
     /// Whether `client`'s gate is busy: one of its tasks holds the lock or is in the
     /// store's queue, and others wait behind it.
-    fn gate_busy(&self, client: usize) -> bool {
-        self.holders.iter().any(|h| h.turn == Some(client))
-            || self.waiters.iter().any(|w| w.gate == Some(client))
+    fn gate_busy(&self, gate: usize) -> bool {
+        self.holders.iter().any(|h| h.turn == Some(gate))
+            || self.waiters.iter().any(|w| w.gate == Some(gate))
     }
 
     /// `client`'s gate passes its turn on (the task with it ended, or its hold did):
@@ -606,7 +616,7 @@ impl Name {
             .map(|h| {
                 let turn = h
                     .turn
-                    .map_or(String::new(), |c| format!(" with c{c}'s turn"));
+                    .map_or(String::new(), |g| format!(" with c{}'s turn", client_of(g)));
                 format!("{} {:?} x{} #{}{turn}", h.owner, h.kind, h.holds, h.token)
             })
             .collect();
@@ -614,8 +624,8 @@ impl Name {
             .map(|w| {
                 let fair = if w.fair { "fair" } else { "unfair" };
                 let gate = match (w.gate, w.at_gate) {
-                    (Some(c), true) => format!(" at c{c}'s gate"),
-                    (Some(c), false) => format!(" with c{c}'s turn"),
+                    (Some(g), true) => format!(" at c{}'s gate", client_of(g)),
+                    (Some(g), false) => format!(" with c{}'s turn", client_of(g)),
                     (None, _) => String::new(),
                 };
                 format!("w{} {} {:?} {fair}{gate}", w.id, w.owner, w.kind)
@@ -877,7 +887,7 @@ impl Driver {
                     req,
                     handle,
                 });
-                let gate = self.gated(&req).then_some(req.client);
+                let gate = self.gated(&req).then_some(gate_of(&req));
                 let at_gate = gate.is_some_and(|c| self.model[req.name].gate_busy(c));
                 self.model[req.name].waiters.push(Waiter {
                     id,
@@ -969,7 +979,7 @@ impl Driver {
                         owner,
                         kind: req.asked.kind(),
                         fair: req.fair,
-                        turn: self.gated(&req).then_some(req.client),
+                        turn: self.gated(&req).then_some(gate_of(&req)),
                         outcome,
                         guard,
                         since: Instant::now(),
@@ -1053,7 +1063,7 @@ impl Driver {
         }
         .to_string();
         let kind = req.asked.kind();
-        let turn = self.gated(req).then_some(req.client);
+        let turn = self.gated(req).then_some(gate_of(req));
         let name = &mut self.model[req.name];
         // A task of its client's gate has the turn: the request waits behind it at the
         // gate and never reaches the store.
@@ -1294,7 +1304,7 @@ impl Driver {
         for (n, name) in self.names.iter().enumerate() {
             let model = &self.model[n];
             for client in 0..CLIENTS {
-                let at_gate = |w: &&Waiter| w.at_gate && w.gate == Some(client);
+                let at_gate = |w: &&Waiter| w.at_gate && w.gate.map(client_of) == Some(client);
                 if client > 0 && !model.waiters.iter().any(|w| at_gate(&w)) {
                     continue;
                 }
