@@ -1014,7 +1014,9 @@ where
 /// Waiter `w1` of the fair lock `name`, in a process of its own: its own thread, runtime
 /// and connection. Once it is told to, it stops waiting and ends: by dropping its wait
 /// and calling [`Leasehold::shutdown`] if `graceful`, else as a killed process does,
-/// without another step (its runtime ends; the wait is never dropped).
+/// without another step: its runtime ends with the wait in it, so nothing it would send
+/// on the way out runs, and what it held (connections, files and their locks) is let go,
+/// as the kernel lets a dead process's go.
 fn waiter_process(
     open: Open,
     name: String,
@@ -1032,20 +1034,20 @@ fn waiter_process(
         runtime.block_on(async move {
             let locks = Leasehold::from_store(open().await);
             let lock = fair_lock(&locks, &name, "w1");
-            let mut wait = Box::pin(async move { lock.lock().await });
+            let mut wait = tokio::spawn(async move { lock.lock().await });
             tokio::select! {
                 got = &mut wait => panic!("w1 got the lock: {got:?}"),
                 _ = stopped => {}
             }
             if graceful {
-                drop(wait);
+                wait.abort();
+                let _ = wait.await;
                 assert!(locks.shutdown(PATIENCE).await, "shutdown finished in time");
-            } else {
-                std::mem::forget(wait);
             }
         });
-        // Whatever the runtime still had (a background undo) ends with it.
-        drop(runtime);
+        // Whatever the runtime still had (the wait, a background undo) ends with it,
+        // without being run again.
+        runtime.shutdown_background();
     });
     (stop, thread)
 }

@@ -542,10 +542,13 @@ impl Drop for Flock {
 /// in the middle of its few-microsecond update cannot stall this runtime.
 ///
 /// The blocking wait locks an open file of its own. `flock` belongs to the open file, not
-/// to the thread: a wait whose caller gave up (a timeout, a cancelled renewal) goes on in
-/// its thread, and had it waited on the shared open file, its lock and unlock when it
-/// finally got through would land on the lock a later caller of this process holds
-/// there, letting another process in beside it.
+/// to the thread: had a wait whose caller gave up (a timeout, a cancelled renewal) gone on
+/// waiting on the shared open file, its lock and unlock when it finally got through would
+/// land on the lock a later caller of this process holds there, letting another process
+/// in beside it. The thread looks again and again rather than blocking in the kernel, so
+/// it ends as soon as its caller has gone, and after [`FLOCK_PATIENCE`] at most: a thread
+/// blocked for as long as a stranger holds the file would keep the runtime from shutting
+/// down.
 async fn flock(lf: &Arc<LockFile>) -> std::io::Result<Flock> {
     let fd = lf.file.as_raw_fd();
     // SAFETY: valid fd; non-blocking attempt.
@@ -559,17 +562,29 @@ async fn flock(lf: &Arc<LockFile>) -> std::io::Result<Flock> {
     // The same file (even if its path was replaced since), opened anew.
     let own = File::open(format!("/proc/self/fd/{fd}"))?;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::task::spawn_blocking(move || loop {
-        // SAFETY: valid fd, owned by `own`; blocking attempt.
-        if unsafe { libc::flock(own.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            // If our caller has given up, the lock goes with the channel's drop.
-            let _ = tx.send(Ok(Flock::Own { _file: own }));
-            return;
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            let _ = tx.send(Err(err));
-            return;
+    tokio::task::spawn_blocking(move || {
+        // A little past the callers' own patience, so that they say what happened.
+        let until = std::time::Instant::now() + FLOCK_PATIENCE + Duration::from_millis(100);
+        let mut pause = Duration::from_micros(20);
+        loop {
+            // SAFETY: valid fd, owned by `own`; non-blocking attempt.
+            if unsafe { libc::flock(own.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                // If our caller has given up, the lock goes with the channel's drop.
+                let _ = tx.send(Ok(Flock::Own { _file: own }));
+                return;
+            }
+            let err = std::io::Error::last_os_error();
+            let busy = err.raw_os_error() == Some(libc::EWOULDBLOCK)
+                || err.kind() == std::io::ErrorKind::Interrupted;
+            if !busy {
+                let _ = tx.send(Err(err));
+                return;
+            }
+            if tx.is_closed() || std::time::Instant::now() >= until {
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
         }
     });
     rx.await
