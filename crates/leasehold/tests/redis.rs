@@ -584,8 +584,9 @@ async fn a_live_non_fair_waiter_behind_a_dead_one_is_woken_at_the_release() {
     });
     eventually("w2 to queue behind w1", || async { waiters().await == 2 }).await;
     assert_eq!(holder.release().await.unwrap(), Released::Released);
-    // Its own next look would come a quarter of a waiter lease or more later.
-    let next = tokio::time::timeout(Duration::from_secs(1), w2).await;
+    // Its own next look would come half a waiter lease (2.5 s) after it queued, which
+    // was just before the release; woken, it is served in a round trip.
+    let next = tokio::time::timeout(Duration::from_millis(1500), w2).await;
     let next = next.expect("w2 is woken at the release");
     let _ = next.unwrap().unwrap().release().await.unwrap();
 }
