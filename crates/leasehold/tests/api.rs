@@ -156,7 +156,9 @@ async fn routine_lock_traffic() {
         let lock = lock.clone();
         async move { lock.lock().await.unwrap() }
     });
-    tokio::time::sleep(Duration::from_millis(250)).await; // a renewal or two
+    // One renewal, confirmed, before the release.
+    let renewed = tokio::time::timeout(Duration::from_secs(10), first.deadlines().next()).await;
+    assert!(matches!(renewed, Ok(Some(_))), "no renewal: {renewed:?}");
     let _ = first.release().await.unwrap();
     let second = waiter.await.unwrap();
     assert!(locks.force_release("k").await.unwrap());
