@@ -1,6 +1,8 @@
 //! The entry point ([`Leasehold`]), lock handles, and the one place where waiting happens.
 
 use std::fmt;
+use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -231,6 +233,7 @@ impl fmt::Debug for Lock {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Wait {
     No,
     Until(Instant),
@@ -422,13 +425,10 @@ impl Lock {
         let resent = Instant::now();
         let lease = req.lease();
         let renewal = self.store.renew(&lease, req.ttl);
-        let renewal = match bound {
-            Some(bound) => timeout_at(bound, renewal)
-                .await
-                .unwrap_or_else(|_| Err(self.too_slow("confirming a late grant", resent))),
-            None => renewal.await,
-        };
-        match renewal? {
+        match self
+            .bounded(renewal, bound, "confirming a late grant", resent)
+            .await?
+        {
             Renewal::Renewed => {
                 tracing::debug!("a grant that arrived late was confirmed by a renewal");
                 let grant = Grant {
@@ -483,131 +483,213 @@ impl Lock {
         }
     }
 
-    async fn acquire_from_store(
-        &self,
-        req: AcquireRequest,
-        wait: Wait,
-    ) -> Result<Option<LockGuard>> {
-        let started = Instant::now();
-        // However slow the store, a bounded wait ends soon after its deadline.
-        let bound = match wait {
-            Wait::Until(deadline) => Some(deadline + LATE_ANSWER),
-            _ => None,
+    /// Asks the store until the lock is granted or `wait` says to stop.
+    async fn acquire_from_store(&self, req: AcquireRequest, wait: Wait) -> Acquired {
+        let mut progress = Progress {
+            wait,
+            // However slow the store, a bounded wait ends soon after its deadline.
+            bound: match wait {
+                Wait::Until(deadline) => Some(deadline + LATE_ANSWER),
+                _ => None,
+            },
+            pending: Pending::new(self.store.clone(), &req, &self.tasks),
+            started: Instant::now(),
+            answered: false,
+            backoff: FIRST_BACKOFF,
         };
-        let mut pending = Pending::new(self.store.clone(), &req, &self.tasks);
-        // Once the store has answered, a waiter rides out store trouble (a restart, a
-        // failover) until its deadline; the same request is retried, so an attempt that
-        // was granted unseen is simply granted again.
-        let mut answered = false;
-        let mut trouble = Duration::from_millis(50);
         loop {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
             let sent = Instant::now();
             let attempt = self.store.acquire(&req);
-            let attempt = match bound {
-                Some(bound) => timeout_at(bound, attempt)
-                    .await
-                    .unwrap_or_else(|_| Err(self.too_slow("an attempt", sent))),
-                None => attempt.await,
+            let step = match self
+                .bounded(attempt, progress.bound, "an attempt", sent)
+                .await
+            {
+                Ok(Attempt::Granted(grant)) => self.granted(&req, grant, sent, &mut progress).await,
+                Ok(Attempt::Busy(busy)) => self.busy(&req, busy, sent, &mut progress).await,
+                Err(error) => self.trouble(error, &mut progress).await,
             };
-            let busy = match attempt {
-                Ok(Attempt::Granted(grant)) => {
-                    match self.settle(&req, grant, sent, &mut pending, bound).await {
-                        Some(done) => return done,
-                        // Lapsed on the way: ask again (the same request) while we may wait.
-                        None => match wait {
-                            Wait::Forever => continue,
-                            Wait::Until(deadline) if Instant::now() < deadline => continue,
-                            _ => {
-                                pending.undo_within(LATE_ANSWER).await;
-                                // Nobody else had it: say what happened, not "busy".
-                                return Err(self.too_slow("the grant", sent));
-                            }
-                        },
-                    }
-                }
-                Ok(Attempt::Busy(busy)) => {
-                    answered = true;
-                    trouble = Duration::from_millis(50);
-                    busy
-                }
-                Err(error) if answered && error.is_retryable() && !matches!(wait, Wait::No) => {
-                    let retry = Instant::now() + jitter(trouble);
-                    trouble = (trouble * 2).min(Duration::from_secs(1));
-                    if let Wait::Until(deadline) = wait {
-                        if retry >= deadline {
-                            pending.undo_within(LATE_ANSWER).await;
-                            return Err(error);
-                        }
-                    }
-                    tracing::debug!(%error, "store trouble while waiting; retrying");
-                    sleep_until(retry).await;
-                    continue;
-                }
-                Err(error) => {
-                    if !answered && self.store.capabilities().failed_calls_change_nothing {
-                        // Nothing of this request can be in the store.
-                        pending.disarm();
-                    } else {
-                        // The attempt may have been granted or queued: undo it by its id,
-                        // within what is left of a bounded wait (then in the background).
-                        let now = Instant::now();
-                        let patience =
-                            bound.map_or(LATE_ANSWER, |b| b.saturating_duration_since(now));
-                        pending.undo_within(patience).await;
-                    }
-                    return Err(error);
-                }
-            };
-            let deadline = match wait {
-                Wait::No => {
-                    pending.disarm();
-                    return Ok(None);
-                }
-                Wait::Until(deadline) if Instant::now() >= deadline => {
-                    pending.undo_within(LATE_ANSWER).await;
-                    tracing::debug!(waited = ?started.elapsed(), "gave up waiting");
-                    return Ok(None);
-                }
-                Wait::Until(deadline) => Some(deadline),
-                Wait::Forever => None,
-            };
-            if let Some(on_wait) = &self.on_wait {
-                on_wait(&busy);
-            }
-            tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
-            // Try again when the store signals a change, or when a holder's lease (or a
-            // waiter ahead) can have expired, or in time to refresh our own waiter lease.
-            let refresh = waiter_lease(req.ttl) / 2;
-            let retry_in = busy
-                .retry_in
-                .map_or(refresh, |d| (d + Duration::from_millis(1)).min(refresh));
-            let mut wake = Instant::now() + retry_in;
-            if let Some(deadline) = deadline {
-                wake = wake.min(deadline);
-            }
-            tokio::select! {
-                changed = self.store.changed(&req, busy.watermark) => match changed {
-                    // Handed over by the store: the lease runs from after `sent`, our
-                    // last request, so counting from it is safe.
-                    Ok(Some(grant)) => {
-                        if let Some(done) = self.settle(&req, grant, sent, &mut pending, bound).await {
-                            return done;
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(error) => {
-                        tracing::debug!(%error, "change notification failed; backing off");
-                        let backoff = Instant::now() + jitter(Duration::from_millis(50));
-                        sleep_until(backoff.min(wake)).await;
-                    }
-                },
-                _ = sleep_until(wake) => {}
+            if let ControlFlow::Break(done) = step {
+                return done;
             }
         }
     }
+
+    /// `call` (`what`, sent at `sent`), ended by `bound` if any.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T>>,
+        bound: Option<Instant>,
+        what: &str,
+        sent: Instant,
+    ) -> Result<T> {
+        match bound {
+            Some(bound) => timeout_at(bound, call)
+                .await
+                .unwrap_or_else(|_| Err(self.too_slow(what, sent))),
+            None => call.await,
+        }
+    }
+
+    /// A grant to the attempt sent at `sent`: the acquire ends with its guard or the
+    /// error confirming it met; if its lease lapsed on the way, the same request is
+    /// asked again while the wait allows.
+    async fn granted(
+        &self,
+        req: &AcquireRequest,
+        grant: Grant,
+        sent: Instant,
+        progress: &mut Progress,
+    ) -> Step {
+        let bound = progress.bound;
+        if let Some(done) = self
+            .settle(req, grant, sent, &mut progress.pending, bound)
+            .await
+        {
+            return ControlFlow::Break(done);
+        }
+        // Lapsed on the way: ask again (the same request) while we may wait.
+        match progress.wait {
+            Wait::Forever => ControlFlow::Continue(()),
+            Wait::Until(deadline) if Instant::now() < deadline => ControlFlow::Continue(()),
+            _ => {
+                progress.pending.undo_within(LATE_ANSWER).await;
+                // Nobody else had it: say what happened, not "busy".
+                ControlFlow::Break(Err(self.too_slow("the grant", sent)))
+            }
+        }
+    }
+
+    /// A busy answer to the attempt sent at `sent`: the acquire ends if it may not wait
+    /// (or no longer), else it waits for a chance to ask again.
+    async fn busy(
+        &self,
+        req: &AcquireRequest,
+        busy: Busy,
+        sent: Instant,
+        progress: &mut Progress,
+    ) -> Step {
+        progress.answered = true;
+        progress.backoff = FIRST_BACKOFF;
+        let deadline = match progress.wait {
+            Wait::No => {
+                progress.pending.disarm();
+                return ControlFlow::Break(Ok(None));
+            }
+            Wait::Until(deadline) if Instant::now() >= deadline => {
+                progress.pending.undo_within(LATE_ANSWER).await;
+                tracing::debug!(waited = ?progress.started.elapsed(), "gave up waiting");
+                return ControlFlow::Break(Ok(None));
+            }
+            Wait::Until(deadline) => Some(deadline),
+            Wait::Forever => None,
+        };
+        if let Some(on_wait) = &self.on_wait {
+            on_wait(&busy);
+        }
+        tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
+        self.until_changed(req, &busy, sent, deadline, progress)
+            .await
+    }
+
+    /// Waits to ask again: until the store signals a change, or a holder's lease (or a
+    /// waiter ahead) can have expired, or in time to refresh our own waiter lease, or
+    /// the `deadline`. A store that hands the lock over with the signal ends the acquire.
+    async fn until_changed(
+        &self,
+        req: &AcquireRequest,
+        busy: &Busy,
+        sent: Instant,
+        deadline: Option<Instant>,
+        progress: &mut Progress,
+    ) -> Step {
+        let refresh = waiter_lease(req.ttl) / 2;
+        let retry_in = busy
+            .retry_in
+            .map_or(refresh, |d| (d + Duration::from_millis(1)).min(refresh));
+        let mut wake = Instant::now() + retry_in;
+        if let Some(deadline) = deadline {
+            wake = wake.min(deadline);
+        }
+        tokio::select! {
+            changed = self.store.changed(req, busy.watermark) => match changed {
+                // Handed over by the store: the lease runs from after `sent`, our
+                // last request, so counting from it is safe.
+                Ok(Some(grant)) => {
+                    let bound = progress.bound;
+                    if let Some(done) = self.settle(req, grant, sent, &mut progress.pending, bound).await {
+                        return ControlFlow::Break(done);
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "change notification failed; backing off");
+                    let backoff = Instant::now() + jitter(Duration::from_millis(50));
+                    sleep_until(backoff.min(wake)).await;
+                }
+            },
+            _ = sleep_until(wake) => {}
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// A failed call: once the store has answered, a waiter rides out store trouble (a
+    /// restart, a failover) until its deadline, asking again after a backoff; the same
+    /// request is retried, so an attempt that was granted unseen is simply granted
+    /// again. Otherwise the acquire ends with the error, its attempt undone.
+    async fn trouble(&self, error: Error, progress: &mut Progress) -> Step {
+        if progress.answered && error.is_retryable() && !matches!(progress.wait, Wait::No) {
+            let retry = Instant::now() + jitter(progress.backoff);
+            progress.backoff = (progress.backoff * 2).min(Duration::from_secs(1));
+            if let Wait::Until(deadline) = progress.wait {
+                if retry >= deadline {
+                    progress.pending.undo_within(LATE_ANSWER).await;
+                    return ControlFlow::Break(Err(error));
+                }
+            }
+            tracing::debug!(%error, "store trouble while waiting; retrying");
+            sleep_until(retry).await;
+            return ControlFlow::Continue(());
+        }
+        if !progress.answered && self.store.capabilities().failed_calls_change_nothing {
+            // Nothing of this request can be in the store.
+            progress.pending.disarm();
+        } else {
+            // The attempt may have been granted or queued: undo it by its id,
+            // within what is left of a bounded wait (then in the background).
+            let now = Instant::now();
+            let patience = progress
+                .bound
+                .map_or(LATE_ANSWER, |b| b.saturating_duration_since(now));
+            progress.pending.undo_within(patience).await;
+        }
+        ControlFlow::Break(Err(error))
+    }
 }
+
+/// What an acquire ends with: a guard, or `None` when it did not wait or gave up.
+type Acquired = Result<Option<LockGuard>>;
+
+/// Whether an acquire ends after a step, and with what.
+type Step = ControlFlow<Acquired>;
+
+/// Where an acquire stands between attempts.
+struct Progress {
+    wait: Wait,
+    /// When a store call of a bounded wait is given up on.
+    bound: Option<Instant>,
+    /// What the acquisition may have left in the store.
+    pending: Pending,
+    started: Instant,
+    /// Whether the store has answered an attempt.
+    answered: bool,
+    /// How long to wait before asking again after store trouble.
+    backoff: Duration,
+}
+
+/// The first backoff after store trouble while waiting (it doubles, up to a second).
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
 /// How long a bounded wait lets a store call finish after its deadline (and an undo then
 /// take, before it goes on in the background): a slow store cannot stretch the wait by
