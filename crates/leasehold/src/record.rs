@@ -126,6 +126,17 @@ pub(crate) struct Holder {
     pub holds: Vec<Hold>,
 }
 
+impl Holder {
+    /// The answer to an attempt that this holder's grant (or re-entry) answers.
+    fn granted(&self) -> Attempt {
+        Attempt::Granted(Grant {
+            token: FencingToken(self.token),
+            holds: self.holds.len() as u32,
+            lease: None,
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Hold {
     pub lease: String,
@@ -248,13 +259,6 @@ impl Record {
             pid: req.requester.pid,
             expires: deadline(now, req.ttl),
         };
-        let granted = |h: &Holder| {
-            Attempt::Granted(Grant {
-                token: FencingToken(h.token),
-                holds: h.holds.len() as u32,
-                lease: None,
-            })
-        };
         let (holder, waiter, me) = match self.admit(req)? {
             // A retry of a request that was already granted: the same answer again.
             Admit::Again(i) => {
@@ -262,50 +266,63 @@ impl Record {
                 for x in h.holds.iter_mut().filter(|x| x.lease == hold.lease) {
                     x.expires = x.expires.max(hold.expires);
                 }
-                return Ok(granted(h));
+                return Ok(h.granted());
             }
             // Re-entry by the same owner: one more hold, the same token.
             Admit::Reenter(i) => {
                 self.holders[i].holds.push(hold);
                 self.waiters.retain(|w| w.lease != req.lease.as_str());
-                return Ok(granted(&self.holders[i]));
+                return Ok(self.holders[i].granted());
             }
-            Admit::Grant => {
-                self.last_token = match self.last_token {
-                    0 => now.first_token.max(1),
-                    last => last + 1,
-                };
-                self.holders.push(Holder {
-                    owner: req.owner.clone(),
-                    kind: req.kind,
-                    token: self.last_token,
-                    since_ms: now.wall_ms,
-                    holds: vec![hold],
-                });
-                self.waiters.retain(|w| w.lease != req.lease.as_str());
-                return Ok(granted(&self.holders[self.holders.len() - 1]));
-            }
+            Admit::Grant => return Ok(self.grant(req, hold, now)),
             Admit::Wait { holder, waiter, me } => (holder, waiter, me),
         };
-
         let retry_at = match (holder, waiter) {
             (Some(h), _) => self.holders[h].holds.iter().map(|x| x.expires).max(),
             (None, Some(w)) => Some(self.waiters[w].expires),
             (None, None) => None,
         };
         let holder = holder.map(|h| self.holder_info(&self.holders[h], now));
-        let position = match (req.enqueue, me) {
-            (false, _) => None,
-            (true, Some(i)) => {
+        let position = req.enqueue.then(|| self.queue(req, hold, me, now));
+        Ok(Attempt::Busy(Busy {
+            holder,
+            position,
+            retry_in: retry_at.map(|t| Duration::from_nanos(t.saturating_sub(now.mono))),
+            watermark: Watermark(self.version),
+        }))
+    }
+
+    /// Makes `req` a new holder, with the next token.
+    fn grant(&mut self, req: &AcquireRequest, hold: Hold, now: Now) -> Attempt {
+        self.last_token = match self.last_token {
+            0 => now.first_token.max(1),
+            last => last + 1,
+        };
+        self.holders.push(Holder {
+            owner: req.owner.clone(),
+            kind: req.kind,
+            token: self.last_token,
+            since_ms: now.wall_ms,
+            holds: vec![hold],
+        });
+        self.waiters.retain(|w| w.lease != req.lease.as_str());
+        self.holders[self.holders.len() - 1].granted()
+    }
+
+    /// Keeps `req`'s place in the queue (`me`, if it has one) or gives it one at the end;
+    /// its position (1 = next).
+    fn queue(&mut self, req: &AcquireRequest, hold: Hold, me: Option<usize>, now: Now) -> usize {
+        let lease = waiter_lease(req.ttl);
+        match me {
+            Some(i) => {
                 // Refresh the waiter lease only once a quarter of it is gone, so
                 // re-attempts do not rewrite the record each time.
-                let lease = waiter_lease(req.ttl);
                 if self.waiters[i].expires < deadline(now, lease.mul_f64(0.75)) {
                     self.waiters[i].expires = deadline(now, lease);
                 }
-                Some(i + 1)
+                i + 1
             }
-            (true, None) => {
+            None => {
                 self.waiters.push(Waiter {
                     lease: req.lease.as_str().to_string(),
                     owner: req.owner.clone(),
@@ -314,18 +331,12 @@ impl Record {
                     host: hold.host,
                     pid: hold.pid,
                     since_ms: now.wall_ms,
-                    expires: deadline(now, waiter_lease(req.ttl)),
+                    expires: deadline(now, lease),
                 });
                 self.next_seq += 1;
-                Some(self.waiters.len())
+                self.waiters.len()
             }
-        };
-        Ok(Attempt::Busy(Busy {
-            holder,
-            position,
-            retry_in: retry_at.map(|t| Duration::from_nanos(t.saturating_sub(now.mono))),
-            watermark: Watermark(self.version),
-        }))
+        }
     }
 
     pub fn renew(&mut self, lease: &Lease, ttl: Duration, now: Now) -> Renewal {
