@@ -113,7 +113,7 @@ mod record;
 mod rules;
 pub mod store;
 mod sys;
-mod url;
+pub mod url;
 
 #[cfg(feature = "local")]
 pub mod local;
@@ -142,13 +142,11 @@ pub use rate::{Rate, RateDecision, RateLimiter, MAX_RATE_TOLERANCE};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use store::{Busy, HolderInfo, LockKind, LockState, Released, Store, WaiterInfo};
-pub use url::open_store;
+pub use url::{open_store, StoreUrl};
 
 // For the `leasehold` command: not part of the API.
 #[doc(hidden)]
 pub use options::humanize;
-#[doc(hidden)]
-pub use url::URL_FORMS;
 
 /// [`Mutex::lock`](std::sync::Mutex::lock) that goes on after a panic in another task:
 /// every critical section here is a few assignments that leave the data whole, and a lock
