@@ -552,6 +552,46 @@ fn unknown_store_scheme_is_rejected_with_64() {
 }
 
 #[test]
+fn a_store_url_with_a_bad_option_is_rejected_with_64_without_showing_its_password() {
+    let cli = Cli::new("url-secret");
+    let out = Out::from(
+        cli.bare(&[
+            "status",
+            "x",
+            "--store",
+            "redis://u:SECRET@127.0.0.1:1/?bogus=1",
+        ])
+        .output()
+        .unwrap(),
+    )
+    .expect(64);
+    assert!(out.stderr.contains("\"bogus\""), "{out:?}");
+    assert!(!format!("{out:?}").contains("SECRET"), "{out:?}");
+}
+
+#[test]
+fn no_store_url_error_shows_its_password() {
+    let cli = Cli::new("url-secrets");
+    for (url, code) in [
+        ("redis://u:QZ1QZ2@127.0.0.1:notaport/0", 64),
+        ("redis+cluster://u:QZ1QZ2@127.0.0.1:1,,127.0.0.1:2", 64),
+        ("redis://u:QZ1/QZ2?QZ3@127.0.0.1:1/0?replicas=0", 64),
+        ("etcd://127.0.0.1:x?user=u&password=QZ1QZ2", 64),
+        ("etcd://127.0.0.1:1?user=u&passwd=QZ1QZ2", 64),
+        ("etcd://u:QZ1QZ2@127.0.0.1:2379", 64),
+        // Parsed, and nothing listens on port 1.
+        ("redis://u:QZ1QZ2@127.0.0.1:1/0", 69),
+        ("etcd://127.0.0.1:1?user=u&password=QZ1QZ2", 69),
+    ] {
+        let out =
+            Out::from(cli.bare(&["--store", url, "status", "x"]).output().unwrap()).expect(code);
+        for piece in ["QZ1", "QZ2", "QZ3"] {
+            assert!(!out.stderr.contains(piece), "{url}: {piece} in {out:?}");
+        }
+    }
+}
+
+#[test]
 fn local_store_url_with_a_host_is_rejected_with_64_and_the_spellings_that_work() {
     let cli = Cli::new("bad-local-host");
     let out = Out::from(
@@ -779,7 +819,7 @@ fn help_lists_the_exit_codes() {
     let cli = Cli::new("help");
     for args in [&["--help"][..], &["run", "--help"][..]] {
         let out = Out::from(cli.bare(args).output().unwrap()).expect(0);
-        for code in ["64", "69", "70", "75", "76", "127"] {
+        for code in ["64", "69", "70", "75", "76", "78", "126", "127"] {
             assert!(
                 out.stdout.contains(code),
                 "`leasehold {args:?}` does not list {code}"
