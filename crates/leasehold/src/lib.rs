@@ -74,6 +74,10 @@
 //! - Any [`Store`] you implement: the [`store`] module has what a store sees and
 //!   answers; run the `conformance` suite (feature `conformance`) against it.
 //!
+//! [`open_store`] and [`Leasehold::connect`] take a store URL (`local:DIR`,
+//! `redis://...`, `etcd://...`; every form in [`url::URL_FORMS`]), read by [`StoreUrl`],
+//! whose `Display` shows a password as `***`.
+//!
 //! # Release
 //! [`LockGuard::release`] is the way to end a hold. Dropping a guard stops renewal and
 //! makes a best-effort release on the current tokio runtime; the only promise is that

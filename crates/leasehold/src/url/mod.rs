@@ -7,7 +7,7 @@
 //! assert_eq!(url.scheme().backend(), "redis");
 //! assert_eq!(url.to_string(), "redis://app:***@10.0.0.5:6379/2?replicas=1");
 //! assert_eq!(url.credentials().unwrap().password().unwrap().expose(), "s3cr@t");
-//! let bad = "redis://app:s3cret@10.0.0.5:63790".parse::<StoreUrl>().unwrap_err();
+//! let bad = "redis://app:s3cret@10.0.0.5:637900".parse::<StoreUrl>().unwrap_err();
 //! assert!(!bad.to_string().contains("s3cret"));
 //! ```
 
