@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use leasehold::{Leasehold, Lock, Released, Store};
+use leasehold::{Leasehold, Lock, Released, Store, StoreUrl};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -257,32 +257,23 @@ impl Plan {
     }
 }
 
-/// The store URL: `--store` (or LEASEHOLD_STORE) first, then `--redis-url` / `--etcd`,
-/// else the default local store.
-fn store_url(store: Option<&str>, args: &BenchArgs) -> Result<String, Failure> {
-    if let Some(url) = store {
-        return Ok(url.to_string());
-    }
-    match (&args.redis_url, &args.etcd) {
-        (Some(_), Some(_)) => Err(usage(
-            "--redis-url and --etcd each pick a store; give one of them, or --store URL",
-        )),
-        (Some(url), None) if url.contains("://") => Ok(url.clone()),
-        (Some(addr), None) => Ok(format!("redis://{addr}")),
-        (None, Some(addr)) if addr.contains("://") => Ok(addr.clone()),
-        (None, Some(addr)) => Ok(format!("etcd://{addr}")),
-        (None, None) => Ok("local:".into()),
-    }
-}
-
-/// The backend name of a store URL: `local`, `memory`, `redis`, `etcd`, ...
-fn backend_of(url: &str) -> String {
-    let scheme = url.split_once(':').map_or(url, |(scheme, _)| scheme);
-    match scheme {
-        "redis" | "rediss" | "redis+cluster" => "redis".into(),
-        "etcd" | "etcds" => "etcd".into(),
-        other => other.to_ascii_lowercase(),
-    }
+/// The store URL: `--store` (or LEASEHOLD_STORE) first, then `--redis-url` / `--etcd`
+/// (a URL, or an address for `redis://` or `etcd://`), else the default local store.
+fn store_url(store: Option<&str>, args: &BenchArgs) -> Result<StoreUrl, Failure> {
+    let url = match (store, &args.redis_url, &args.etcd) {
+        (Some(url), _, _) => url.to_string(),
+        (None, Some(_), Some(_)) => {
+            return Err(usage(
+                "--redis-url and --etcd each pick a store; give one of them, or --store URL",
+            ))
+        }
+        (None, Some(url), None) if url.contains("://") => url.clone(),
+        (None, Some(addr), None) => format!("redis://{addr}"),
+        (None, None, Some(addr)) if addr.contains("://") => addr.clone(),
+        (None, None, Some(addr)) => format!("etcd://{addr}"),
+        (None, None, None) => "local:".into(),
+    };
+    crate::store_url(Some(&url))
 }
 
 /// How waiters learn that the lock may be free, per backend.
@@ -765,13 +756,12 @@ fn table(r: &Report, store: &str, cpu: Duration) -> String {
 /// Runs the benchmark.
 pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Failure> {
     if crate::ratebench::is_rate_workload(&args.workload) {
-        let url = store_url(store, &args)?;
-        return crate::ratebench::bench(&url, &backend_of(&url), &args).await;
+        return crate::ratebench::bench(&store_url(store, &args)?, &args).await;
     }
     let mut plan = Plan::new(&args)?;
     let url = store_url(store, &args)?;
-    let backend = backend_of(&url);
-    let store: Arc<dyn Store> = crate::open_store(Some(&url)).await?;
+    let backend = url.scheme().backend();
+    let store: Arc<dyn Store> = url.open().await?;
     plan.fair = args.fair || (!args.no_fair && store.capabilities().fair_by_default);
     let store_name = store.describe_store();
     let locks = Leasehold::from_store(store);
@@ -796,7 +786,7 @@ pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Fai
     let cpu_before = cpu_time();
     let outcome = run(&plan, handles).await;
     let cpu = cpu_time().saturating_sub(cpu_before);
-    let report = report(&plan, &backend, &outcome);
+    let report = report(&plan, backend, &outcome);
 
     if args.json {
         let line = serde_json::to_string(&report)
@@ -928,16 +918,19 @@ mod tests {
     #[test]
     fn store_selection() {
         let mut a = args("W1");
-        assert_eq!(store_url(None, &a).unwrap(), "local:");
+        let url = |store: Option<&str>, a: &BenchArgs| store_url(store, a).map(|u| u.expose());
+        assert_eq!(url(None, &a).unwrap(), "local:");
         a.redis_url = Some("redis://127.0.0.1:6390/0".into());
         a.etcd = Some("127.0.0.1:2391".into());
-        assert_eq!(store_url(Some("memory:"), &a).unwrap(), "memory:");
-        assert_eq!(store_url(None, &a).unwrap_err().code, USAGE);
+        assert_eq!(url(Some("memory:"), &a).unwrap(), "memory:");
+        assert_eq!(url(None, &a).unwrap_err().code, USAGE);
         a.redis_url = None;
-        assert_eq!(store_url(None, &a).unwrap(), "etcd://127.0.0.1:2391");
-        assert_eq!(backend_of("etcd://127.0.0.1:2391"), "etcd");
-        assert_eq!(backend_of("rediss://h:1"), "redis");
-        assert_eq!(backend_of("local:/tmp/x"), "local");
-        assert_eq!(backend_of("memory:"), "memory");
+        assert_eq!(url(None, &a).unwrap(), "etcd://127.0.0.1:2391");
+        a.etcd = None;
+        a.redis_url = Some("127.0.0.1:6390".into());
+        assert_eq!(url(None, &a).unwrap(), "redis://127.0.0.1:6390");
+        let backend = |text: &str| store_url(Some(text), &a).unwrap().scheme().backend();
+        assert_eq!(backend("rediss+cluster://h:1,h:2"), "redis");
+        assert_eq!(backend("local:/tmp/x"), "local");
     }
 }

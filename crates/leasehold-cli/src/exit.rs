@@ -2,37 +2,62 @@
 
 use std::process::ExitCode;
 
-/// Bad usage or bad input: name, duration, URL, permits, owner, store directory.
-pub const USAGE: u8 = 64;
-/// The store could not be reached.
-pub const UNAVAILABLE: u8 = 69;
-/// An internal error (including unreadable store state).
-pub const INTERNAL: u8 = 70;
-/// The store refused us for a configuration reason (credentials, permissions, database).
-pub const CONFIG: u8 = 78;
-/// Not acquired within `--wait`, or busy with `--no-wait`; `limit`: over the rate.
-pub const NOT_ACQUIRED: u8 = 75;
-/// The lock was lost while the command ran (the command was stopped).
-pub const LOST: u8 = 76;
-/// The command could not be executed (found but not runnable).
-pub const CANNOT_EXECUTE: u8 = 126;
-/// The command was not found.
-pub const NOT_FOUND: u8 = 127;
+/// Declares each exit code once, with its meaning: the constant, its doc, and its row in
+/// [`CODES`] come from the same line.
+macro_rules! exit_codes {
+    ($($name:ident = $code:literal: $meaning:literal;)*) => {
+        $(#[doc = $meaning] pub const $name: u8 = $code;)*
+        /// leasehold's own exit codes and their meanings (Markdown), in the order the docs
+        /// list them.
+        pub const CODES: &[(u8, &str)] = &[$(($code, $meaning)),*];
+    };
+}
 
-/// The table shown in `--help`.
-pub const TABLE: &str = "\
-Exit status:
-  N      the command's own exit status, when it ran to the end
-  128+N  the command died of signal N (not one sent because the lock was lost)
-  64     bad usage or bad input (name, duration, URL, permits, owner, store directory)
-  69     the store is unreachable
-  70     internal error (including unreadable store state)
-  78     the store refused the configuration (credentials, permissions, database)
-  75     not acquired within --wait, or busy with --no-wait (--conflict-exit-code N sets it);
-         limit: over the rate
-  76     the lock was lost while the command ran; the command was stopped
-  126    the command could not be executed
-  127    the command was not found";
+exit_codes! {
+    USAGE = 64: "bad usage or bad input: name, duration, URL, permits, owner, store directory; a request the lock rules refuse";
+    UNAVAILABLE = 69: "the store is unreachable";
+    INTERNAL = 70: "internal error (including unreadable store state)";
+    CONFIG = 78: "the store refused the configuration: wrong credentials, missing permissions, a database the server does not have (retrying cannot help)";
+    NOT_ACQUIRED = 75: "not acquired within `--wait`, or busy with `--no-wait` (`-E N` / `--conflict-exit-code N` makes it N); `limit`: over the rate (with `--no-wait`, or longer than `--wait`)";
+    LOST = 76: "the lock was lost while the command ran; the command was stopped";
+    CANNOT_EXECUTE = 126: "the command could not be executed";
+    NOT_FOUND = 127: "the command was not found";
+}
+
+/// The exit status of `run` when its command ran: not leasehold's own codes.
+const COMMAND_STATUS: [(&str, &str); 2] = [
+    ("N", "the command's own exit status, when it ran to the end"),
+    (
+        "128+N",
+        "the command died of signal N (not one sent because the lock was lost)",
+    ),
+];
+
+/// Every row of the exit status table: the command's statuses, then [`CODES`].
+pub fn rows() -> Vec<(String, &'static str)> {
+    let command = COMMAND_STATUS.iter().map(|&(c, m)| (c.to_string(), m));
+    command
+        .chain(CODES.iter().map(|&(c, m)| (c.to_string(), m)))
+        .collect()
+}
+
+/// The table shown in `--help` and the manual, from [`rows`].
+pub fn table() -> String {
+    let mut table = "Exit status:".to_string();
+    for (code, meaning) in rows() {
+        let mut line = format!("\n  {code:<6} ");
+        for word in meaning.replace('`', "").split(' ') {
+            if line.len() + word.len() > 88 {
+                table.push_str(line.trim_end());
+                line = format!("\n{:9}", "");
+            }
+            line.push_str(word);
+            line.push(' ');
+        }
+        table.push_str(line.trim_end());
+    }
+    table
+}
 
 /// Writes `text` to standard output: a write that fails (a reader gone, `| head`; a full
 /// disk) is a clean error, exit 70, not a panic.

@@ -16,30 +16,38 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use leasehold::{Leasehold, Lock, Store};
+use leasehold::url::Scheme;
+use leasehold::{Leasehold, Lock, Store, StoreUrl};
 
 use crate::exit::Failure;
 
-const STORE_HELP: &str =
-    "Store URL: local:DIR, local: (the default directory: $LEASEHOLD_HOME, else \
-$XDG_STATE_HOME/leasehold, else ~/.local/state/leasehold); \
-redis://[user:password@]host:port[/db][?replicas=N[&replica_timeout=DUR]] (wait for N replicas \
-to confirm each grant), rediss://... (TLS), redis+cluster://h1:p1,h2:p2; \
-etcd://h1:2379[,h2:2379...][?user=NAME&password=SECRET], etcds://... (TLS); \
-memory: (this process only: for bench; run, hold, status, list and release refuse it). \
-local://DIR is refused (it reads as a host): write local:/DIR or local:///DIR. \
-Without --store, the LEASEHOLD_STORE environment variable (empty: the default).";
+/// `--store`'s long help: the library's list of URL forms.
+fn store_help() -> String {
+    let mut help = "Store URL [default: local:]. One of:\n".to_string();
+    for form in leasehold::url::URL_FORMS {
+        help.push_str(&format!(
+            "  {}\n      {}\n",
+            form.form,
+            form.store.replace('`', "")
+        ));
+    }
+    help.push_str(
+        "memory: is for bench: run, hold, status, list and release refuse it. Without --store, \
+the LEASEHOLD_STORE environment variable (empty: the default).",
+    );
+    help
+}
 
 /// Distributed locks from the shell: run a command while holding a lock, with a lease,
 /// a fencing token and a stop when the lock is lost.
 #[derive(Debug, Parser)]
-#[command(name = "leasehold", version, after_help = exit::TABLE)]
+#[command(name = "leasehold", version, after_help = exit::table())]
 pub struct Cli {
     /// Lock store URL [env: LEASEHOLD_STORE] [default: local:, the default directory]
     // LEASEHOLD_STORE is read in `dispatch`, not by clap: clap counts a value from the
     // environment as given on the command line and shows `--store <URL>` in its usage
     // line when another argument is missing, as if it were required.
-    #[arg(long, global = true, value_name = "URL", long_help = STORE_HELP)]
+    #[arg(long, global = true, value_name = "URL", long_help = store_help())]
     pub store: Option<String>,
 
     /// More log output: -v the library's acquires, releases, losses and store trouble
@@ -55,7 +63,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run COMMAND while holding lock NAME; stop it if the lock is lost
-    #[command(after_help = RUN_AFTER_HELP)]
+    #[command(after_help = run_after_help())]
     Run(run::RunArgs),
     /// Acquire NAME, print its fencing token, hold it until SIGINT, SIGTERM or SIGHUP
     Hold(run::HoldArgs),
@@ -164,6 +172,11 @@ fn man(args: &ManArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `run --help`'s closing text, with the exit status table.
+fn run_after_help() -> String {
+    format!("{RUN_AFTER_HELP}\n{}", exit::table())
+}
+
 const RUN_AFTER_HELP: &str = "\
 The command gets LEASEHOLD_NAME, LEASEHOLD_TOKEN (the fencing token, decimal),
 LEASEHOLD_OWNER, LEASEHOLD_HELD (every lock the enclosing runs hold, NAME<tab>OWNER per
@@ -186,14 +199,7 @@ Examples:
   leasehold run -w 30s -s schema -- ./report    # a shared lock, waiting 30s at most
   leasehold run --permits 4 encoders -- ffmpeg ...
   leasehold run --shared schema -- ./read-only-task
-
-Exit status:
-  N      the command's own exit status, when it ran to the end
-  128+N  the command died of signal N (not one sent because the lock was lost)
-  64     bad usage or bad input        69  store unreachable      70  internal error
-  75     not acquired in time / busy (or --conflict-exit-code N)
-  76     lock lost while running
-  126    command not executable        127 command not found";
+";
 
 /// The lock flags `run`, `hold` share.
 #[derive(Debug, Clone, Args)]
@@ -345,9 +351,14 @@ fn random_owner() -> String {
     format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
 }
 
+/// The URL `--store` gives (default: the local store's default directory), read.
+pub fn store_url(url: Option<&str>) -> Result<StoreUrl, Failure> {
+    Ok(StoreUrl::parse(url.unwrap_or("local:"))?)
+}
+
 /// Opens the store `--store` names (default: the local store's default directory).
 pub async fn open_store(url: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
-    Ok(leasehold::open_store(url.unwrap_or("local:")).await?)
+    Ok(store_url(url)?.open().await?)
 }
 
 /// Opens the store for `command` (`run`, `hold`, `status`, `list`, `release`), whose
@@ -357,7 +368,8 @@ pub async fn open_shared_store(
     url: Option<&str>,
     command: &str,
 ) -> Result<Arc<dyn Store>, Failure> {
-    if url.is_some_and(|url| url.trim().split(':').next() == Some("memory")) {
+    let url = store_url(url)?;
+    if url.scheme() == Scheme::Memory {
         return Err(Failure::new(
             exit::USAGE,
             format!(
@@ -367,7 +379,7 @@ local: (the processes of this host), redis://... or etcd://... (memory: is for b
             ),
         ));
     }
-    open_store(url).await
+    Ok(url.open().await?)
 }
 
 /// What a bounded wait allows the store beyond the wait itself: a connect and a few round

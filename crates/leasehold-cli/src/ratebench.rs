@@ -18,7 +18,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use leasehold::{Leasehold, Rate, RateLimiter};
+use leasehold::{Leasehold, Rate, RateLimiter, StoreUrl};
 
 use crate::bench::BenchArgs;
 use crate::exit::{Failure, INTERNAL, USAGE};
@@ -198,7 +198,8 @@ async fn worker(
 }
 
 /// Runs a rate workload and prints its `ratebench.v1` line (or a short table).
-pub async fn bench(url: &str, backend: &str, args: &BenchArgs) -> Result<ExitCode, Failure> {
+pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure> {
+    let backend = url.scheme().backend();
     let workload = parse(&args.workload).ok_or_else(|| usage("unknown rate workload"))?;
     let workers = crate::bench::workers(args)?;
     let duration = crate::bench::positive_seconds(
@@ -223,7 +224,7 @@ pub async fn bench(url: &str, backend: &str, args: &BenchArgs) -> Result<ExitCod
     let rate = rate_of(rate_text)?;
     let rate_per_s: f64 = rate.count as f64 / rate.period.as_secs_f64();
     let base = format!("{}:{}:{}", args.key_prefix, workload.label(), workers);
-    let store = crate::open_store(Some(url)).await?;
+    let store = url.open().await?;
     let limits = Leasehold::from_store(store);
     let limiters = (0..workers)
         .map(|i| {

@@ -552,6 +552,50 @@ fn unknown_store_scheme_is_rejected_with_64() {
 }
 
 #[test]
+fn no_store_url_error_shows_its_password() {
+    let cli = Cli::new("url-secrets");
+    for (url, code, said) in [
+        ("redis://u:QZ1QZ2@127.0.0.1:1/?bogus=1", 64, "\"bogus\""),
+        ("redis://u:QZ1QZ2@127.0.0.1:notaport/0", 64, "notaport"),
+        (
+            "redis+cluster://u:QZ1QZ2@127.0.0.1:1,,127.0.0.1:2",
+            64,
+            "empty",
+        ),
+        (
+            "redis://u:QZ1/QZ2?QZ3@127.0.0.1:1/0?replicas=0",
+            64,
+            "replicas=0",
+        ),
+        (
+            "etcd://127.0.0.1:x?user=u&password=QZ1QZ2",
+            64,
+            "127.0.0.1:x",
+        ),
+        ("etcd://127.0.0.1:1?user=u&passwd=QZ1QZ2", 64, "\"passwd\""),
+        (
+            "etcd://u:QZ1QZ2@127.0.0.1:2379",
+            64,
+            "?user=NAME&password=SECRET",
+        ),
+        // Parsed, and nothing listens on port 1.
+        ("redis://u:QZ1QZ2@127.0.0.1:1/0", 69, "unavailable"),
+        (
+            "etcd://127.0.0.1:1?user=u&password=QZ1QZ2",
+            69,
+            "unavailable",
+        ),
+    ] {
+        let out =
+            Out::from(cli.bare(&["status", "x", "--store", url]).output().unwrap()).expect(code);
+        assert!(out.stderr.contains(said), "{url}: no {said:?} in {out:?}");
+        for piece in ["QZ1", "QZ2", "QZ3"] {
+            assert!(!out.stderr.contains(piece), "{url}: {piece} in {out:?}");
+        }
+    }
+}
+
+#[test]
 fn local_store_url_with_a_host_is_rejected_with_64_and_the_spellings_that_work() {
     let cli = Cli::new("bad-local-host");
     let out = Out::from(
@@ -779,7 +823,7 @@ fn help_lists_the_exit_codes() {
     let cli = Cli::new("help");
     for args in [&["--help"][..], &["run", "--help"][..]] {
         let out = Out::from(cli.bare(args).output().unwrap()).expect(0);
-        for code in ["64", "69", "70", "75", "76", "127"] {
+        for code in ["64", "69", "70", "75", "76", "78", "126", "127"] {
             assert!(
                 out.stdout.contains(code),
                 "`leasehold {args:?}` does not list {code}"

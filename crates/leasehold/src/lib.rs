@@ -74,6 +74,10 @@
 //! - Any [`Store`] you implement: the [`store`] module has what a store sees and
 //!   answers; run the `conformance` suite (feature `conformance`) against it.
 //!
+//! [`open_store`] and [`Leasehold::connect`] take a store URL (`local:DIR`,
+//! `redis://...`, `etcd://...`; every form in [`url::URL_FORMS`]), read by [`StoreUrl`],
+//! whose `Display` shows a password as `***`.
+//!
 //! # Release
 //! [`LockGuard::release`] is the way to end a hold. Dropping a guard stops renewal and
 //! makes a best-effort release on the current tokio runtime; the only promise is that
@@ -113,7 +117,7 @@ mod record;
 mod rules;
 pub mod store;
 mod sys;
-mod url;
+pub mod url;
 
 #[cfg(feature = "local")]
 pub mod local;
@@ -142,13 +146,11 @@ pub use rate::{Rate, RateDecision, RateLimiter, MAX_RATE_TOLERANCE};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use store::{Busy, HolderInfo, LockKind, LockState, Released, Store, WaiterInfo};
-pub use url::open_store;
+pub use url::{open_store, StoreUrl};
 
 // For the `leasehold` command: not part of the API.
 #[doc(hidden)]
 pub use options::humanize;
-#[doc(hidden)]
-pub use url::URL_FORMS;
 
 /// [`Mutex::lock`](std::sync::Mutex::lock) that goes on after a panic in another task:
 /// every critical section here is a few assignments that leave the data whole, and a lock

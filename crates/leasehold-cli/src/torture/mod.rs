@@ -22,6 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use leasehold::url::{Endpoint, Scheme};
+use leasehold::StoreUrl;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
@@ -305,7 +307,10 @@ pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode,
     let keeper = args.spawn.map(Keeper::start).transpose()?;
     let (mut url, label) = match (&keeper, store) {
         (Some(k), _) => (k.url.clone(), k.label.to_string()),
-        (None, Some(url)) => (url.to_string(), scheme(url).to_string()),
+        (None, Some(url)) => (
+            url.to_string(),
+            crate::store_url(Some(url))?.scheme().to_string(),
+        ),
         (None, None) => (
             format!("local:{}", dir.join("store").display()),
             "local".into(),
@@ -447,10 +452,7 @@ fn check_faults(
                 Some("needs --spawn etcd-cluster")
             }
             (FaultKind::StallRun, _) if !via_run => Some("needs --workers-as run"),
-            (f, None)
-                if f.on_link()
-                    && store.is_none_or(|s| rewrite_endpoints(s, |e| e.into()).is_none()) =>
-            {
+            (f, None) if f.on_link() && !store.is_some_and(proxyable) => {
                 Some("needs a redis:// or etcd:// store")
             }
             _ => None,
@@ -465,45 +467,32 @@ fn check_faults(
     Ok(())
 }
 
-fn scheme(url: &str) -> &str {
-    url.split_once(':').map_or(url, |(s, _)| s)
-}
-
-/// `url` with each `host:port` of a redis:// or etcd:// URL replaced by `f`'s result.
-fn rewrite_endpoints(url: &str, mut f: impl FnMut(&str) -> String) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    if !matches!(scheme, "redis" | "etcd") {
-        return None;
-    }
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (user, hosts) = match authority.rsplit_once('@') {
-        Some((user, hosts)) => (format!("{user}@"), hosts),
-        None => (String::new(), authority),
-    };
-    let hosts: Vec<String> = hosts.split(',').map(&mut f).collect();
-    Some(format!("{scheme}://{user}{}{tail}", hosts.join(",")))
+/// Whether link faults can put proxies in front of the store `url` names: a plain
+/// `redis://` or `etcd://` one (TLS would not take a proxy's address as the server's
+/// name, and a cluster's nodes send clients on to each other's own addresses).
+fn proxyable(url: &str) -> bool {
+    StoreUrl::parse(url).is_ok_and(|url| matches!(url.scheme(), Scheme::Redis | Scheme::Etcd))
 }
 
 /// Starts a link proxy in front of each endpoint of `url`; returns the URL through them.
 async fn through_proxies(url: &str) -> Result<(String, Vec<Arc<Link>>), Failure> {
-    let mut endpoints = Vec::new();
-    rewrite_endpoints(url, |endpoint| {
-        endpoints.push(endpoint.to_string());
-        String::new()
-    })
-    .ok_or_else(|| Failure::new(exit::USAGE, "link faults need a redis:// or etcd:// store"))?;
+    if !proxyable(url) {
+        return Err(Failure::new(
+            exit::USAGE,
+            "link faults need a redis:// or etcd:// store",
+        ));
+    }
+    let url = crate::store_url(Some(url))?;
     let mut proxies = Vec::new();
-    for endpoint in endpoints {
-        let proxy = proxy::start(endpoint)
+    let mut links = Vec::new();
+    for endpoint in url.endpoints() {
+        let (port, link) = proxy::start(endpoint.to_string())
             .await
             .map_err(|e| Failure::new(exit::INTERNAL, format!("proxy: {e}")))?;
-        proxies.push(proxy);
+        proxies.push(Endpoint::new("127.0.0.1", port));
+        links.push(link);
     }
-    let mut ports = proxies.iter().map(|(port, _)| *port);
-    let url = rewrite_endpoints(url, |_| format!("127.0.0.1:{}", ports.next().unwrap_or(0)))
-        .unwrap_or_default();
-    Ok((url, proxies.into_iter().map(|(_, link)| link).collect()))
+    Ok((url.with_endpoints(proxies).expose(), links))
 }
 
 /// The one-line summary.
@@ -970,17 +959,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn endpoints_are_rewritten_and_other_stores_refused() {
-        let swap = |url: &str| rewrite_endpoints(url, |e| format!("<{e}>"));
-        assert_eq!(
-            swap("redis://user:pw@h:1/2").as_deref(),
-            Some("redis://user:pw@<h:1>/2")
-        );
-        assert_eq!(
-            swap("etcd://a:1,b:2?user=u&password=p").as_deref(),
-            Some("etcd://<a:1>,<b:2>?user=u&password=p")
-        );
-        assert_eq!(swap("local:/tmp/x"), None);
-        assert_eq!(swap("rediss://h:1"), None);
+    fn link_faults_take_plain_redis_and_etcd_stores_only() {
+        for url in ["redis://user:pw@h:1/2", "etcd://a:1,b:2?user=u&password=p"] {
+            assert!(proxyable(url), "{url}");
+        }
+        for url in [
+            "local:/tmp/x",
+            "rediss://h:1",
+            "redis+cluster://h:1,h:2",
+            "etcds://h:1",
+            "redis://h:port",
+        ] {
+            assert!(!proxyable(url), "{url}");
+        }
     }
 }

@@ -8,64 +8,26 @@ use super::queue::Member;
 use super::queue::{queue_prefix, range_key, range_queue};
 use super::rpc::{Client, KeyValue, Op, RangeResponse, TxnRequest, TxnResponse};
 use super::{EtcdStore, Inner};
-use crate::{Error, LockName, Result};
+use crate::{Error, LockName, Result, StoreUrl};
 
 impl EtcdStore {
     /// Connects to the etcd cluster `url` names (see the module docs). Fails at once,
     /// with [`Error::Unavailable`], when no endpoint answers.
     pub async fn connect(url: &str) -> Result<Self> {
-        let invalid = |reason: String| Error::InvalidStore {
-            store: url.to_string(),
-            reason,
-        };
-        let (tls, rest) = if let Some(rest) = url.strip_prefix("etcds://") {
-            (true, rest)
-        } else if let Some(rest) = url.strip_prefix("etcd://") {
-            (false, rest)
-        } else {
-            return Err(invalid(
-                "an etcd URL is etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET] (etcds:// for TLS)".into(),
+        Self::connect_url(&StoreUrl::parse(url)?).await
+    }
+
+    /// [`connect`](Self::connect) to a parsed URL.
+    pub(crate) async fn connect_url(url: &StoreUrl) -> Result<Self> {
+        if url.scheme().backend() != "etcd" {
+            return Err(url.invalid(
+                "not an etcd URL: etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET] (etcds:// for TLS)",
             ));
-        };
-        let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let hosts = hosts.trim_end_matches('/');
-        let addresses: Vec<String> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(str::to_string)
-            .collect();
-        if addresses.is_empty() {
-            return Err(invalid("no endpoint: give HOST:PORT[,HOST:PORT...]".into()));
         }
-        for address in &addresses {
-            let ok = address
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if !ok {
-                return Err(invalid(format!(
-                    "endpoint {address:?} is not HOST:PORT (etcd's client port is usually 2379)"
-                )));
-            }
-        }
-        let (mut user, mut password) = (None, None);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("user", v)) => user = Some(v.to_string()),
-                Some(("password", v)) => password = Some(v.to_string()),
-                _ => {
-                    return Err(invalid(format!(
-                        "unknown parameter {pair:?}; etcd URLs take user= and password="
-                    )))
-                }
-            }
-        }
-        let credentials = match (user, password) {
-            (Some(u), Some(p)) => Some((u, p)),
-            (None, None) => None,
-            _ => return Err(invalid("give both user= and password=".into())),
-        };
-        let shown = format!("{}://{hosts}", if tls { "etcds" } else { "etcd" });
-        let client = Client::new(&addresses, tls, credentials).map_err(invalid)?;
+        let addresses: Vec<String> = url.endpoints().iter().map(|e| e.to_string()).collect();
+        let client = Client::new(&addresses, url.scheme().tls(), url.credentials().cloned())
+            .map_err(|reason| url.invalid(reason))?;
+        let shown = url.to_string();
         let store = EtcdStore {
             inner: Arc::new(Inner {
                 shown,

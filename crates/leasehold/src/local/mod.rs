@@ -51,7 +51,7 @@ use crate::store::{
 };
 use crate::Locked;
 use crate::RateDecision;
-use crate::{sys, Error, LockName, Result};
+use crate::{sys, Error, LockName, Result, StoreUrl};
 
 /// The local store. Cheap to clone.
 ///
@@ -202,7 +202,7 @@ fn set_mode(
 
 fn unusable(dir: &Path, what: &str, e: std::io::Error) -> Error {
     Error::InvalidStore {
-        store: format!("local:{}", dir.display()),
+        store: StoreUrl::local(dir).to_string(),
         reason: format!(
             "{what}: {e}; pick a writable directory with --store local:DIR or LEASEHOLD_HOME"
         ),
@@ -299,7 +299,7 @@ impl LocalStore {
     }
 
     fn store_name(&self) -> String {
-        format!("local:{}", self.inner.dir.display())
+        StoreUrl::local(&self.inner.dir).to_string()
     }
 
     fn io_error(&self, name: &str, what: &str, e: std::io::Error) -> Error {

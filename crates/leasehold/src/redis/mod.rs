@@ -85,7 +85,7 @@ use crate::store::{
     busy_states, AcquireRequest, Attempt, Busy, Capabilities, Grant, HolderInfo, Lease, LeaseId,
     LockKind, LockState, RateRequest, Released, Renewal, Store, WaiterInfo, Watermark,
 };
-use crate::{rules, Error, FencingToken, LockName, Result};
+use crate::{rules, Error, FencingToken, LockName, Result, StoreUrl};
 use crate::{Locked, RateDecision};
 
 struct Scripts {
@@ -259,77 +259,6 @@ fn failed(store: &str, e: redis::RedisError) -> Error {
     }
 }
 
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
-    }
-}
-
-/// leasehold's own options in a Redis URL's query.
-#[derive(Debug, Default, PartialEq)]
-struct UrlOptions {
-    /// `replicas=N[&replica_timeout=DUR]`.
-    replicas: Option<(u32, Duration)>,
-    /// `durable=1`: refuse a server whose restart can lose locks.
-    durable: bool,
-}
-
-/// Takes leasehold's own options (`replicas`, `replica_timeout`, `durable`) out of the
-/// URL's query, and refuses parameters nobody reads (a misspelt `replicas` must not pass
-/// unnoticed).
-fn url_options(url: &str) -> std::result::Result<(String, UrlOptions), String> {
-    // A fragment (`#insecure`, read by the redis crate) follows the query: set it aside.
-    let (url, fragment) = match url.split_once('#') {
-        Some((url, fragment)) => (url, format!("#{fragment}")),
-        None => (url, String::new()),
-    };
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((format!("{url}{fragment}"), UrlOptions::default()));
-    };
-    let (mut want, mut timeout, mut rest) = (None, Duration::from_millis(100), Vec::new());
-    let mut durable = false;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("replicas", n)) => {
-                want = Some(n.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    format!("replicas={n}: give how many replicas must confirm a grant, at least 1")
-                })?)
-            }
-            Some(("replica_timeout", t)) => {
-                timeout = parse_millis(t).ok_or_else(|| {
-                    format!("replica_timeout={t}: give a duration like 100ms or 1s")
-                })?
-            }
-            Some(("durable", flag)) => {
-                durable = match flag {
-                    "1" | "true" | "yes" => true,
-                    "0" | "false" | "no" => false,
-                    _ => return Err(format!("durable={flag}: give 1 or 0")),
-                }
-            }
-            // The one the redis crate reads from a server URL: passed on.
-            Some(("protocol", _)) => rest.push(pair),
-            _ => {
-                let key = pair.split_once('=').map_or(pair, |(key, _)| key);
-                return Err(format!(
-                    "unknown URL parameter {key:?}: a Redis URL takes replicas=N, replica_timeout=DUR, durable=1 and protocol=resp2|resp3"
-                ));
-            }
-        }
-    }
-    let url = if rest.is_empty() {
-        format!("{base}{fragment}")
-    } else {
-        format!("{base}?{}{fragment}", rest.join("&"))
-    };
-    let replicas = want.map(|w| (w, timeout));
-    Ok((url, UrlOptions { replicas, durable }))
-}
-
 /// What a restart or failover of the server behind `conn` can lose, from its settings:
 /// `None` when nothing (the append-only file written before every answer, no replicas
 /// or `?replicas`), or when it does not say (`CONFIG` renamed away, as on some hosted
@@ -432,38 +361,6 @@ async fn cluster_masters(
     Ok(masters.collect())
 }
 
-/// `250ms` or `2s`.
-fn parse_millis(text: &str) -> Option<Duration> {
-    if let Some(ms) = text.strip_suffix("ms") {
-        return ms.parse().ok().map(Duration::from_millis);
-    }
-    text.strip_suffix('s')?
-        .parse::<f64>()
-        .ok()
-        .filter(|s| *s >= 0.0)
-        .map(Duration::from_secs_f64)
-}
-
-/// The node URLs of a `redis+cluster://` or `rediss+cluster://` URL, and their common
-/// start (scheme and credentials) for reaching other nodes; `None` for other URLs.
-fn cluster_nodes(url: &str) -> Option<std::result::Result<(String, Vec<String>), String>> {
-    let (scheme, rest) = url.split_once("://")?;
-    let plain = scheme.strip_suffix("+cluster")?;
-    let (auth, hosts) = match rest.rsplit_once('@') {
-        Some((auth, hosts)) => (format!("{auth}@"), hosts),
-        None => (String::new(), rest),
-    };
-    let hosts = hosts.trim_end_matches('/');
-    if hosts.is_empty() || hosts.contains('/') {
-        return Some(Err(format!(
-            "a cluster URL lists seed nodes, e.g. {plain}+cluster://h1:6379,h2:6379 (no database: a cluster has only db 0)"
-        )));
-    }
-    let prefix = format!("{plain}://{auth}");
-    let nodes = hosts.split(',').map(|h| format!("{prefix}{h}")).collect();
-    Some(Ok((prefix, nodes)))
-}
-
 /// `lh:{NAME}` with `%`, `{` and `}` escaped, so the whole name is the hash tag: the
 /// lock's record. Its hold key and token counter add `:hold` and `:token` (see hot.lua).
 fn key(name: &LockName) -> String {
@@ -488,23 +385,24 @@ impl RedisStore {
     /// until N replicas have it (`WAIT`); a grant they do not confirm in time is released
     /// and the attempt fails as unavailable. Single servers only.
     pub async fn connect(url: &str) -> Result<Self> {
-        let shown = redact(url);
-        let invalid = |reason: String| Error::InvalidStore {
-            store: shown.clone(),
-            reason,
-        };
-        let (url, options) = url_options(url).map_err(invalid)?;
-        let replicas = options.replicas;
-        let url = url.as_str();
-        if replicas.is_some() && cluster_nodes(url).is_some() {
+        Self::connect_url(&StoreUrl::parse(url)?).await
+    }
+
+    /// [`connect`](Self::connect) to a parsed URL.
+    pub(crate) async fn connect_url(url: &StoreUrl) -> Result<Self> {
+        let shown = url.to_string();
+        let invalid = |reason: String| url.invalid(reason);
+        if url.scheme().backend() != "redis" {
             return Err(invalid(
-                "?replicas is for a single server; a cluster's WAIT is per node".into(),
+                "not a Redis URL: redis://[user:password@]host:port[/db], rediss://..., or redis+cluster://h1:p1,h2:p2".into(),
             ));
         }
+        let replicas = url.replicas();
+        let nodes = url.redis_nodes().map_err(|e| invalid(e.to_string()))?;
         let unavailable = |e: redis::RedisError| failed(&shown, e);
-        let (conn, subscribe_to, caveat_found) = match cluster_nodes(url) {
-            Some(nodes) => {
-                let (prefix, nodes) = nodes.map_err(invalid)?;
+        let (conn, subscribe_to, caveat_found) = match url.scheme().cluster() {
+            true => {
+                let prefix = url.redis_node_prefix();
                 let client = redis::cluster::ClusterClient::builder(nodes.clone())
                     .connection_timeout(Duration::from_secs(3))
                     .response_timeout(Duration::from_secs(5))
@@ -514,13 +412,12 @@ impl RedisStore {
                 let caveat = cluster_caveat(&mut conn, &prefix).await;
                 // PUBLISH reaches every node of a cluster: any one node will do.
                 let first =
-                    redis::Client::open(nodes[0].as_str()).map_err(|e| invalid(e.to_string()))?;
+                    redis::Client::open(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
                 (Conn::Cluster(conn, prefix), first, caveat)
             }
-            None => {
-                let client = redis::Client::open(url).map_err(|e| {
-                    invalid(format!("{e}; expected redis://[user:password@]host:port[/db], rediss://..., or redis+cluster://h1:p1,h2:p2"))
-                })?;
+            false => {
+                let client =
+                    redis::Client::open(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(Duration::from_secs(3)))
                     .set_response_timeout(Some(Duration::from_secs(5)))
@@ -533,7 +430,7 @@ impl RedisStore {
                 (Conn::Single(conn), client, caveat)
             }
         };
-        match (&caveat_found, options.durable) {
+        match (&caveat_found, url.durable()) {
             (Some(caveat), true) => {
                 return Err(invalid(format!(
                     "?durable=1 asks for a server that loses no lock on a restart, and {caveat}; run it with appendonly yes and appendfsync always"
@@ -1344,44 +1241,4 @@ fn key_unescape(s: &str) -> String {
     s.replace("%7B", "{")
         .replace("%7D", "}")
         .replace("%25", "%")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn url_options_are_taken_out_and_unknown_ones_refused() {
-        let ms = Duration::from_millis;
-        let replicas = |replicas| UrlOptions {
-            replicas,
-            durable: false,
-        };
-        assert_eq!(
-            url_options("rediss://h:1/0?replicas=2&protocol=resp3#insecure"),
-            Ok((
-                "rediss://h:1/0?protocol=resp3#insecure".into(),
-                replicas(Some((2, ms(100))))
-            ))
-        );
-        assert_eq!(
-            url_options("redis://h:1?replica_timeout=2s&replicas=1"),
-            Ok(("redis://h:1".into(), replicas(Some((1, ms(2000))))))
-        );
-        assert_eq!(
-            url_options("rediss://h:1/#insecure"),
-            Ok(("rediss://h:1/#insecure".into(), replicas(None)))
-        );
-        let durable = UrlOptions {
-            replicas: None,
-            durable: true,
-        };
-        assert_eq!(
-            url_options("redis://h:1?durable=1"),
-            Ok(("redis://h:1".into(), durable))
-        );
-        assert!(url_options("redis://h:1?durable=maybe").is_err());
-        let misspelt = url_options("redis://h:1?replica=1").unwrap_err();
-        assert!(misspelt.contains("\"replica\""), "{misspelt}");
-    }
 }

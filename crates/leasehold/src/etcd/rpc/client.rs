@@ -15,6 +15,7 @@ use tonic_prost::ProstCodec;
 
 use super::watch::Watches;
 use super::{AuthenticateRequest, AuthenticateResponse, CALL_TIMEOUT, TRY_TIMEOUT};
+use crate::url::Credentials;
 use crate::Locked;
 
 /// A request stream that sends `first` and then stays open: etcd ends a stream's
@@ -29,7 +30,7 @@ fn open_stream<T: Send + 'static>(first: T) -> impl Stream<Item = T> + Send + 's
 pub struct Client {
     members: Vec<Member>,
     pub(super) current: AtomicUsize,
-    credentials: Option<(String, String)>,
+    credentials: Option<Credentials>,
     pub(super) watches: Watches,
 }
 
@@ -55,7 +56,7 @@ impl Client {
     pub fn new(
         addresses: &[String],
         tls: bool,
-        credentials: Option<(String, String)>,
+        credentials: Option<Credentials>,
     ) -> Result<Self, String> {
         let mut members = Vec::new();
         for address in addresses {
@@ -228,15 +229,16 @@ impl Client {
     }
 
     async fn grpc(&self, member: &Member) -> Result<tonic::client::Grpc<Channel>, Status> {
-        if let Some((name, password)) = &self.credentials {
+        if let Some(credentials) = &self.credentials {
             if member.token.locked().is_none() {
                 let mut grpc = tonic::client::Grpc::new(member.channel.clone());
                 grpc.ready().await.map_err(transport_status)?;
                 let answer: AuthenticateResponse = grpc
                     .unary(
                         Request::new(AuthenticateRequest {
-                            name: name.clone(),
-                            password: password.clone(),
+                            name: credentials.user().unwrap_or_default().to_string(),
+                            password: (credentials.password())
+                                .map_or_else(String::new, |p| p.expose().to_string()),
                         }),
                         PathAndQuery::from_static("/etcdserverpb.Auth/Authenticate"),
                         ProstCodec::default(),
