@@ -200,29 +200,85 @@ async fn worker(
 /// Runs a rate workload and prints its `ratebench.v1` line (or a short table).
 pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure> {
     let backend = url.scheme().backend();
-    let workload = parse(&args.workload).ok_or_else(|| usage("unknown rate workload"))?;
-    let workers = crate::bench::workers(args)?;
-    let duration = crate::bench::positive_seconds(
-        "duration",
-        args.duration.unwrap_or(Duration::from_secs(10)),
-    )?;
-    let wait_s = crate::bench::seconds("wait", args.wait.unwrap_or(Duration::from_secs(1)))?;
-    let (rate_text, burst) = match workload {
-        Workload::R2 => (
-            args.rate.as_deref().unwrap_or("1000000"),
-            args.burst.unwrap_or(1_000_000),
-        ),
-        Workload::R4 => (
-            args.rate.as_deref().unwrap_or("100"),
-            args.burst.unwrap_or(10),
-        ),
-        _ => (
-            args.rate.as_deref().unwrap_or("1000"),
-            args.burst.unwrap_or(100),
-        ),
-    };
-    let rate = rate_of(rate_text)?;
-    let rate_per_s: f64 = rate.count as f64 / rate.period.as_secs_f64();
+    let params = Params::of(args)?;
+    let limiters = open_limiters(url, args, &params).await?;
+    let (stats, stuck) = run_workers(limiters, &params).await;
+    let summary = Summary::of(&stats, params.workload);
+    let report = report(&params, backend, &stats, &summary, stuck);
+    if args.json {
+        println!("{report}");
+    } else {
+        print_table(url, &params, &summary, &report);
+    }
+    if stuck > 0 {
+        return Err(Failure::new(
+            INTERNAL,
+            format!("{stuck} worker(s) were still in a call {} s after the window and its wait budget; abandoned", STUCK_GRACE.as_secs()),
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a run measures: its workload, and its flags with the workload's defaults.
+struct Params {
+    workload: Workload,
+    workers: usize,
+    /// The window, in seconds.
+    duration: f64,
+    /// `--wait` (R3's wait budget), in seconds.
+    wait_s: f64,
+    rate: Rate,
+    burst: u64,
+}
+
+impl Params {
+    fn of(args: &BenchArgs) -> Result<Self, Failure> {
+        let workload = parse(&args.workload).ok_or_else(|| usage("unknown rate workload"))?;
+        let workers = crate::bench::workers(args)?;
+        let duration = crate::bench::positive_seconds(
+            "duration",
+            args.duration.unwrap_or(Duration::from_secs(10)),
+        )?;
+        let wait_s = crate::bench::seconds("wait", args.wait.unwrap_or(Duration::from_secs(1)))?;
+        let (rate_text, burst) = match workload {
+            Workload::R2 => (
+                args.rate.as_deref().unwrap_or("1000000"),
+                args.burst.unwrap_or(1_000_000),
+            ),
+            Workload::R4 => (
+                args.rate.as_deref().unwrap_or("100"),
+                args.burst.unwrap_or(10),
+            ),
+            _ => (
+                args.rate.as_deref().unwrap_or("1000"),
+                args.burst.unwrap_or(100),
+            ),
+        };
+        Ok(Params {
+            workload,
+            workers,
+            duration,
+            wait_s,
+            rate: rate_of(rate_text)?,
+            burst,
+        })
+    }
+}
+
+/// A limiter per worker (R2: on a key each; else all on one key), on a store that
+/// answered a first call.
+async fn open_limiters(
+    url: &StoreUrl,
+    args: &BenchArgs,
+    params: &Params,
+) -> Result<Vec<RateLimiter>, Failure> {
+    let Params {
+        workload,
+        workers,
+        rate,
+        burst,
+        ..
+    } = *params;
     let base = format!("{}:{}:{}", args.key_prefix, workload.label(), workers);
     let store = url.open().await?;
     let limits = Leasehold::from_store(store);
@@ -241,9 +297,16 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
         .rate_limiter(format!("{}:setup", args.key_prefix).as_str(), rate, burst)?
         .try_acquire(1)
         .await?;
+    Ok(limiters)
+}
 
-    let window = Duration::from_secs_f64(duration);
-    let wait = Duration::from_secs_f64(wait_s);
+/// Runs a worker per limiter through the window and collects their stats, and how many
+/// were still in a call [`STUCK_GRACE`] after the window and the wait budget (abandoned,
+/// with empty stats).
+async fn run_workers(limiters: Vec<RateLimiter>, params: &Params) -> (Vec<Stats>, usize) {
+    let workload = params.workload;
+    let window = Duration::from_secs_f64(params.duration);
+    let wait = Duration::from_secs_f64(params.wait_s);
     let start = Instant::now();
     let handles: Vec<_> = limiters
         .into_iter()
@@ -263,22 +326,67 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
             }
         }
     }
+    (stats, stuck)
+}
 
-    let mut lat: Vec<u64> = stats.iter().flat_map(|s| s.lat.iter().copied()).collect();
-    lat.sort_unstable();
-    let mut spans: Vec<(u64, u64)> = stats
-        .iter()
-        .flat_map(|s| s.allowed.iter().copied())
-        .collect();
-    let allowed = spans.len();
-    let decisions: u64 = stats.iter().map(|s| s.decisions).sum();
-    let per_worker: Vec<usize> = stats.iter().map(|s| s.allowed.len()).collect();
-    let max_1s = (workload != Workload::R2).then(|| max_in_window(&mut spans, 1_000_000_000));
+/// The workers' calls together.
+struct Summary {
+    /// Latencies (ns), sorted.
+    lat: Vec<u64>,
+    decisions: u64,
+    allowed: usize,
+    per_worker: Vec<usize>,
+    /// Most allowed in one second (not for R2, whose keys are many).
+    max_1s: Option<usize>,
+}
+
+impl Summary {
+    fn of(stats: &[Stats], workload: Workload) -> Self {
+        let mut lat: Vec<u64> = stats.iter().flat_map(|s| s.lat.iter().copied()).collect();
+        lat.sort_unstable();
+        let mut spans: Vec<(u64, u64)> = stats
+            .iter()
+            .flat_map(|s| s.allowed.iter().copied())
+            .collect();
+        Summary {
+            lat,
+            decisions: stats.iter().map(|s| s.decisions).sum(),
+            allowed: spans.len(),
+            per_worker: stats.iter().map(|s| s.allowed.len()).collect(),
+            max_1s: (workload != Workload::R2).then(|| max_in_window(&mut spans, 1_000_000_000)),
+        }
+    }
+}
+
+/// The `ratebench.v1` line.
+fn report(
+    params: &Params,
+    backend: &str,
+    stats: &[Stats],
+    summary: &Summary,
+    stuck: usize,
+) -> serde_json::Value {
+    let Params {
+        workload,
+        workers,
+        duration,
+        wait_s,
+        rate,
+        burst,
+    } = *params;
+    let rate_per_s: f64 = rate.count as f64 / rate.period.as_secs_f64();
+    let Summary {
+        lat,
+        decisions,
+        allowed,
+        per_worker,
+        max_1s,
+    } = summary;
     let notes = match workload {
         Workload::R3 => "GCRA, one script on the store's clock; a wait is one call that reserves the turn, then a sleep until it (no retries)",
         _ => "GCRA, one script on the store's clock (Redis: TIME, GET, SET PX when allowed)",
     };
-    let report = serde_json::json!({
+    serde_json::json!({
         "schema": SCHEMA,
         "peer": format!("leasehold-{backend}"),
         "impl": format!("leasehold {} (RateLimiter)", env!("CARGO_PKG_VERSION")),
@@ -301,47 +409,49 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
         "timeouts": stats.iter().map(|s| s.timeouts).sum::<u64>(),
         "errors": stats.iter().map(|s| s.errors).sum::<u64>(),
         "error_sample": stats.iter().find_map(|s| s.error_sample.clone()),
-        "decisions_per_s": decisions as f64 / duration,
-        "allowed_per_s": allowed as f64 / duration,
-        "lat_p50_us": percentile_us(&lat, 50.0),
-        "lat_p99_us": percentile_us(&lat, 99.0),
-        "lat_max_us": percentile_us(&lat, 100.0),
+        "decisions_per_s": *decisions as f64 / duration,
+        "allowed_per_s": *allowed as f64 / duration,
+        "lat_p50_us": percentile_us(lat, 50.0),
+        "lat_p99_us": percentile_us(lat, 99.0),
+        "lat_max_us": percentile_us(lat, 100.0),
         "max_allowed_1s": max_1s,
         "allowed_per_worker_min": per_worker.iter().min().copied().unwrap_or(0),
         "allowed_per_worker_max": per_worker.iter().max().copied().unwrap_or(0),
         "stuck_workers": stuck,
         "notes": notes,
-    });
-    if args.json {
-        println!("{report}");
-    } else {
-        let show = |k: &str| report[k].to_string();
-        println!(
-            "workload         {} ({workers} workers, {} key(s)), {rate} burst {burst}",
-            workload.label(),
-            show("keys")
-        );
-        println!("store            {url}");
-        println!("decisions/s      {:.0}", decisions as f64 / duration);
-        println!(
-            "allowed          {allowed} ({:.0}/s)",
-            allowed as f64 / duration
-        );
-        println!("max in 1 s       {}", show("max_allowed_1s"));
-        println!(
-            "latency p50/p99  {} / {} µs",
-            show("lat_p50_us"),
-            show("lat_p99_us")
-        );
-        println!("timeouts/errors  {} / {}", show("timeouts"), show("errors"));
-    }
-    if stuck > 0 {
-        return Err(Failure::new(
-            INTERNAL,
-            format!("{stuck} worker(s) were still in a call {} s after the window and its wait budget; abandoned", STUCK_GRACE.as_secs()),
-        ));
-    }
-    Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The short table `--json` replaces.
+fn print_table(url: &StoreUrl, params: &Params, summary: &Summary, report: &serde_json::Value) {
+    let Params {
+        workload,
+        workers,
+        duration,
+        rate,
+        burst,
+        ..
+    } = *params;
+    let (decisions, allowed) = (summary.decisions, summary.allowed);
+    let show = |k: &str| report[k].to_string();
+    println!(
+        "workload         {} ({workers} workers, {} key(s)), {rate} burst {burst}",
+        workload.label(),
+        show("keys")
+    );
+    println!("store            {url}");
+    println!("decisions/s      {:.0}", decisions as f64 / duration);
+    println!(
+        "allowed          {allowed} ({:.0}/s)",
+        allowed as f64 / duration
+    );
+    println!("max in 1 s       {}", show("max_allowed_1s"));
+    println!(
+        "latency p50/p99  {} / {} µs",
+        show("lat_p50_us"),
+        show("lat_p99_us")
+    );
+    println!("timeouts/errors  {} / {}", show("timeouts"), show("errors"));
 }
 
 #[cfg(test)]

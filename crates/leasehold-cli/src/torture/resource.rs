@@ -134,112 +134,142 @@ impl Resource {
         let (Some(&verb), Some(&owner), Some(token)) = (words.first(), words.get(1), num(2)) else {
             return "ERROR bad request\n".into();
         };
-        let stop_or_ok = || match self.stopping.load(Ordering::SeqCst) {
-            true => "STOP\n".to_string(),
-            false => "OK\n".to_string(),
-        };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let exclusive_ok = |state: &State, fenced: bool| !fenced || token >= state.highest;
         match (verb, num(3)) {
             ("HELD", _) => {
                 state.phases.insert(owner.to_string(), Phase::Held);
-                stop_or_ok()
+                self.stop_or_ok()
             }
             ("DONE", _) => {
                 state.phases.remove(owner);
-                stop_or_ok()
+                self.stop_or_ok()
             }
-            ("READ", _) => {
-                let accepted = exclusive_ok(&state, self.fence == Fence::All);
-                if accepted && self.fence == Fence::All {
-                    state.highest = token;
-                    state.highest_exclusive = token;
-                }
-                let value = state.value;
-                self.access(
-                    owner,
-                    token,
-                    Op::Read,
-                    value,
-                    None,
-                    accepted,
-                    Role::Exclusive,
-                );
-                if !accepted {
-                    return "REJECTED\n".into();
-                }
-                state.phases.insert(owner.to_string(), Phase::Thinking);
-                format!("OK {value}\n")
-            }
-            ("WRITE", Some(value)) => {
-                let accepted = exclusive_ok(&state, self.fence != Fence::None);
-                if accepted {
-                    state.highest = state.highest.max(token);
-                    state.highest_exclusive = state.highest_exclusive.max(token);
-                    state.value = value;
-                }
-                let base = num(4);
-                self.access(
-                    owner,
-                    token,
-                    Op::Write,
-                    value,
-                    base,
-                    accepted,
-                    Role::Exclusive,
-                );
-                state.phases.insert(owner.to_string(), Phase::Held);
-                match accepted {
-                    true => "OK\n".into(),
-                    false => "REJECTED\n".into(),
-                }
-            }
-            ("READS" | "REREAD", _) => {
-                let fenced = self.fence == Fence::All;
-                let accepted = !fenced || token >= state.highest_exclusive;
-                if accepted && fenced {
-                    state.highest = state.highest.max(token);
-                }
-                let (op, phase) = match verb {
-                    "READS" => (Op::ReadShared, Phase::Thinking),
-                    _ => (Op::Reread, Phase::Held),
-                };
-                let value = state.value;
-                self.access(owner, token, op, value, None, accepted, Role::Shared);
-                if !accepted {
-                    return "REJECTED\n".into();
-                }
-                state.phases.insert(owner.to_string(), phase);
-                format!("OK {value}\n")
-            }
+            ("READ", _) => self.read(&mut state, owner, token),
+            ("WRITE", Some(value)) => self.write(&mut state, owner, token, value, num(4)),
+            ("READS", _) => self.read_shared(&mut state, owner, token, Op::ReadShared),
+            ("REREAD", _) => self.read_shared(&mut state, owner, token, Op::Reread),
             ("ENTER" | "EXIT", _) => {
                 let Some(role) = words.get(3).and_then(|w| Role::from_word(w)) else {
                     return "ERROR bad role\n".into();
                 };
-                let op = match verb {
+                match verb {
                     "ENTER" => {
                         let pid = words.get(4).and_then(|w| w.parse().ok()).unwrap_or(0);
-                        state.inside.insert(owner.to_string(), pid);
-                        // A permit holder has nothing to read: it thinks inside.
-                        let phase = match role {
-                            Role::Permit => Phase::Thinking,
-                            _ => Phase::Held,
-                        };
-                        state.phases.insert(owner.to_string(), phase);
-                        Op::Enter
+                        self.enter(&mut state, owner, token, role, pid)
                     }
-                    _ => {
-                        state.inside.remove(owner);
-                        state.phases.insert(owner.to_string(), Phase::Held);
-                        Op::Exit
-                    }
-                };
-                let inside = state.inside.len() as u64;
-                self.access(owner, token, op, inside, None, true, role);
-                stop_or_ok()
+                    _ => self.exit(&mut state, owner, token, role),
+                }
             }
             _ => "ERROR bad request\n".into(),
         }
+    }
+
+    /// `STOP` once the run is stopping, else `OK`.
+    fn stop_or_ok(&self) -> String {
+        match self.stopping.load(Ordering::SeqCst) {
+            true => "STOP\n".to_string(),
+            false => "OK\n".to_string(),
+        }
+    }
+
+    /// A mutex holder's or writer's read: fenced against every token accepted before.
+    fn read(&self, state: &mut State, owner: &str, token: u64) -> String {
+        let fenced = self.fence == Fence::All;
+        let accepted = !fenced || token >= state.highest;
+        if accepted && fenced {
+            state.highest = token;
+            state.highest_exclusive = token;
+        }
+        let value = state.value;
+        self.access(
+            owner,
+            token,
+            Op::Read,
+            value,
+            None,
+            accepted,
+            Role::Exclusive,
+        );
+        if !accepted {
+            return "REJECTED\n".into();
+        }
+        state.phases.insert(owner.to_string(), Phase::Thinking);
+        format!("OK {value}\n")
+    }
+
+    /// A write of `value` by a writer that read `base`: fenced unless `--fence none`.
+    fn write(
+        &self,
+        state: &mut State,
+        owner: &str,
+        token: u64,
+        value: u64,
+        base: Option<u64>,
+    ) -> String {
+        let accepted = self.fence == Fence::None || token >= state.highest;
+        if accepted {
+            state.highest = state.highest.max(token);
+            state.highest_exclusive = state.highest_exclusive.max(token);
+            state.value = value;
+        }
+        self.access(
+            owner,
+            token,
+            Op::Write,
+            value,
+            base,
+            accepted,
+            Role::Exclusive,
+        );
+        state.phases.insert(owner.to_string(), Phase::Held);
+        match accepted {
+            true => "OK\n".into(),
+            false => "REJECTED\n".into(),
+        }
+    }
+
+    /// A reader's first (`ReadShared`) or second (`Reread`) read: fenced against writers
+    /// only, as readers hold together.
+    fn read_shared(&self, state: &mut State, owner: &str, token: u64, op: Op) -> String {
+        let fenced = self.fence == Fence::All;
+        let accepted = !fenced || token >= state.highest_exclusive;
+        if accepted && fenced {
+            state.highest = state.highest.max(token);
+        }
+        let phase = match op {
+            Op::ReadShared => Phase::Thinking,
+            _ => Phase::Held,
+        };
+        let value = state.value;
+        self.access(owner, token, op, value, None, accepted, Role::Shared);
+        if !accepted {
+            return "REJECTED\n".into();
+        }
+        state.phases.insert(owner.to_string(), phase);
+        format!("OK {value}\n")
+    }
+
+    /// Into the resource (never refused): the gauge counts who is inside.
+    fn enter(&self, state: &mut State, owner: &str, token: u64, role: Role, pid: i32) -> String {
+        state.inside.insert(owner.to_string(), pid);
+        // A permit holder has nothing to read: it thinks inside.
+        let phase = match role {
+            Role::Permit => Phase::Thinking,
+            _ => Phase::Held,
+        };
+        state.phases.insert(owner.to_string(), phase);
+        let inside = state.inside.len() as u64;
+        self.access(owner, token, Op::Enter, inside, None, true, role);
+        self.stop_or_ok()
+    }
+
+    /// Out of the resource (never refused).
+    fn exit(&self, state: &mut State, owner: &str, token: u64, role: Role) -> String {
+        state.inside.remove(owner);
+        state.phases.insert(owner.to_string(), Phase::Held);
+        let inside = state.inside.len() as u64;
+        self.access(owner, token, Op::Exit, inside, None, true, role);
+        self.stop_or_ok()
     }
 
     /// Logged under the state lock, so the history has the order the counter saw.

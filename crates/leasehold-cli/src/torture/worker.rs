@@ -111,10 +111,49 @@ pub async fn worker(store: Option<&str>, args: WorkerArgs) -> Result<ExitCode, F
         Log::create(&args.history)
             .map_err(|e| Failure::new(exit::USAGE, format!("{}: {e}", args.history.display())))?,
     );
-    let locks = Leasehold::from_store(crate::open_store(store).await?);
-    let name = args.lock.as_str();
     // Logs the first answer of each acquire that says the store has queued it.
     let queued = Arc::new(AtomicBool::new(false));
+    let (exclusive, shared) = open_locks(store, &args, &log, &queued).await?;
+    let mut resource = Client::connect(&args.resource, &args.owner)
+        .await
+        .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("the resource: {e}")))?;
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    loop {
+        let role = pick_role(args.primitive, &mut rng);
+        let lock = match (role, &shared) {
+            (Role::Shared, Some(shared)) => shared,
+            _ => &exclusive,
+        };
+        let plan = Plan {
+            role,
+            reenter: rng.gen_bool(0.1),
+            think: think(args.ttl, &mut rng),
+        };
+        queued.store(false, Ordering::SeqCst);
+        let Some(guard) = acquire(lock, role, &log, &args).await else {
+            continue;
+        };
+        let token = guard.token().get();
+        let stop = cycle(lock, &guard, &mut resource, &log, &args, &plan).await;
+        release(guard, &log, &args.owner).await;
+        let done = resource.ask("DONE", token, &[]).await;
+        if stop || matches!(done, Ok(Reply::Stop) | Err(_)) {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+}
+
+/// The worker's lock and, for a read-write lock, its reader: `args`' lock with the
+/// worker's TTL, fairness and owner, logging `Queued` at the first answer of an acquire
+/// that says the store queued it (once `queued` is reset).
+async fn open_locks(
+    store: Option<&str>,
+    args: &WorkerArgs,
+    log: &Arc<Log>,
+    queued: &Arc<AtomicBool>,
+) -> Result<(Lock, Option<Lock>), Failure> {
+    let locks = Leasehold::from_store(crate::open_store(store).await?);
+    let name = args.lock.as_str();
     let handle = |lock: Lock| {
         let (log, queued, owner) = (log.clone(), queued.clone(), args.owner.clone());
         lock.with_ttl(args.ttl)
@@ -133,77 +172,66 @@ pub async fn worker(store: Option<&str>, args: WorkerArgs) -> Result<ExitCode, F
         Primitive::Semaphore(n) => (locks.semaphore(name, n)?, None),
         Primitive::RwLock => (locks.write(name)?, Some(handle(locks.read(name)?))),
     };
-    let exclusive = handle(exclusive);
-    let mut resource = Client::connect(&args.resource, &args.owner)
-        .await
-        .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("the resource: {e}")))?;
-    let mut rng = StdRng::seed_from_u64(args.seed);
+    Ok((handle(exclusive), shared))
+}
+
+/// Acquires `lock` as `role` within `--wait`, logging the invocation and the guard, or
+/// the failure (after which it waits a little when the store is away).
+async fn acquire(lock: &Lock, role: Role, log: &Log, args: &WorkerArgs) -> Option<LockGuard> {
     let owner = || args.owner.clone();
-    loop {
-        let role = pick_role(args.primitive, &mut rng);
-        let lock = match (role, &shared) {
-            (Role::Shared, Some(shared)) => shared,
-            _ => &exclusive,
-        };
-        let plan = Plan {
-            role,
-            reenter: rng.gen_bool(0.1),
-            think: think(args.ttl, &mut rng),
-        };
-        queued.store(false, Ordering::SeqCst);
-        log.record(Event::Invoke { owner: owner() });
-        let guard = match lock.try_lock_for(args.wait).await {
-            Ok(Some(guard)) => guard,
-            Ok(None) => {
-                let error = "the wait ran out".to_string();
-                log.record(Event::AcquireFailed {
-                    owner: owner(),
-                    unknown: false,
-                    error,
-                });
-                continue;
-            }
-            Err(e) => {
-                let unknown = !matches!(e, Error::WaitEnded { .. });
-                let error = e.to_string();
-                log.record(Event::AcquireFailed {
-                    owner: owner(),
-                    unknown,
-                    error,
-                });
-                // The store is away (a fault): try again soon, not in a busy loop.
-                tokio::time::sleep(args.ttl / 10).await;
-                continue;
-            }
-        };
-        let token = guard.token().get();
-        log.record(Event::Acquired {
-            owner: owner(),
-            token,
-            deadline: instant_ns(guard.valid_until()),
-            role,
-        });
-        let stop = cycle(lock, &guard, &mut resource, &log, &args, &plan).await;
-        log.record(Event::Release {
-            owner: owner(),
-            token,
-            deadline: instant_ns(guard.valid_until()),
-        });
-        let outcome = match guard.release().await {
-            Ok(Released::Released) => "released".to_string(),
-            Ok(Released::NotHeld) => "not_held".to_string(),
-            Err(e) => format!("error: {e}"),
-        };
-        log.record(Event::Released {
-            owner: owner(),
-            token,
-            outcome,
-        });
-        let done = resource.ask("DONE", token, &[]).await;
-        if stop || matches!(done, Ok(Reply::Stop) | Err(_)) {
-            return Ok(ExitCode::SUCCESS);
+    log.record(Event::Invoke { owner: owner() });
+    match lock.try_lock_for(args.wait).await {
+        Ok(Some(guard)) => {
+            log.record(Event::Acquired {
+                owner: owner(),
+                token: guard.token().get(),
+                deadline: instant_ns(guard.valid_until()),
+                role,
+            });
+            Some(guard)
+        }
+        Ok(None) => {
+            let error = "the wait ran out".to_string();
+            log.record(Event::AcquireFailed {
+                owner: owner(),
+                unknown: false,
+                error,
+            });
+            None
+        }
+        Err(e) => {
+            let unknown = !matches!(e, Error::WaitEnded { .. });
+            let error = e.to_string();
+            log.record(Event::AcquireFailed {
+                owner: owner(),
+                unknown,
+                error,
+            });
+            // The store is away (a fault): try again soon, not in a busy loop.
+            tokio::time::sleep(args.ttl / 10).await;
+            None
         }
     }
+}
+
+/// Releases `guard`, logging the deadline it had then and the outcome.
+async fn release(guard: LockGuard, log: &Log, owner: &str) {
+    let token = guard.token().get();
+    log.record(Event::Release {
+        owner: owner.to_string(),
+        token,
+        deadline: instant_ns(guard.valid_until()),
+    });
+    let outcome = match guard.release().await {
+        Ok(Released::Released) => "released".to_string(),
+        Ok(Released::NotHeld) => "not_held".to_string(),
+        Err(e) => format!("error: {e}"),
+    };
+    log.record(Event::Released {
+        owner: owner.to_string(),
+        token,
+        outcome,
+    });
 }
 
 /// One cycle's random choices, made before it starts.
