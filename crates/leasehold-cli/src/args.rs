@@ -1,0 +1,271 @@
+//! The flags and values the commands share: durations, permits, owner ids, `--store`
+//! and how long a bounded wait lets the store take.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use leasehold::url::Scheme;
+use leasehold::{Leasehold, Lock, Store, StoreUrl};
+
+use crate::exit::{self, Failure};
+
+/// `--store`'s long help: the library's list of URL forms.
+pub(crate) fn store_help() -> String {
+    let mut help = "Store URL [default: local:]. One of:\n".to_string();
+    for form in leasehold::url::URL_FORMS {
+        help.push_str(&format!(
+            "  {}\n      {}\n",
+            form.form,
+            form.store.replace('`', "")
+        ));
+    }
+    help.push_str(
+        "memory: is for bench: run, hold, status, list and release refuse it. Without --store, \
+the LEASEHOLD_STORE environment variable (empty: the default).",
+    );
+    help
+}
+
+/// The lock flags `run`, `hold` share.
+#[derive(Debug, Clone, Args)]
+pub struct LockArgs {
+    /// Lock name (1 to 256 bytes, no control characters)
+    pub name: String,
+
+    /// Lease length; renewed at about a third of it while held (100ms to 24h)
+    #[arg(long, value_name = "DUR", default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub ttl: Duration,
+
+    /// Give up after waiting this long (exit 75, or --conflict-exit-code) [default: wait
+    /// without limit]
+    #[arg(short = 'w', long, value_name = "DUR", value_parser = parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+
+    /// Do not wait: give up at once if the lock is busy (exit 75, or --conflict-exit-code)
+    #[arg(short = 'n', long)]
+    pub no_wait: bool,
+
+    /// Exit status when the lock is busy with --no-wait or --wait runs out, as flock's -E
+    /// (0 to 255; e.g. 0 for a cron job that skips quietly when another host runs it)
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+    pub conflict_exit_code: u8,
+
+    /// First come, first served: do not pass earlier waiters [default: on for etcd, off
+    /// for the other stores]
+    #[arg(long, overrides_with = "no_fair")]
+    pub fair: bool,
+
+    /// Not first come, first served: a release may go to any waiter (the fastest
+    /// hand-off; on etcd, whose queue is its shape, waiters are still served in order)
+    #[arg(long, overrides_with = "fair")]
+    pub no_fair: bool,
+
+    /// Make it a semaphore with N permits (everyone must use the same N)
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "shared",
+        allow_hyphen_values = true,
+        value_parser = parse_permits
+    )]
+    pub permits: Option<u32>,
+
+    /// Take a shared (read) lock; plain holders are writers
+    #[arg(short = 's', long)]
+    pub shared: bool,
+
+    /// Owner id: holders with the same id re-enter instead of waiting [default: the
+    /// owner of this NAME held by an enclosing `leasehold run` (LEASEHOLD_HELD), else
+    /// LEASEHOLD_OWNER when not inside a run, else random]
+    #[arg(long, value_name = "ID")]
+    pub owner: Option<String>,
+}
+
+/// The locks that enclosing `leasehold run`s hold for the command, one `NAME\tOWNER`
+/// line each (names and owner ids have no control characters): a nested run of one of
+/// those names re-enters it, and only of those names.
+pub const HELD_VAR: &str = "LEASEHOLD_HELD";
+
+/// The owner a run of `name` uses without `--owner`: the enclosing run's owner of that
+/// name, if any; else `LEASEHOLD_OWNER` as the user set it (not inside a run, which sets
+/// it for its own name only); else none (a fresh owner).
+fn inherited_owner(name: &str) -> Option<String> {
+    let held = std::env::var(HELD_VAR).unwrap_or_default();
+    let enclosing = held.lines().find_map(|line| {
+        let (held_name, owner) = line.split_once('\t')?;
+        (held_name == name).then(|| owner.to_string())
+    });
+    let outside_a_run = std::env::var_os("LEASEHOLD_NAME").is_none();
+    enclosing.or_else(|| {
+        std::env::var("LEASEHOLD_OWNER")
+            .ok()
+            .filter(|owner| outside_a_run && !owner.is_empty())
+    })
+}
+
+/// `LEASEHOLD_HELD` for a command run under `name` held by `owner`.
+pub fn held_with(name: &str, owner: &str) -> String {
+    let mut held = std::env::var(HELD_VAR).unwrap_or_default();
+    if !held.is_empty() {
+        held.push('\n');
+    }
+    held.push_str(&format!("{name}\t{owner}"));
+    held
+}
+
+impl LockArgs {
+    /// The lock handle these flags describe.
+    pub fn lock(&self, locks: &Leasehold) -> Result<Lock, Failure> {
+        let lock = match (self.permits, self.shared) {
+            (Some(permits), _) => locks.semaphore(self.name.as_str(), permits)?,
+            (None, true) => locks.read(self.name.as_str())?,
+            (None, false) => locks.write(self.name.as_str())?,
+        };
+        let owner = (self.owner.clone())
+            .or_else(|| inherited_owner(&self.name))
+            .unwrap_or_else(random_owner);
+        let lock = match (self.fair, self.no_fair) {
+            (true, _) => lock.with_fair(true),
+            (_, true) => lock.with_fair(false),
+            _ => lock,
+        };
+        Ok(lock.with_ttl(self.ttl).with_owner(owner))
+    }
+}
+
+/// The longest duration a flag takes: far beyond any sensible TTL, wait or grace, and
+/// short enough that no deadline counted from now can overflow.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A duration flag: `500ms`, `1m30s`, `2h` (humantime), or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    const EXAMPLES: &str = "give e.g. 30s, 500ms, 1m30s or 2h";
+    // Flags take values that start with '-' so that `--ttl -5s` gets this message rather
+    // than clap's advice to write `-- -5s`; a flag or `--` in the value's place too.
+    if let Some(rest) = text.trim_start().strip_prefix('-') {
+        if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+            return Err(format!("a duration cannot be negative; {EXAMPLES}"));
+        }
+        return Err(format!(
+            "the duration is missing ({text:?} is not one); {EXAMPLES}"
+        ));
+    }
+    let duration = match text.trim().parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|e| format!("{e}; {EXAMPLES}"))?,
+        Err(_) => humantime::parse_duration(text).map_err(|e| format!("{e}; {EXAMPLES}"))?,
+    };
+    if duration > MAX_DURATION {
+        return Err(format!("at most {}d", MAX_DURATION.as_secs() / 86_400));
+    }
+    Ok(duration)
+}
+
+/// `--permits N`: a whole number from 1 to the library's limit, said as such for any
+/// other input (clap's own message for a u32 names the type's range).
+fn parse_permits(text: &str) -> Result<u32, String> {
+    let max = leasehold::MAX_PERMITS;
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| format!("a semaphore has 1 to {max} permits"))
+}
+
+/// `pid-random`: unique, and readable in `status`.
+fn random_owner() -> String {
+    format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+/// The URL `--store` gives (default: the local store's default directory), read.
+pub fn store_url(url: Option<&str>) -> Result<StoreUrl, Failure> {
+    Ok(StoreUrl::parse(url.unwrap_or("local:"))?)
+}
+
+/// Opens the store `--store` names (default: the local store's default directory).
+pub async fn open_store(url: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
+    Ok(store_url(url)?.open().await?)
+}
+
+/// Opens the store for `command` (`run`, `hold`, `status`, `list`, `release`), whose
+/// locks are meant for other processes: `memory:` is refused (exit 64), as each
+/// `leasehold` process would have a store of its own and nothing would be excluded.
+pub async fn open_shared_store(
+    url: Option<&str>,
+    command: &str,
+) -> Result<Arc<dyn Store>, Failure> {
+    let url = store_url(url)?;
+    if url.scheme() == Scheme::Memory {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "store memory: (from --store or LEASEHOLD_STORE) lives in one process only, so \
+`leasehold {command}` would share its locks with no other process and exclude nothing; use \
+local: (the processes of this host), redis://... or etcd://... (memory: is for bench)"
+            ),
+        ));
+    }
+    Ok(url.open().await?)
+}
+
+/// What a bounded wait allows the store beyond the wait itself: a connect and a few round
+/// trips on a loaded machine.
+const STORE_SLACK: Duration = Duration::from_secs(2);
+
+/// Runs `work`, which talks to the store; with a bounded `wait` (`Some(ZERO)` for
+/// `--no-wait`), for at most the wait and `STORE_SLACK`, so a store that does not answer
+/// (paused, a black-holed link) cannot stretch it by the client's connect and response
+/// timeouts (9.5 s for a paused Redis): exit 69 then.
+pub async fn within_wait<T, E: Into<Failure>>(
+    wait: Option<Duration>,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, Failure> {
+    let Some(wait) = wait else {
+        return work.await.map_err(Into::into);
+    };
+    match tokio::time::timeout(wait.saturating_add(STORE_SLACK), work).await {
+        Ok(done) => done.map_err(Into::into),
+        Err(_) => {
+            let allowed = match wait.is_zero() {
+                true => format!("{} to connect", leasehold::humanize(STORE_SLACK)),
+                false => format!(
+                    "the --wait of {} and {} to connect",
+                    leasehold::humanize(wait),
+                    leasehold::humanize(STORE_SLACK)
+                ),
+            };
+            Err(Failure::new(
+                exit::UNAVAILABLE,
+                format!("the store did not answer within {allowed}"),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_humantime_or_seconds_and_bounded() {
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("365d"), Ok(MAX_DURATION));
+        for bad in [
+            "-5s",
+            "-1",
+            "--",
+            "--no-wait",
+            "nan",
+            "inf",
+            "soon",
+            "",
+            "366d",
+            "18000000000000000000s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} was taken");
+        }
+    }
+}
