@@ -8,7 +8,6 @@ pub mod exit;
 mod inspect;
 mod limit;
 mod progress;
-mod ratebench;
 mod run;
 pub mod torture;
 

@@ -20,19 +20,15 @@ use std::time::{Duration, Instant};
 
 use leasehold::{Leasehold, Rate, RateLimiter, StoreUrl};
 
-use crate::bench::BenchArgs;
-use crate::exit::{Failure, INTERNAL, USAGE};
+use super::report::percentile;
+use super::{positive_seconds, seconds, usage, workers, BenchArgs};
+use super::{ERROR_PAUSE, STUCK_GRACE};
+use crate::exit::{Failure, INTERNAL};
 
 const SCHEMA: &str = "ratebench.v1";
 const PULSE_PERIOD: Duration = Duration::from_millis(1500);
 const PULSE_LEN: Duration = Duration::from_millis(500);
 const TRICKLE: Duration = Duration::from_millis(50);
-const STUCK_GRACE: Duration = Duration::from_secs(10);
-const ERROR_PAUSE: Duration = Duration::from_millis(10);
-
-fn usage(message: impl Into<String>) -> Failure {
-    Failure::new(USAGE, message)
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Workload {
@@ -43,7 +39,7 @@ enum Workload {
 }
 
 /// Whether `--workload` names one of the rate workloads.
-pub fn is_rate_workload(text: &str) -> bool {
+pub(super) fn is_rate_workload(text: &str) -> bool {
     parse(text).is_some()
 }
 
@@ -128,13 +124,9 @@ fn max_in_window(spans: &mut [(u64, u64)], width: u64) -> usize {
     best
 }
 
+/// Nearest-rank percentile of sorted nanoseconds, in µs rounded as the harness rounds them.
 fn percentile_us(sorted: &[u64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let n = sorted.len();
-    let k = ((q / 100.0 * n as f64).ceil() as usize).clamp(1, n) - 1;
-    Some((sorted[k] as f64 / 100.0).round() / 10.0)
+    percentile(sorted, q).map(|ns| (ns as f64 / 100.0).round() / 10.0)
 }
 
 async fn worker(
@@ -198,7 +190,7 @@ async fn worker(
 }
 
 /// Runs a rate workload and prints its `ratebench.v1` line (or a short table).
-pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure> {
+pub(super) async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure> {
     let backend = url.scheme().backend();
     let params = Params::of(args)?;
     let limiters = open_limiters(url, args, &params).await?;
@@ -234,12 +226,10 @@ struct Params {
 impl Params {
     fn of(args: &BenchArgs) -> Result<Self, Failure> {
         let workload = parse(&args.workload).ok_or_else(|| usage("unknown rate workload"))?;
-        let workers = crate::bench::workers(args)?;
-        let duration = crate::bench::positive_seconds(
-            "duration",
-            args.duration.unwrap_or(Duration::from_secs(10)),
-        )?;
-        let wait_s = crate::bench::seconds("wait", args.wait.unwrap_or(Duration::from_secs(1)))?;
+        let workers = workers(args)?;
+        let duration =
+            positive_seconds("duration", args.duration.unwrap_or(Duration::from_secs(10)))?;
+        let wait_s = seconds("wait", args.wait.unwrap_or(Duration::from_secs(1)))?;
         let (rate_text, burst) = match workload {
             Workload::R2 => (
                 args.rate.as_deref().unwrap_or("1000000"),

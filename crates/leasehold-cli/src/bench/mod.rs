@@ -1,0 +1,206 @@
+//! `leasehold bench`: measures a store, each workload in the contract its peers use so a
+//! run is one more row of theirs: the locks' W1-W3 in `lockbench.v1` ([`locks`], figures
+//! in [`report`]), the rate limiter's R1-R4 in `ratebench.v1` ([`rate`]).
+
+mod locks;
+mod rate;
+mod report;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use leasehold::StoreUrl;
+
+use crate::exit::{Failure, USAGE};
+
+/// Flags of `leasehold bench` (the lockbench.v1 driver contract plus `--store`, `--fair`).
+///
+/// Durations are read as `run`'s are: `500ms`, `15s`, `1m30s`, or a bare number of
+/// seconds (fractions allowed, e.g. `2.5`, as lockbench.v1 drivers pass them).
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Locks (lockbench.v1): W1: one worker, N acquire+release cycles on one key; W2: K
+    /// workers contend for ONE key for a fixed time; W3: K workers, a key each (no
+    /// contention). Rate limiter (ratebench.v1): R1: K workers ask for 1 unit of ONE key
+    /// as fast as they can; R2: a key each, a limit that allows ~all; R3: K workers wait
+    /// for 1 unit (budget --wait); R4: a trickle plus pulses of hammering on ONE key
+    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4")]
+    pub workload: String,
+
+    /// Workers (tokio tasks, one lock handle each) [default: 8; W1 always uses 1]
+    #[arg(long, value_name = "K")]
+    pub workers: Option<usize>,
+
+    /// W1: acquire+release cycles
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub ops: u64,
+
+    /// W1: time cap (a bare number is seconds)
+    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = crate::args::parse_duration, allow_hyphen_values = true)]
+    pub max_seconds: Duration,
+
+    /// W2/W3: length of the measured window (a bare number is seconds) [default: W2 10s,
+    /// W3 5s]
+    #[arg(long, value_name = "DUR", value_parser = crate::args::parse_duration, allow_hyphen_values = true)]
+    pub duration: Option<Duration>,
+
+    /// Wait budget of each acquire (a bare number is seconds); an acquire that runs out
+    /// counts as a timeout [default: 5s; R3: 1s]
+    #[arg(long, value_name = "DUR", value_parser = crate::args::parse_duration, allow_hyphen_values = true)]
+    pub wait: Option<Duration>,
+
+    /// R1-R4: the limiter's rate, units per second [default: 1000; R2: 1000000; R4: 100]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub rate: Option<String>,
+
+    /// R1-R4: the limiter's burst [default: 100; R2: 1000000; R4: 10]
+    #[arg(long, value_name = "B")]
+    pub burst: Option<u64>,
+
+    /// Lease TTL (100ms to 24h; a bare number is seconds)
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::args::parse_duration, allow_hyphen_values = true)]
+    pub ttl: Duration,
+
+    /// Prefix of the lock names: W1/W2 use P:W:K:one, W3 uses P:W:K:kI (I = worker index)
+    #[arg(long, value_name = "P", default_value = "lockbench")]
+    pub key_prefix: String,
+
+    /// Benchmark the Redis store at URL (only when no --store is given)
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
+
+    /// Benchmark the etcd store at HOST:PORT (only when no --store is given)
+    #[arg(long, value_name = "HOST:PORT")]
+    pub etcd: Option<String>,
+
+    /// First come, first served: waiters are granted the lock in arrival order
+    /// [default: on for etcd, off for the other stores]
+    #[arg(long, overrides_with = "no_fair")]
+    pub fair: bool,
+
+    /// Not first come, first served: a release may go to any waiter
+    #[arg(long, overrides_with = "fair")]
+    pub no_fair: bool,
+
+    /// Print exactly one lockbench.v1 JSON line on stdout instead of the table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Most workers accepted (each is a task and, while waiting, an entry in the lock's queue).
+const MAX_WORKERS: usize = 10_000;
+/// Longest window, wait budget or time cap accepted.
+const MAX_SECONDS: f64 = 86_400.0;
+/// How long workers may stay blocked after the window and one wait budget.
+const STUCK_GRACE: Duration = Duration::from_secs(10);
+/// Pause after a call that failed with an error, before trying again.
+const ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+fn usage(message: impl Into<String>) -> Failure {
+    Failure::new(USAGE, message)
+}
+
+/// A duration flag's seconds, at most [`MAX_SECONDS`].
+fn seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
+    let secs = duration.as_secs_f64();
+    if secs > MAX_SECONDS {
+        return Err(usage(format!(
+            "--{flag} {}: at most 24h",
+            leasehold::humanize(duration)
+        )));
+    }
+    Ok(secs)
+}
+
+fn positive_seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
+    let secs = seconds(flag, duration)?;
+    if secs == 0.0 {
+        return Err(usage(format!("--{flag} must be more than 0s")));
+    }
+    Ok(secs)
+}
+
+/// `--workers`: 8 unless given, 1 to [`MAX_WORKERS`].
+fn workers(args: &BenchArgs) -> Result<usize, Failure> {
+    match args.workers {
+        Some(0) => Err(usage("--workers must be at least 1")),
+        Some(k) if k > MAX_WORKERS => Err(usage(format!(
+            "--workers {k}: at most {MAX_WORKERS} workers"
+        ))),
+        Some(k) => Ok(k),
+        None => Ok(8),
+    }
+}
+
+/// The store URL: `--store` (or LEASEHOLD_STORE) first, then `--redis-url` / `--etcd`
+/// (a URL, or an address for `redis://` or `etcd://`), else the default local store.
+fn store_url(store: Option<&str>, args: &BenchArgs) -> Result<StoreUrl, Failure> {
+    let url = match (store, &args.redis_url, &args.etcd) {
+        (Some(url), _, _) => url.to_string(),
+        (None, Some(_), Some(_)) => {
+            return Err(usage(
+                "--redis-url and --etcd each pick a store; give one of them, or --store URL",
+            ))
+        }
+        (None, Some(url), None) if url.contains("://") => url.clone(),
+        (None, Some(addr), None) => format!("redis://{addr}"),
+        (None, None, Some(addr)) if addr.contains("://") => addr.clone(),
+        (None, None, Some(addr)) => format!("etcd://{addr}"),
+        (None, None, None) => "local:".into(),
+    };
+    crate::store_url(Some(&url))
+}
+
+/// Runs the benchmark `--workload` names.
+pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Failure> {
+    match args.workload.as_str() {
+        w if rate::is_rate_workload(w) => rate::bench(&store_url(store, &args)?, &args).await,
+        _ => locks::bench(store, &args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flags of `bench --workload WORKLOAD`, all else at their defaults.
+    pub(super) fn args(workload: &str) -> BenchArgs {
+        BenchArgs {
+            workload: workload.into(),
+            workers: None,
+            ops: 10_000,
+            max_seconds: Duration::from_secs(8),
+            duration: None,
+            wait: None,
+            rate: None,
+            burst: None,
+            ttl: Duration::from_secs(30),
+            key_prefix: "lockbench".into(),
+            redis_url: None,
+            etcd: None,
+            fair: false,
+            no_fair: false,
+            json: false,
+        }
+    }
+
+    #[test]
+    fn store_selection() {
+        let mut a = args("W1");
+        let url = |store: Option<&str>, a: &BenchArgs| store_url(store, a).map(|u| u.expose());
+        assert_eq!(url(None, &a).unwrap(), "local:");
+        a.redis_url = Some("redis://127.0.0.1:6390/0".into());
+        a.etcd = Some("127.0.0.1:2391".into());
+        assert_eq!(url(Some("memory:"), &a).unwrap(), "memory:");
+        assert_eq!(url(None, &a).unwrap_err().code, USAGE);
+        a.redis_url = None;
+        assert_eq!(url(None, &a).unwrap(), "etcd://127.0.0.1:2391");
+        a.etcd = None;
+        a.redis_url = Some("127.0.0.1:6390".into());
+        assert_eq!(url(None, &a).unwrap(), "redis://127.0.0.1:6390");
+        let backend = |text: &str| store_url(Some(text), &a).unwrap().scheme().backend();
+        assert_eq!(backend("rediss+cluster://h:1,h:2"), "redis");
+        assert_eq!(backend("local:/tmp/x"), "local");
+    }
+}
