@@ -31,7 +31,7 @@ pub struct LimitArgs {
 
     /// Wait at most this long for the units; if they would take longer, exit 75 at once
     /// [default: wait as long as it takes; with --check, do not wait]
-    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
+    #[arg(long, value_name = "DUR", value_parser = crate::args::parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
 
     /// Do not wait: exit 75 at once unless the units may pass now
@@ -109,8 +109,8 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
         (true, None) => Some(Duration::ZERO),
         (false, None) => None,
     };
-    let decision = crate::within_wait(wait, async {
-        let locks = Leasehold::from_store(crate::open_store(store).await?);
+    let decision = crate::args::within_wait(wait, async {
+        let locks = Leasehold::from_store(crate::args::open_store(store).await?);
         let limiter = locks.rate_limiter(args.name.as_str(), args.rate, burst)?;
         decide(&limiter, &args).await
     })

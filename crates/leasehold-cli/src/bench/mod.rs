@@ -149,7 +149,7 @@ fn store_url(store: Option<&str>, args: &BenchArgs) -> Result<StoreUrl, Failure>
         (None, None, Some(addr)) => format!("etcd://{addr}"),
         (None, None, None) => "local:".into(),
     };
-    crate::store_url(Some(&url))
+    crate::args::store_url(Some(&url))
 }
 
 /// Runs the benchmark `--workload` names.

@@ -5,6 +5,7 @@
 //! The coordinator (this process) is never paused: it serves the counter (see
 //! `resource.rs`), runs the nemesis and the link proxies, and spawns the workers
 //! (copies of this binary running the hidden `torture-worker` command).
+//!
 //! The rooms: `plan.rs` (the flags, their checks, the store and its proxies),
 //! `workers.rs` (starting and ending the workers), `nemesis.rs` (the faults),
 //! `report.rs` (the verdict).

@@ -152,7 +152,7 @@ async fn open_locks(
     log: &Arc<Log>,
     queued: &Arc<AtomicBool>,
 ) -> Result<(Lock, Option<Lock>), Failure> {
-    let locks = Leasehold::from_store(crate::open_store(store).await?);
+    let locks = Leasehold::from_store(crate::args::open_store(store).await?);
     let name = args.lock.as_str();
     let handle = |lock: Lock| {
         let (log, queued, owner) = (log.clone(), queued.clone(), args.owner.clone());
