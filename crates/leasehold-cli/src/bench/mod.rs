@@ -1,6 +1,6 @@
 //! `leasehold bench`: measures a store, each workload in the contract its peers use so a
-//! run is one more row of theirs: the locks' W1-W3 in `lockbench.v1` ([`locks`], figures
-//! in [`report`]), the rate limiter's R1-R4 in `ratebench.v1` ([`rate`]).
+//! run is one more row of theirs: the locks' W1-W3 in `lockbench.v1` (`locks.rs`, figures
+//! in `report.rs`), the rate limiter's R1-R4 in `ratebench.v1` (`rate.rs`).
 
 mod locks;
 mod rate;
