@@ -1,4 +1,4 @@
--- Acquire. The request (req, fields as request.rs's Acquire names them): lease, owner,
+-- Acquire. The request, each field a local req_NAME (request.rs's Acquire): lease, owner,
 -- kind (exclusive|shared|permit), permits, ttl ms, fair (0|1), enqueue (0|1), host, pid,
 -- channel (the client's), wall (the client's clock, ms: display only), waiter_lease ms
 -- (how long a place in the queue lasts unless renewed), fresh (1: the first attempt of
@@ -10,9 +10,9 @@
 --   owner '' when none; released: 1 if transfer.lua released a hold first, else 0);
 --   reply.conflict (code, kind, permits) when the lock rules refuse the request (code as
 --   Refusal::code in rules.rs; kind and permits of the holder or waiter it met).
-local lease, owner, kind, permits = req.lease, req.owner, req.kind, req.permits
-local fair, enqueue = req.fair == '1', req.enqueue == '1'
-local host, pid, channel, wall = req.host, req.pid, req.channel, req.wall
+local lease, owner, kind, permits = req_lease, req_owner, req_kind, req_permits
+local fair, enqueue = req_fair == '1', req_enqueue == '1'
+local host, pid, channel, wall = req_host, req_pid, req_channel, req_wall
 -- (`expires`, `waiter_expires` and the new entries come from acquire_fast.lua.)
 
 local function granted(token, count)
@@ -114,7 +114,7 @@ elseif q > 0 then
   retry_at = tonumber(waiter_at(1).e)
 end
 local position = 0
-local waiter_lease = tonumber(req.waiter_lease)
+local waiter_lease = tonumber(req_waiter_lease)
 if enqueue and me then
   -- Refresh the waiter lease only once a quarter of it is gone.
   local w, next = waiter_at(me)
@@ -133,8 +133,9 @@ elseif enqueue then
   position = n + 1
 end
 save()
-local busy = holder_reply(blocking_holder)
-busy.position, busy.retry_in, busy.watermark = position, retry_at - now, 0
-if retry_at < 0 then busy.retry_in = -1 end
-busy.released = released_before
-return reply.busy(busy)
+local retry_in = -1
+if retry_at >= 0 then retry_in = retry_at - now end
+local h = holder_reply(blocking_holder)
+return reply.busy{position = position, retry_in = retry_in, watermark = 0, owner = h.owner,
+  host = h.host, pid = h.pid, token = h.token, acquired = h.acquired, lease_left = h.lease_left,
+  holds = h.holds, kind = h.kind, permits = h.permits, released = released_before}

@@ -1,37 +1,37 @@
--- Acquire, fast paths (req as in acquire.lua). The new hold's entry is
+-- Acquire, fast paths (req_* as in acquire.lua). The new hold's entry is
 -- `mine_before .. token .. mine_after`; mine_waiter() is this request's queue entry.
-local expires, waiter_expires = now + req.ttl, now + req.waiter_lease
+local expires, waiter_expires = now + req_ttl, now + req_waiter_lease
 -- When the request arrived: now, or as long ago as it waited in its process
--- (req.waited, a transfer's or a gate's; see place() in acquire.lua).
+-- (req_waited, a transfer's or a gate's; see place() in acquire.lua).
 local arrived = now
-if req.waited then arrived = now - req.waited end
-local mine_before = '\30' .. req.lease .. '\31' .. req.owner .. '\31' .. req.kind .. '\31' ..
-  req.permits .. '\31'
-local mine_after = '\31' .. req.wall .. '\31' .. req.host .. '\31' .. req.pid .. '\31' ..
-  expires .. '\31' .. req.channel
+if req_waited then arrived = now - req_waited end
+local mine_before = '\30' .. req_lease .. '\31' .. req_owner .. '\31' .. req_kind .. '\31' ..
+  req_permits .. '\31'
+local mine_after = '\31' .. req_wall .. '\31' .. req_host .. '\31' .. req_pid .. '\31' ..
+  expires .. '\31' .. req_channel
 local function mine_waiter()
-  return '\30' .. req.lease .. '\31' .. req.kind .. '\31' .. req.fair .. '\31' .. req.owner ..
-    '\31' .. req.permits .. '\31' .. req.host .. '\31' .. req.pid .. '\31' .. arrived .. '\31' ..
-    req.channel .. '\31' .. req.ttl .. '\31' .. req.waiter_lease .. '\31' .. waiter_expires
+  return '\30' .. req_lease .. '\31' .. req_kind .. '\31' .. req_fair .. '\31' .. req_owner ..
+    '\31' .. req_permits .. '\31' .. req_host .. '\31' .. req_pid .. '\31' .. arrived .. '\31' ..
+    req_channel .. '\31' .. req_ttl .. '\31' .. req_waiter_lease .. '\31' .. waiter_expires
 end
 
--- A fair writer not yet queued (req.fresh says it cannot be: its first attempt; else
+-- A fair writer not yet queued (req_fresh says it cannot be: its first attempt; else
 -- look), held by one unexpired hold of another owner, no waiter lease ended: queue at
 -- the tail by rewriting the header and appending the entry, without reading or
 -- rewriting the queue (not in a transfer, nor after a wait in its process:
--- req.released).
-if req.fair == '1' and req.enqueue == '1' and req.kind == 'exclusive' and not req.released
+-- req_released).
+if req_fair == '1' and req_enqueue == '1' and req_kind == 'exclusive' and not req_released
     and fixed
     and not dirty and H ~= '' and he > now and (q == 0 or m > now)
     and not string.find(H, '\30', 2, true) then
   local queued = false
-  if req.fresh ~= '1' then
+  if req_fresh ~= '1' then
     whole()
-    queued = string.find(raw, '\30' .. req.lease .. '\31', 1, true)
+    queued = string.find(raw, '\30' .. req_lease .. '\31', 1, true)
   end
   local h = hold_at(1)
   -- (Behind a semaphore's permit the rules refuse it: acquire.lua says so.)
-  if not queued and h.o ~= req.owner and h.k ~= 'permit' then
+  if not queued and h.o ~= req_owner and h.k ~= 'permit' then
     q = q + 1
     if m == 0 or waiter_expires < m then m = waiter_expires end
     redis.call('SETRANGE', key, 0, header())

@@ -11,21 +11,22 @@
 -- on the hold key succeeds only when the lock is free and nobody waits, and the
 -- commonest calls are served here, as Redis's own commands, without TIME or the record:
 --   acquire   free: take it (SET NX PX), the token is INCR of the counter;
---   transfer  hot hold of req.released: the request takes it over with the next token;
---   release   hot hold of req.lease: delete it; reply 1;
---   renew     hot hold of req.lease: PEXPIRE it; reply 1;
---   held      hot hold of req.lease: reply 1.
+--   transfer  hot hold of req_released: the request takes it over with the next token;
+--   release   hot hold of req_lease: delete it; reply 1;
+--   renew     hot hold of req_lease: PEXPIRE it; reply 1;
+--   held      hot hold of req_lease: reply 1.
 -- A grant here replies with the token alone (one hold; a transfer's released hold was
 -- held). Anything else goes on to the record (read.lua), which takes a hot hold into the
 -- record before it changes anything (record.lua).
 --
--- The request is `req`, its fields named by request.rs. An acquire or transfer comes as
--- few arguments (each one costs the call time), and this file reads them as they come:
--- req.hold, the hot hold's value as above (lease, owner, wall, host, pid, channel
--- packed, lease first); req.ttl; req.rest (kind first, then permits, fair, enqueue,
--- waiter_lease, fresh, packed); a transfer's req.released and req.waited (an acquire
--- that waited in its process sends them too, req.released empty). The code after this
--- file reads the packed fields by name too (req.lease, req.kind, ...).
+-- The request's fields are locals req_NAME, named by request.rs (locals, not a table:
+-- this runs on every call). An acquire or transfer comes as few arguments (each one
+-- costs the call time), and this file reads them as they come: req_hold, the hot hold's
+-- value as above (lease, owner, wall, host, pid, channel packed, lease first); req_ttl;
+-- req_rest (kind first, then permits, fair, enqueue, waiter_lease, fresh, packed); a
+-- transfer's req_released and req_waited (an acquire that waited in its process sends
+-- them too, req_released empty). The packed fields are named after this file
+-- (req_lease, req_kind, ...). The other calls' arguments are fields of their own.
 
 local key, hold_key, token_key = KEYS[1], KEYS[2], KEYS[3]
 local MARKER = '\29'
@@ -45,12 +46,12 @@ local function hot_of(lease)
   return value and string.find(value, lease .. '\31', 1, true) == 1
 end
 
-if (HOT == 'acquire' or HOT == 'transfer') and string.sub(req.rest, 1, 10) == 'exclusive\31' then
+if (HOT == 'acquire' or HOT == 'transfer') and string.sub(req_rest, 1, 10) == 'exclusive\31' then
   local taken
   if HOT == 'acquire' then
-    taken = redis.call('SET', hold_key, req.hold, 'NX', 'PX', req.ttl)
+    taken = redis.call('SET', hold_key, req_hold, 'NX', 'PX', req_ttl)
   else
-    taken = hot_of(req.released) and redis.call('SET', hold_key, req.hold, 'PX', req.ttl)
+    taken = hot_of(req_released) and redis.call('SET', hold_key, req_hold, 'PX', req_ttl)
   end
   if taken then
     local t = redis.call('INCR', token_key)
@@ -66,15 +67,15 @@ if (HOT == 'acquire' or HOT == 'transfer') and string.sub(req.rest, 1, 10) == 'e
     redis.call('DEL', hold_key, token_key)
   end
 elseif HOT == 'release' then
-  if hot_of(req.lease) then
+  if hot_of(req_lease) then
     redis.call('DEL', hold_key)
     return 1
   end
 elseif HOT == 'renew' then
-  if hot_of(req.lease) then
-    redis.call('PEXPIRE', hold_key, req.ttl)
+  if hot_of(req_lease) then
+    redis.call('PEXPIRE', hold_key, req_ttl)
     return 1
   end
 elseif HOT == 'held' then
-  if hot_of(req.lease) then return 1 end
+  if hot_of(req_lease) then return 1 end
 end

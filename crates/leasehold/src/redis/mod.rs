@@ -71,6 +71,7 @@ mod acquire;
 mod durability;
 mod errors;
 mod keys;
+mod lua;
 mod reply;
 mod request;
 mod scripts;

@@ -83,10 +83,10 @@ if H == '' and q == 0 then
   hold_value = got[1]
   if got[2] and tonumber(got[2]) > tonumber(ts) then ts = got[2] end
   if hold_value and hold_value ~= MARKER then
-    local hot = hot_hold_fields(hold_value)
+    read_hot_hold(hold_value)
     he = now + redis.call('PTTL', hold_key)
-    H = pack_hold({l = hot.lease, o = hot.owner, k = 'exclusive', p = '0', t = ts, a = hot.wall,
-                   n = hot.host, i = hot.pid, e = he, c = hot.channel})
+    H = pack_hold({l = hot_lease, o = hot_owner, k = 'exclusive', p = '0', t = ts, a = hot_wall,
+                   n = hot_host, i = hot_pid, e = he, c = hot_channel})
     -- Not as stored: the fast paths, which change the stored record in place, stay off.
     fixed = false
   end

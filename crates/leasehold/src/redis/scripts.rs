@@ -2,12 +2,13 @@
 //! beside this file and the Lua that request.rs and reply.rs write, in this order:
 //!
 //! 1. `PREFIX` and `HOT` (which of hot.lua's calls it serves), and the request's
-//!    arguments by name (`req.hold`, `req.ttl`, ...);
+//!    arguments by name (`req_hold`, `req_ttl`, ...);
 //! 2. hot.lua, which serves the commonest calls from the hold key and returns;
-//! 3. the packed fields by name (`req.lease`, ...), the fields of a hot hold's value,
-//!    and the script's replies by name (`reply.granted{...}`);
+//! 3. the packed fields by name (`req_lease`, ...), and the fields of a hot hold's value
+//!    (`read_hot_hold`);
 //! 4. read.lua and record.lua (the record, read and parsed), the script's fast paths,
-//!    common.lua, then its own files.
+//!    common.lua, then its own files; each `reply.NAME{...}` in them is written out as the
+//!    list its shape sends (lua.rs).
 //!
 //! Scripts run by EVALSHA, loaded on the first NOSCRIPT; each is one atomic step.
 
@@ -16,8 +17,9 @@ use std::sync::OnceLock;
 use redis::Script;
 
 use super::keys::push_key;
-use super::reply::{self, Shape, BUSY, CONFLICT, DECISION, GRANTED, RELEASE, STATE};
-use super::request::{self, Acquire, Field, Held, Release, Renew};
+use super::lua;
+use super::reply::{Shape, BUSY, CONFLICT, DECISION, GRANTED, RELEASE, STATE};
+use super::request::{self, Acquire, Field, Held, Rate, Release, Renew};
 use super::{Conn, RedisStore};
 use crate::{LockName, Result};
 
@@ -59,19 +61,19 @@ impl LockScript<'_> {
             lua(self.prefix.map(|n| n.to_string())),
             lua(self.hot.map(|h| format!("'{h}'"))),
         );
-        text += &request::lua_arguments(self.request);
+        text += &lua::request_arguments(self.request);
         text += HOT;
         text += "\n";
-        text += &request::lua_fields(self.request);
+        text += &lua::request_fields(self.request);
         // A hot hold's value is an acquire's `hold`, as it came.
-        text += &request::lua_unpacker(&Acquire::default().fields(), "hold", "hot_hold_fields");
-        text += &reply::lua(self.replies);
+        let acquire = Acquire::default().fields();
+        text += &lua::unpacker(&acquire, "hold", "hot_", "read_hot_hold");
         for part in [READ, RECORD].iter().chain(self.fast).chain([&COMMON]) {
             text += part;
             text += "\n";
         }
         text += &self.own.join("\n");
-        Script::new(&text)
+        Script::new(&lua::replies(&text, self.replies))
     }
 }
 
@@ -120,11 +122,9 @@ pub(super) fn scripts() -> &'static Scripts {
             ),
             describe: plain(None, &[], &[&STATE], include_str!("describe.lua")),
             // Alone: a limiter's decision needs none of the locks' code.
-            rate: Script::new(&format!(
-                "{}{}{}",
-                request::lua_arguments(&request::Rate::default().fields()),
-                reply::lua(&[&DECISION]),
-                include_str!("rate.lua")
+            rate: Script::new(&lua::replies(
+                &(lua::request_arguments(&Rate::default().fields()) + include_str!("rate.lua")),
+                &[&DECISION],
             )),
         }
     })
@@ -225,5 +225,15 @@ impl RedisStore {
                 result => return result,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_script_is_made_with_its_replies_written_out() {
+        // Made once: a reply that does not fit its shape panics here (see lua::replies).
+        let scripts = super::scripts();
+        assert_ne!(scripts.acquire.get_hash(), scripts.transfer.get_hash());
     }
 }
