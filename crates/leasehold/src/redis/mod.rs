@@ -67,6 +67,20 @@
 //!   at their safe deadline. When Redis answers again within that deadline, renewal
 //!   resumes.
 
+// Where things are, following one acquire (`Lock::lock` -> `Store::acquire`, store.rs ->
+// `RedisStore::attempt`, acquire.rs, which makes a `request::Acquire` -> `run`,
+// scripts.rs: one EVALSHA of the acquire script -> `reply::AcquireReply` -> `Attempt`):
+// - request.rs: each script's request, one list of named fields: it packs the arguments,
+//   and lua.rs writes from it the Lua that names them (`req_ttl`).
+// - reply.rs: each reply's shape, its fields by name; the typed replies Rust reads. The
+//   scripts give replies by name (`reply.granted{...}`), written out by lua.rs.
+// - lua.rs: the Lua written from those lists; scripts.rs: the scripts made from it and
+//   the `.lua` files (hot.lua first: see its header), and how they are run.
+// - acquire.rs: the attempt; store.rs: the `Store` impl, a script run for each call.
+// - waker.rs: the client's subscription, and the waiters it wakes.
+// - state.rs: describe's JSON; keys.rs: key names; errors.rs: what an error means;
+//   durability.rs: what a restart or failover of the server can lose (the caveat).
+
 mod acquire;
 mod durability;
 mod errors;

@@ -20,15 +20,29 @@ pub(super) struct State {
     waiters: Vec<Waiter>,
 }
 
-/// An owner's holds, which share its kind, token and time acquired.
+/// Who holds or waits, and for what kind of lock.
 #[derive(Deserialize)]
-struct Holder {
+struct Owner {
     #[serde(rename = "o")]
     owner: String,
     #[serde(rename = "k")]
     kind: String,
     #[serde(rename = "p")]
     permits: f64,
+}
+
+impl Owner {
+    /// A kind as the record keeps it: a word that is none of ours reads as exclusive.
+    fn kind(&self) -> LockKind {
+        kind(&self.kind, self.permits as i64).unwrap_or(LockKind::Exclusive)
+    }
+}
+
+/// An owner's holds, which share its kind, token and time acquired.
+#[derive(Deserialize)]
+struct Holder {
+    #[serde(flatten)]
+    who: Owner,
     #[serde(rename = "t", deserialize_with = "token_text")]
     token: u64,
     /// ms since the epoch.
@@ -51,12 +65,8 @@ struct Hold {
 
 #[derive(Deserialize)]
 struct Waiter {
-    #[serde(rename = "o")]
-    owner: String,
-    #[serde(rename = "k")]
-    kind: String,
-    #[serde(rename = "p")]
-    permits: f64,
+    #[serde(flatten)]
+    who: Owner,
     #[serde(rename = "n")]
     host: String,
     #[serde(rename = "i")]
@@ -89,11 +99,6 @@ where
     }
 }
 
-/// A kind as the record keeps it: a word that is none of ours reads as exclusive.
-fn shown_kind(word: &str, permits: f64) -> LockKind {
-    kind(word, permits as i64).unwrap_or(LockKind::Exclusive)
-}
-
 impl State {
     /// The lock's state from describe.lua's reply; `Err` if its JSON is not a state.
     pub(super) fn read(reply: &StateReply) -> serde_json::Result<Self> {
@@ -112,11 +117,11 @@ impl State {
                     let first = h.holds.first()?;
                     let expires = h.holds.iter().map(|d| d.expires as i64).max();
                     Some(HolderInfo {
-                        owner: h.owner.clone(),
+                        owner: h.who.owner.clone(),
                         host: first.host.clone(),
                         pid: first.pid as u32,
                         token: FencingToken(h.token),
-                        kind: shown_kind(&h.kind, h.permits),
+                        kind: h.who.kind(),
                         since: since(h.acquired as i64),
                         lease_left: Duration::from_millis(
                             (expires.unwrap_or(0) - now).max(0) as u64
@@ -129,10 +134,10 @@ impl State {
                 .waiters
                 .iter()
                 .map(|w| WaiterInfo {
-                    owner: w.owner.clone(),
+                    owner: w.who.owner.clone(),
                     host: w.host.clone(),
                     pid: w.pid as u32,
-                    kind: shown_kind(&w.kind, w.permits),
+                    kind: w.who.kind(),
                     since: since(w.arrived as i64),
                 })
                 .collect(),
