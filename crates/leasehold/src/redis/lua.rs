@@ -61,13 +61,16 @@ pub(super) fn unpacker(fields: &[Field<'_>], arg: &str, prefix: &str, function: 
     )
 }
 
-/// `PREFIXa, PREFIXb = string.match(from, '^([^\31]*)\31([^\31]*)$')`.
+/// `PREFIXa, PREFIXb, PREFIXc = string.match(from, '^([^\31]*)\31([^\31]*)\31(.*)$')`.
 fn unpacking(packed: &[Field<'_>], prefix: &str, from: &str) -> String {
     let names: Vec<String> = packed
         .iter()
         .map(|f| format!("{prefix}{}", f.name))
         .collect();
-    let captures = vec![r"([^\31]*)"; packed.len()].join(r"\31");
+    // The last field takes the rest, as a hot hold's value was always read.
+    let mut captures = vec![r"([^\31]*)"; packed.len()];
+    captures[packed.len() - 1] = "(.*)";
+    let captures = captures.join(r"\31");
     format!(
         "{} = string.match({from}, '^{captures}$')",
         names.join(", ")
@@ -121,15 +124,18 @@ fn written(shape: &Shape, given: &str) -> String {
         .map(str::trim)
         .filter(|f| !f.is_empty())
     {
-        let eq = code(field).find(|&(at, b)| {
-            b == b'=' && field.as_bytes().get(at + 1) != Some(&b'=') && at > 0 && {
-                !matches!(field.as_bytes()[at - 1], b'=' | b'~' | b'<' | b'>')
-            }
-        });
-        let Some((eq, _)) = eq else {
+        let word = field.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+        let (name, rest) = field.split_at(word.unwrap_or(field.len()));
+        let expr = rest
+            .trim_start()
+            .strip_prefix('=')
+            .filter(|e| !e.starts_with('='));
+        let Some(expr) = expr
+            .map(str::trim)
+            .filter(|e| !name.is_empty() && !e.is_empty())
+        else {
             panic!("reply.{}: {field:?} is not `name = value`", shape.name);
         };
-        let (name, expr) = (field[..eq].trim(), field[eq + 1..].trim());
         if !shape.fields.contains(&name) || by_name.iter().any(|(n, _)| *n == name) {
             panic!(
                 "reply.{}: {name} is not a field, or is given twice",
@@ -235,7 +241,7 @@ mod tests {
         let arguments = request_arguments(&fields);
         assert!(arguments.contains("local req_hold, req_ttl, req_rest, req_released, req_waited = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]\n"), "{arguments}");
         let packed = request_fields(&fields);
-        let six = r"'^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)$'";
+        let six = r"'^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(.*)$'";
         let hold = "local req_lease, req_owner, req_wall, req_host, req_pid, req_channel = string.match(req_hold, ";
         let rest = "local req_kind, req_permits, req_fair, req_enqueue, req_waiter_lease, req_fresh = string.match(req_rest, ";
         assert!(packed.contains(&format!("{hold}{six})\n")), "{packed}");

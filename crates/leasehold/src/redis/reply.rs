@@ -114,9 +114,7 @@ impl<'a> Fields<'a> {
             return Err(malformed(shape, reply, "not a list"));
         };
         let values = match shape.form {
-            Form::Tagged(tag) if items.first().and_then(|v| int(v).ok()) == Some(tag) => {
-                &items[1..]
-            }
+            Form::Tagged(tag) if items.first().and_then(int) == Some(tag) => &items[1..],
             Form::Tagged(_) => return Err(malformed(shape, reply, "another tag")),
             Form::List | Form::Error(_) => &items[..],
         };
@@ -136,7 +134,7 @@ impl<'a> Fields<'a> {
     }
 
     fn int(&self, field: &str) -> Result<i64> {
-        int(self.get(field)).map_err(|()| self.not(field, "a whole number"))
+        int(self.get(field)).ok_or_else(|| self.not(field, "a whole number"))
     }
 
     fn text(&self, field: &str) -> Result<String> {
@@ -164,15 +162,12 @@ fn malformed(shape: &Shape, reply: &Value, why: &str) -> Error {
     ))
 }
 
-fn int(v: &Value) -> std::result::Result<i64, ()> {
+fn int(v: &Value) -> Option<i64> {
     match v {
-        Value::Int(i) => Ok(*i),
-        Value::BulkString(b) => std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or(()),
-        Value::SimpleString(s) => s.parse().map_err(|_| ()),
-        _ => Err(()),
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
     }
 }
 
@@ -242,7 +237,7 @@ impl AcquireReply {
             });
         }
         let tag = match reply {
-            Value::Array(items) => items.first().and_then(|v| int(v).ok()),
+            Value::Array(items) => items.first().and_then(int),
             _ => None,
         };
         let granted = matches!(GRANTED.form, Form::Tagged(t) if tag == Some(t));
@@ -381,7 +376,7 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
-    /// A reply of `shape` as the Lua that [`lua`] writes sends it: fields in its order.
+    /// A reply of `shape` as a script sends it: its fields in its order.
     fn sent(shape: &Shape, by_name: &[(&str, Value)]) -> Value {
         let tag = match shape.form {
             Form::Tagged(tag) => Some(Value::Int(tag)),

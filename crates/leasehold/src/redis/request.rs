@@ -11,7 +11,7 @@ use std::fmt::Write;
 
 /// The separators of the record's fields (see record.lua): replaced by `?` in any text
 /// sent, so no text can forge a field.
-pub(super) const SEPARATORS: [char; 3] = ['\x1d', '\x1e', '\x1f'];
+const SEPARATORS: [char; 3] = ['\x1d', '\x1e', '\x1f'];
 
 /// Between the fields packed in one argument.
 const PACKED: char = '\x1f';
@@ -56,7 +56,7 @@ impl Value<'_> {
 pub(super) struct Field<'a> {
     /// The argument that carries it: its own name, or the packed argument's.
     pub(super) arg: &'static str,
-    /// Its name in Lua: `req.NAME`.
+    /// Its name, in Lua the local `req_NAME`.
     pub(super) name: &'static str,
     pub(super) value: Value<'a>,
 }
@@ -207,6 +207,7 @@ pub(super) fn arguments<'f, 'a>(fields: &'f [Field<'a>]) -> impl Iterator<Item =
     fields.chunk_by(|a, b| a.arg == b.arg)
 }
 
+/// Whether the argument `arg` (as [`arguments`] gives it) carries packed fields.
 pub(super) fn is_packed(arg: &[Field<'_>]) -> bool {
     arg[0].arg != arg[0].name
 }
@@ -220,7 +221,7 @@ pub(super) fn pack(fields: &[Field<'_>], cmd: &mut redis::Cmd, buf: &mut String,
         match arg {
             [one] if !is_packed(arg) => match one.value {
                 Value::Absent => {
-                    // The script reads each argument by where it stands: no gap.
+                    // Lua names ARGV[i] by where it stands: nothing may follow a gap.
                     debug_assert!(
                         fields[at..].iter().all(|f| f.value == Value::Absent),
                         "a field sent after an absent one: {fields:?}"

@@ -55,11 +55,11 @@ const COMMON: &str = include_str!("common.lua");
 
 impl LockScript<'_> {
     fn script(&self) -> Script {
-        let lua = |v: Option<String>| v.unwrap_or_else(|| "nil".into());
+        let or_nil = |v: Option<String>| v.unwrap_or_else(|| "nil".into());
         let mut text = format!(
             "local PREFIX, HOT = {}, {}\n",
-            lua(self.prefix.map(|n| n.to_string())),
-            lua(self.hot.map(|h| format!("'{h}'"))),
+            or_nil(self.prefix.map(|n| n.to_string())),
+            or_nil(self.hot.map(|h| format!("'{h}'"))),
         );
         text += &lua::request_arguments(self.request);
         text += HOT;
@@ -80,12 +80,11 @@ impl LockScript<'_> {
 pub(super) fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| {
-        let acquire = Acquire::default();
         let acquire = LockScript {
             hot: Some("acquire"),
             // The record's header, its holds and the head of the queue, mostly.
             prefix: Some(1024),
-            request: &acquire.fields(),
+            request: &Acquire::default().fields(),
             replies: &[&GRANTED, &BUSY, &CONFLICT],
             fast: &[include_str!("acquire_fast.lua")],
             own: &[include_str!("acquire.lua")],
@@ -106,6 +105,7 @@ pub(super) fn scripts() -> &'static Scripts {
             ),
             release: LockScript {
                 hot: Some("release"),
+                // With the head of the queue, to hand the lock over.
                 prefix: Some(3072),
                 request: &Release::default().fields(),
                 replies: &[&RELEASE],
