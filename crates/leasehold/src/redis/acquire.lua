@@ -1,24 +1,23 @@
--- Acquire. ARGV, as hot.lua unpacks the request: lease, owner, kind
--- (exclusive|shared|permit), permits, ttl ms, fair (0|1), enqueue (0|1), host, pid,
--- client channel, wall clock ms (display only), waiter lease ms (how long a place in the
--- queue lasts unless renewed), fresh (1: the first attempt of this acquisition, so not
--- queued; else 0); in a transfer, the hold released first, then how long (ms) the
--- request already waited in its process.
--- Replies: {1, token, holds, released before} when granted;
---   {0, position, retry_in ms, 0, holder...} when busy (position 0: not queued,
---   retry_in -1: none; holder: owner, host, pid, token, acquired ms, lease left ms,
---   holds, kind, permits — owner '' when no holder is in the way — then released
---   before: 1 if transfer.lua released a hold first, else 0);
---   an error LHCONFLICT CODE KIND PERMITS when the lock rules refuse the request (CODE
---   as Refusal::code in rules.rs; KIND and PERMITS of the holder or waiter it met).
-local lease, owner, kind, permits = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local fair, enqueue = ARGV[6] == '1', ARGV[7] == '1'
-local host, pid, channel, wall = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+-- Acquire. The request, each field a local req_NAME (request.rs's Acquire): lease, owner,
+-- kind (exclusive|shared|permit), permits, ttl ms, fair (0|1), enqueue (0|1), host, pid,
+-- channel (the client's), wall (the client's clock, ms: display only), waiter_lease ms
+-- (how long a place in the queue lasts unless renewed), fresh (1: the first attempt of
+-- this acquisition, so not queued; else 0); in a transfer, released (the hold released
+-- first) and waited (how long, ms, the request already waited in its process).
+-- Replies (reply.rs): reply.granted (token, holds, released) when granted;
+--   reply.busy when not (position 0: not queued, retry_in -1: no time; the holder in
+--   the way: owner, host, pid, token, acquired ms, lease_left ms, holds, kind, permits,
+--   owner '' when none; released: 1 if transfer.lua released a hold first, else 0);
+--   reply.conflict (code, kind, permits) when the lock rules refuse the request (code as
+--   Refusal::code in rules.rs; kind and permits of the holder or waiter it met).
+local lease, owner, kind, permits = req_lease, req_owner, req_kind, req_permits
+local fair, enqueue = req_fair == '1', req_enqueue == '1'
+local host, pid, channel, wall = req_host, req_pid, req_channel, req_wall
 -- (`expires`, `waiter_expires` and the new entries come from acquire_fast.lua.)
 
 local function granted(token, count)
   save()
-  return {1, token, count, released_before}
+  return reply.granted{token = token, holds = count, released = released_before}
 end
 
 -- A retry of a request already granted: the same answer again.
@@ -36,7 +35,7 @@ end
 -- the kind it met, and Rust writes the message.
 local function refuse(code, used)
   save()
-  return redis.error_reply('LHCONFLICT ' .. code .. ' ' .. used.k .. ' ' .. used.p)
+  return reply.conflict{code = code, kind = used.k, permits = used.p}
 end
 
 -- 1. One primitive per name, held or awaited. Every holder and waiter was admitted by
@@ -115,7 +114,7 @@ elseif q > 0 then
   retry_at = tonumber(waiter_at(1).e)
 end
 local position = 0
-local waiter_lease = tonumber(ARGV[12])
+local waiter_lease = tonumber(req_waiter_lease)
 if enqueue and me then
   -- Refresh the waiter lease only once a quarter of it is gone.
   local w, next = waiter_at(me)
@@ -134,8 +133,9 @@ elseif enqueue then
   position = n + 1
 end
 save()
-local reply = {0, position, retry_at - now, 0}
-if retry_at < 0 then reply[3] = -1 end
-for _, x in ipairs(holder_reply(blocking_holder)) do reply[#reply + 1] = x end
-reply[#reply + 1] = released_before
-return reply
+local retry_in = -1
+if retry_at >= 0 then retry_in = retry_at - now end
+local h = holder_reply(blocking_holder)
+return reply.busy{position = position, retry_in = retry_in, watermark = 0, owner = h.owner,
+  host = h.host, pid = h.pid, token = h.token, acquired = h.acquired, lease_left = h.lease_left,
+  holds = h.holds, kind = h.kind, permits = h.permits, released = released_before}

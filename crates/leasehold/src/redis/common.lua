@@ -218,12 +218,16 @@ local function save(own_channel)
   return own
 end
 
--- The holder whose first hold is `h` (as holder_in_the_way finds it), as the acquire
--- replies give it.
+-- The holder whose first hold is `h` (as holder_in_the_way finds it), as reply.busy
+-- gives it: owner '' when there is none.
 local function holder_reply(h)
-  if not h then return {'', '', 0, 0, 0, 0, 0, '', 0} end
+  if not h then
+    return {owner = '', host = '', pid = 0, token = 0, acquired = 0, lease_left = 0, holds = 0,
+            kind = '', permits = 0}
+  end
   local count, last = holds_of(h.o)
-  return {h.o, h.n, h.i, h.t, h.a, last - now, count, h.k, h.p}
+  return {owner = h.o, host = h.n, pid = h.i, token = h.t, acquired = h.a, lease_left = last - now,
+          holds = count, kind = h.k, permits = h.p}
 end
 
 prune()

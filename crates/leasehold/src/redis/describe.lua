@@ -1,7 +1,8 @@
--- Describe. Reply: {server time ms, the lock as JSON: t last token (as text: cjson
--- writes numbers with 14 digits, tokens have up to 16), h holders (o owner,
--- k kind, p permits, t token (text), a acquired ms, d holds: {n host, i pid, e expiry ms}),
--- w waiters in queue order (o, k, p, n, i, a since ms)}.
+-- Describe. Reply: reply.state (now: the server's time, ms, as text; state: the lock as
+-- JSON: t last token (as text: cjson writes numbers with 14 digits, tokens have up to
+-- 16), h holders (o owner, k kind, p permits, t token (text), a acquired ms, d holds:
+-- {n host, i pid, e expiry ms}), w waiters in queue order (o, k, p, n, i, a since ms)).
+-- state.rs reads the JSON.
 save()
 local holders, by_owner = {}, {}
 for _, h in ipairs(holds()) do
@@ -21,4 +22,5 @@ while s <= #W do
   s = next
 end
 -- cjson writes an empty list as {}; the client reads either.
-return {tostring(now), cjson.encode({t = string.format('%d', tonumber(ts)), h = holders, w = waiters})}
+return reply.state{now = tostring(now),
+  state = cjson.encode({t = string.format('%d', tonumber(ts)), h = holders, w = waiters})}

@@ -11,20 +11,22 @@
 -- on the hold key succeeds only when the lock is free and nobody waits, and the
 -- commonest calls are served here, as Redis's own commands, without TIME or the record:
 --   acquire   free: take it (SET NX PX), the token is INCR of the counter;
---   transfer  hot hold of ARGV[4]: the request takes it over with the next token;
---   release   hot hold of ARGV[1]: delete it; reply 1;
---   renew     hot hold of ARGV[1]: PEXPIRE it; reply 1;
---   held      hot hold of ARGV[1]: reply 1.
+--   transfer  hot hold of req_released: the request takes it over with the next token;
+--   release   hot hold of req_lease: delete it; reply 1;
+--   renew     hot hold of req_lease: PEXPIRE it; reply 1;
+--   held      hot hold of req_lease: reply 1.
 -- A grant here replies with the token alone (one hold; a transfer's released hold was
 -- held). Anything else goes on to the record (read.lua), which takes a hot hold into the
 -- record before it changes anything (record.lua).
 --
--- An acquire or transfer comes as few arguments (each one costs the call time): ARGV[1]
--- the hot hold's value as above, ARGV[2] ttl ms, ARGV[3] KIND \31 PERMITS \31 FAIR \31
--- ENQUEUE \31 WAITER LEASE MS \31 FRESH; a transfer adds ARGV[4] the hold it releases
--- and ARGV[5] how long (ms) the request waited in its process (an acquire that waited in
--- its process adds them too, ARGV[4] empty). The code after this file
--- reads them unpacked, by the positions acquire.lua lists.
+-- The request's fields are locals req_NAME, named by request.rs (locals, not a table:
+-- this runs on every call). An acquire or transfer comes as few arguments (each one
+-- costs the call time), and this file reads them as they come: req_hold, the hot hold's
+-- value as above (lease, owner, wall, host, pid, channel packed, lease first); req_ttl;
+-- req_rest (kind first, then permits, fair, enqueue, waiter_lease, fresh, packed); a
+-- transfer's req_released and req_waited (an acquire that waited in its process sends
+-- them too, req_released empty). The packed fields are named after this file
+-- (req_lease, req_kind, ...). The other calls' arguments are fields of their own.
 
 local key, hold_key, token_key = KEYS[1], KEYS[2], KEYS[3]
 local MARKER = '\29'
@@ -44,12 +46,12 @@ local function hot_of(lease)
   return value and string.find(value, lease .. '\31', 1, true) == 1
 end
 
-if (HOT == 'acquire' or HOT == 'transfer') and string.sub(ARGV[3], 1, 10) == 'exclusive\31' then
+if (HOT == 'acquire' or HOT == 'transfer') and string.sub(req_rest, 1, 10) == 'exclusive\31' then
   local taken
   if HOT == 'acquire' then
-    taken = redis.call('SET', hold_key, ARGV[1], 'NX', 'PX', ARGV[2])
+    taken = redis.call('SET', hold_key, req_hold, 'NX', 'PX', req_ttl)
   else
-    taken = hot_of(ARGV[4]) and redis.call('SET', hold_key, ARGV[1], 'PX', ARGV[2])
+    taken = hot_of(req_released) and redis.call('SET', hold_key, req_hold, 'PX', req_ttl)
   end
   if taken then
     local t = redis.call('INCR', token_key)
@@ -65,28 +67,15 @@ if (HOT == 'acquire' or HOT == 'transfer') and string.sub(ARGV[3], 1, 10) == 'ex
     redis.call('DEL', hold_key, token_key)
   end
 elseif HOT == 'release' then
-  if hot_of(ARGV[1]) then
+  if hot_of(req_lease) then
     redis.call('DEL', hold_key)
     return 1
   end
 elseif HOT == 'renew' then
-  if hot_of(ARGV[1]) then
-    redis.call('PEXPIRE', hold_key, ARGV[2])
+  if hot_of(req_lease) then
+    redis.call('PEXPIRE', hold_key, req_ttl)
     return 1
   end
 elseif HOT == 'held' then
-  if hot_of(ARGV[1]) then return 1 end
-end
-
--- The request unpacked, for the code after this file.
-local ARGV = ARGV
-if HOT == 'acquire' or HOT == 'transfer' then
-  local function fields(packed)
-    local list = {}
-    for field in string.gmatch(packed .. '\31', '([^\31]*)\31') do list[#list + 1] = field end
-    return list
-  end
-  local hold, rest = fields(ARGV[1]), fields(ARGV[3])
-  ARGV = {hold[1], hold[2], rest[1], rest[2], ARGV[2], rest[3], rest[4], hold[4], hold[5],
-    hold[6], hold[3], rest[5], rest[6], ARGV[4], ARGV[5]}
+  if hot_of(req_lease) then return 1 end
 end

@@ -3,14 +3,14 @@
 -- KEYS[1]: the limiter's key, lh:rate:{NAME}: its theoretical arrival time (TAT), in µs
 --   of the server's clock, as a whole number; it expires when the limiter is back to
 --   full burst, so an idle limiter leaves nothing behind.
--- ARGV: interval_us, burst, units, max_wait_us (whole numbers; every time here stays
---   below 2^53 µs, exact in Lua's doubles).
--- Reply: {allowed (1 or 0), wait_us, remaining, reset_after_us}; on a key that is not a
---   number, an error starting with LHCORRUPT.
+-- Request: req_interval_us, req_burst, req_units, req_max_wait_us (whole numbers; every
+--   time here stays below 2^53 µs, exact in Lua's doubles).
+-- Reply: reply.decision (allowed: 1 or 0, wait_us, remaining, reset_after_us); on a key
+--   that is not a number, an error starting with LHCORRUPT.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
-local units, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4])
+local interval, burst = tonumber(req_interval_us), tonumber(req_burst)
+local units, max_wait = tonumber(req_units), tonumber(req_max_wait_us)
 local tau = interval * burst
 local tat = now
 local kept = redis.call('GET', KEYS[1])
@@ -31,6 +31,7 @@ local function left(at)
 end
 if wait <= max_wait then
   redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000))
-  return {1, wait, left(new_tat), new_tat - now}
+  return reply.decision{allowed = 1, wait_us = wait, remaining = left(new_tat),
+    reset_after_us = new_tat - now}
 end
-return {0, wait, left(tat), tat - now}
+return reply.decision{allowed = 0, wait_us = wait, remaining = left(tat), reset_after_us = tat - now}

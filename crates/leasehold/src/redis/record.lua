@@ -83,11 +83,10 @@ if H == '' and q == 0 then
   hold_value = got[1]
   if got[2] and tonumber(got[2]) > tonumber(ts) then ts = got[2] end
   if hold_value and hold_value ~= MARKER then
-    local l, o, a, n, pid, c = string.match(hold_value,
-      '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(.*)$')
+    read_hot_hold(hold_value)
     he = now + redis.call('PTTL', hold_key)
-    H = pack_hold({l = l, o = o, k = 'exclusive', p = '0', t = ts, a = a, n = n, i = pid,
-                   e = he, c = c})
+    H = pack_hold({l = hot_lease, o = hot_owner, k = 'exclusive', p = '0', t = ts, a = hot_wall,
+                   n = hot_host, i = hot_pid, e = he, c = hot_channel})
     -- Not as stored: the fast paths, which change the stored record in place, stay off.
     fixed = false
   end

@@ -1,8 +1,8 @@
--- Release a hold, or leave the queue. ARGV: lease, the caller's channel. Reply: 1 if a
--- hold was released (0 if nothing was held; a waiter entry is removed all the same),
--- or, when some of the caller's own waiters are to be told (as others are published
--- to), {that, the messages}.
-local lease = ARGV[1]
+-- Release a hold, or leave the queue. Request: req_lease, req_channel (the caller's).
+-- Reply: 1 if a hold was released (0 if nothing was held; a waiter entry is removed all
+-- the same), or, when some of the caller's own waiters are to be told (as others are
+-- published to), reply.release (released: that, own: the messages).
+local lease = req_lease
 local released = 0
 -- A lease is a hold or a place in the queue, never both.
 if remove_hold(lease) then
@@ -11,6 +11,6 @@ if remove_hold(lease) then
 elseif remove_waiter(lease) then
   bumped = true
 end
-local own = save(ARGV[2])
+local own = save(req_channel)
 if own == '' then return released end
-return {released, own}
+return reply.release{released = released, own = own}

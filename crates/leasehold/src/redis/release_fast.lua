@@ -1,6 +1,6 @@
 -- Release, fast path, when ours is the only hold (unexpired), waiters are queued and no
 -- waiter's lease can have ended (with nobody waiting, hot.lua served it).
-if only_hold(ARGV[1]) and q > 0 and m > now and not dirty then
+if only_hold(req_lease) and q > 0 and m > now and not dirty then
   -- The head of the queue is a fair writer: hand the lock over, as hand_over in
   -- common.lua would. Its entry must be whole in what was read.
   local head = w0 + skip
@@ -22,7 +22,7 @@ if only_hold(ARGV[1]) and q > 0 and m > now and not dirty then
       H, W = entry, string.sub(raw, after)
       write()
     end
-    if w.c == ARGV[2] then return {1, message} end
+    if w.c == req_channel then return reply.release{released = 1, own = message} end
     redis.call('PUBLISH', w.c, message)
     return 1
   end

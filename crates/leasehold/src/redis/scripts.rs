@@ -1,0 +1,239 @@
+//! The scripts, and how they are run. Each lock script is made once from the `.lua` files
+//! beside this file and the Lua that request.rs and reply.rs write, in this order:
+//!
+//! 1. `PREFIX` and `HOT` (which of hot.lua's calls it serves), and the request's
+//!    arguments by name (`req_hold`, `req_ttl`, ...);
+//! 2. hot.lua, which serves the commonest calls from the hold key and returns;
+//! 3. the packed fields by name (`req_lease`, ...), and the fields of a hot hold's value
+//!    (`read_hot_hold`);
+//! 4. read.lua and record.lua (the record, read and parsed), the script's fast paths,
+//!    common.lua, then its own files; each `reply.NAME{...}` in them is written out as the
+//!    list its shape sends (lua.rs).
+//!
+//! Scripts run by EVALSHA, loaded on the first NOSCRIPT; each is one atomic step.
+
+use std::sync::OnceLock;
+
+use redis::Script;
+
+use super::keys::push_key;
+use super::lua;
+use super::reply::{Shape, BUSY, CONFLICT, DECISION, GRANTED, RELEASE, STATE};
+use super::request::{self, Acquire, Field, Held, Rate, Release, Renew};
+use super::{Conn, RedisStore};
+use crate::{LockName, Result};
+
+pub(super) struct Scripts {
+    pub(super) acquire: Script,
+    pub(super) transfer: Script,
+    pub(super) renew: Script,
+    pub(super) release: Script,
+    pub(super) force: Script,
+    pub(super) held: Script,
+    pub(super) describe: Script,
+    pub(super) rate: Script,
+}
+
+/// A lock script's parts, beyond those every lock script has.
+struct LockScript<'a> {
+    /// hot.lua's call that the script serves, if any.
+    hot: Option<&'static str>,
+    /// How much of the record read.lua reads at first (all of it: `None`).
+    prefix: Option<u32>,
+    request: &'a [Field<'a>],
+    replies: &'a [&'a Shape],
+    /// Fast paths, which may answer before common.lua is even defined.
+    fast: &'a [&'static str],
+    /// The script's own files, after common.lua.
+    own: &'a [&'static str],
+}
+
+const HOT: &str = include_str!("hot.lua");
+const READ: &str = include_str!("read.lua");
+const RECORD: &str = include_str!("record.lua");
+const COMMON: &str = include_str!("common.lua");
+
+impl LockScript<'_> {
+    fn script(&self) -> Script {
+        let or_nil = |v: Option<String>| v.unwrap_or_else(|| "nil".into());
+        let mut text = format!(
+            "local PREFIX, HOT = {}, {}\n",
+            or_nil(self.prefix.map(|n| n.to_string())),
+            or_nil(self.hot.map(|h| format!("'{h}'"))),
+        );
+        text += &lua::request_arguments(self.request);
+        text += HOT;
+        text += "\n";
+        text += &lua::request_fields(self.request);
+        // A hot hold's value is an acquire's `hold`, as it came.
+        let acquire = Acquire::default().fields();
+        text += &lua::unpacker(&acquire, "hold", "hot_", "read_hot_hold");
+        for part in [READ, RECORD].iter().chain(self.fast).chain([&COMMON]) {
+            text += part;
+            text += "\n";
+        }
+        text += &self.own.join("\n");
+        Script::new(&lua::replies(&text, self.replies))
+    }
+}
+
+pub(super) fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| {
+        let acquire = LockScript {
+            hot: Some("acquire"),
+            // The record's header, its holds and the head of the queue, mostly.
+            prefix: Some(1024),
+            request: &Acquire::default().fields(),
+            replies: &[&GRANTED, &BUSY, &CONFLICT],
+            fast: &[include_str!("acquire_fast.lua")],
+            own: &[include_str!("acquire.lua")],
+        };
+        let transfer = LockScript {
+            hot: Some("transfer"),
+            own: &[include_str!("transfer.lua"), include_str!("acquire.lua")],
+            ..acquire
+        };
+        Scripts {
+            acquire: acquire.script(),
+            transfer: transfer.script(),
+            renew: plain(
+                Some("renew"),
+                &Renew::default().fields(),
+                &[],
+                include_str!("renew.lua"),
+            ),
+            release: LockScript {
+                hot: Some("release"),
+                // With the head of the queue, to hand the lock over.
+                prefix: Some(3072),
+                request: &Release::default().fields(),
+                replies: &[&RELEASE],
+                fast: &[include_str!("release_fast.lua")],
+                own: &[include_str!("release.lua")],
+            }
+            .script(),
+            force: plain(None, &[], &[], include_str!("force.lua")),
+            held: plain(
+                Some("held"),
+                &Held::default().fields(),
+                &[],
+                include_str!("held.lua"),
+            ),
+            describe: plain(None, &[], &[&STATE], include_str!("describe.lua")),
+            // Alone: a limiter's decision needs none of the locks' code.
+            rate: Script::new(&lua::replies(
+                &(lua::request_arguments(&Rate::default().fields()) + include_str!("rate.lua")),
+                &[&DECISION],
+            )),
+        }
+    })
+}
+
+/// A lock script with no fast path that reads the whole record.
+fn plain(
+    hot: Option<&'static str>,
+    request: &[Field<'_>],
+    replies: &[&Shape],
+    own: &'static str,
+) -> Script {
+    let script = LockScript {
+        hot,
+        prefix: None,
+        request,
+        replies,
+        fast: &[],
+        own: &[own],
+    };
+    script.script()
+}
+
+/// Runs `cmd` (an EVALSHA of `script`), loading the script first if the server lacks it.
+async fn eval<T: redis::FromRedisValue>(
+    cmd: &redis::Cmd,
+    script: &Script,
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<T> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        result => result,
+    }
+}
+
+impl RedisStore {
+    /// Runs the lock script `script` on `name`'s keys with the request's `fields`.
+    pub(super) async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        name: &LockName,
+        fields: &[Field<'_>],
+    ) -> Result<T> {
+        // EVALSHA built here rather than through redis::ScriptInvocation, which copies
+        // every argument twice: this is the hot path of every lock call.
+        let command = |resent: bool| {
+            let mut cmd = redis::Cmd::with_capacity(fields.len() + 6, 512);
+            // The record's key, then its hold key and token counter (see hot.lua), then
+            // the arguments, each made in one buffer sized for them.
+            let mut text = String::with_capacity(name.as_str().len() + 256);
+            push_key(&mut text, name);
+            let record = text.len();
+            cmd.arg("EVALSHA").arg(script.get_hash()).arg(3).arg(&text);
+            text.push_str(":hold");
+            cmd.arg(&text);
+            text.truncate(record);
+            text.push_str(":token");
+            cmd.arg(&text);
+            request::pack(fields, &mut cmd, &mut text, resent);
+            cmd
+        };
+        // Every script is safe to repeat for its lease id. (A release whose first send
+        // took effect then answers "not held": the cautious answer, as the two cannot be
+        // told apart.)
+        (self.send(script, command).await).map_err(|e| self.error(e, name))
+    }
+
+    /// Runs the EVALSHA `command(resent)` builds; a call that met a dropped connection
+    /// (a server restart) is sent once more, on the reconnected one, built with `resent`.
+    pub(super) async fn send<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        mut command: impl FnMut(bool) -> redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        let mut cmd = command(false);
+        let mut sent = 0;
+        loop {
+            sent += 1;
+            if sent > 1 {
+                cmd = command(true);
+            }
+            let result = match self.inner.conn.clone() {
+                Conn::Single(mut c) => eval(&cmd, script, &mut c).await,
+                Conn::Cluster(mut c, _) => eval(&cmd, script, &mut c).await,
+            };
+            match result {
+                Err(e)
+                    if sent == 1
+                        && (e.is_io_error()
+                            || e.is_connection_dropped()
+                            || e.is_connection_refusal()) =>
+                {
+                    tracing::debug!(error = %e, "redis connection dropped; sending again");
+                }
+                result => return result,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_script_is_made_with_its_replies_written_out() {
+        // Made once: a reply that does not fit its shape panics here (see lua::replies).
+        let scripts = super::scripts();
+        assert_ne!(scripts.acquire.get_hash(), scripts.transfer.get_hash());
+    }
+}

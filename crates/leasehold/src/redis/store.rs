@@ -1,0 +1,229 @@
+//! The [`Store`] impl: each call of the trait as one script run (acquire.rs for the
+//! attempts), its request from request.rs and its reply read by reply.rs.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::Value;
+
+use super::durability::cluster_masters;
+use super::errors::failed;
+use super::keys::{key, key_escape, key_unescape, push_rate_key};
+use super::reply::{self, ReleaseReply, StateReply};
+use super::request::{self, Held, Release, Renew};
+use super::scripts::scripts;
+use super::state::State;
+use super::{Conn, RedisStore};
+use crate::store::{
+    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, RateRequest,
+    Released, Renewal, Store, Watermark,
+};
+use crate::{Error, FencingToken, LockName, Locked, RateDecision, Result};
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
+        Ok(self.attempt(req, None).await?.1)
+    }
+
+    async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
+        self.attempt(to, Some(from)).await
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        let request = Renew {
+            lease: lease.id.as_str(),
+            ttl: ttl.as_millis() as u64,
+        };
+        let renewed: i64 = (self.run(&scripts().renew, &lease.name, &request.fields())).await?;
+        Ok(if renewed == 1 {
+            Renewal::Renewed
+        } else {
+            Renewal::Lost
+        })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let request = Release {
+            lease: lease.id.as_str(),
+            channel: &self.inner.channel,
+        };
+        let reply: Value = (self.run(&scripts().release, &lease.name, &request.fields())).await?;
+        let reply = ReleaseReply::decode(&reply)?;
+        self.inner.waiters.forget(lease.id.as_str());
+        // A hand-over to a waiter of this client: no need to wait for a message.
+        (reply.own.split(','))
+            .filter(|item| !item.is_empty())
+            .for_each(|item| self.inner.waiters.deliver(item));
+        Ok(reply.released)
+    }
+
+    async fn changed(&self, req: &AcquireRequest, _since: Watermark) -> Result<Option<Grant>> {
+        // A message naming this acquisition (kept if it came before we got here).
+        let slot = self.inner.waiters.register(&req.lease);
+        slot.wake.notified().await;
+        let handover = slot.granted.locked().take();
+        if self.inner.replicas.is_some() {
+            // The grant was written by another client, whose writes our WAIT does not
+            // cover: come and take it (rewriting it), then wait for the replicas.
+            return Ok(None);
+        }
+        Ok(handover.map(|handover| {
+            self.inner.waiters.forget(req.lease.as_str());
+            Grant {
+                token: FencingToken(handover.token),
+                holds: 1,
+                lease: Some(Duration::from_millis(handover.lease_ms)),
+            }
+        }))
+    }
+
+    async fn ended(&self, lease: &Lease) -> Result<()> {
+        let slot = self.inner.waiters.register(&lease.id);
+        let request = Held {
+            lease: lease.id.as_str(),
+        };
+        loop {
+            let (gone, look_again) = (slot.gone.notified(), slot.look_again.notified());
+            tokio::pin!(gone, look_again);
+            gone.as_mut().enable();
+            look_again.as_mut().enable();
+            let held = (self.run::<i64>(&scripts().held, &lease.name, &request.fields())).await;
+            match held {
+                Ok(1) => {}
+                Ok(_) => return Ok(()),
+                // The server is away: ask again when the subscription is back.
+                Err(error) => tracing::debug!(%error, "cannot tell whether a hold ended yet"),
+            }
+            // After a reconnection, ask again at once: a server that restarted without
+            // its data has no hold, and the holder must learn it now, not at its next
+            // renewal (meanwhile another client may be granted the lock).
+            tokio::select! {
+                _ = gone => return Ok(()),
+                _ = look_again => {}
+            }
+        }
+    }
+
+    async fn describe(&self, name: &LockName) -> Result<LockState> {
+        let reply: Value = self.run(&scripts().describe, name, &[]).await?;
+        let reply = StateReply::decode(&reply)?;
+        let state = State::read(&reply).map_err(|e| Error::Corrupt {
+            store: self.inner.shown.clone(),
+            name: name.to_string(),
+            reason: format!("key {} does not hold a leasehold record ({e})", key(name)),
+        })?;
+        Ok(state.shown(name, reply.now))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
+        let mut pattern = String::from("lh:{");
+        for c in key_escape(prefix).chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('*');
+        let keys = self.scan(&pattern).await?;
+        // A lock in use has its record or its hold key (`}` ends the tag: names escape it).
+        let names: std::collections::BTreeSet<_> = keys
+            .iter()
+            .filter_map(|k| {
+                let tagged = k.strip_prefix("lh:{")?;
+                let name = (tagged.strip_suffix('}')).or_else(|| tagged.strip_suffix("}:hold"))?;
+                LockName::new(key_unescape(name)).ok()
+            })
+            .collect();
+        busy_states(self, names.into_iter().collect()).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<bool> {
+        let held: i64 = self.run(&scripts().force, name, &[]).await?;
+        Ok(held == 1)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cross_process: true,
+            reclaims_dead_processes: false,
+            fair_by_default: false,
+            queues_by_wait: true,
+            failed_calls_change_nothing: false,
+        }
+    }
+
+    fn describe_store(&self) -> String {
+        self.inner.shown.clone()
+    }
+
+    fn caveat(&self) -> Option<String> {
+        self.inner.caveat.clone()
+    }
+
+    /// `rate.lua`: one EVALSHA, one round trip, on the server's clock.
+    async fn rate(&self, req: &RateRequest) -> Result<RateDecision> {
+        let mut key = String::with_capacity(req.name.as_str().len() + 12);
+        push_rate_key(&mut key, &req.name);
+        let script = &scripts().rate;
+        let request = request::Rate {
+            interval_us: req.limit.interval_us(),
+            burst: req.limit.burst(),
+            units: req.units,
+            max_wait_us: req.max_wait_us,
+        };
+        let command = |resent| {
+            let mut cmd = redis::Cmd::with_capacity(8, 128);
+            cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(&key);
+            request::pack(&request.fields(), &mut cmd, &mut String::new(), resent);
+            cmd
+        };
+        // A call sent again after a dropped connection whose first send took effect too
+        // counts its units twice: the limiter lets fewer through, never more.
+        let reply: Value = match self.send(script, command).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                let text = e.to_string();
+                if text.contains("LHCORRUPT") || text.contains("WRONGTYPE") {
+                    return Err(Error::Corrupt {
+                        store: self.inner.shown.clone(),
+                        name: req.name.to_string(),
+                        reason: format!(
+                            "{key} does not hold a rate limiter's time ({text}); delete it to start the limiter afresh (at full burst)"
+                        ),
+                    });
+                }
+                return Err(failed(&self.inner.shown, e));
+            }
+        };
+        reply::decision(&reply)
+    }
+}
+
+impl RedisStore {
+    /// Every key of ours that matches `pattern`, from each master when clustered.
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>> {
+        let unavailable = |e: redis::RedisError| failed(&self.inner.shown, e);
+        let mut conns = Vec::new();
+        match self.inner.conn.clone() {
+            Conn::Single(c) => conns.push(c),
+            Conn::Cluster(mut c, prefix) => {
+                for addr in cluster_masters(&mut c).await.map_err(unavailable)? {
+                    let client =
+                        redis::Client::open(format!("{prefix}{addr}")).map_err(unavailable)?;
+                    conns.push(client.get_connection_manager().await.map_err(unavailable)?);
+                }
+            }
+        }
+        let mut keys = Vec::new();
+        for mut conn in conns {
+            let mut iter = redis::AsyncCommands::scan_match::<_, String>(&mut conn, pattern)
+                .await
+                .map_err(unavailable)?;
+            while let Some(k) = iter.next_item().await {
+                keys.push(k.map_err(unavailable)?);
+            }
+        }
+        Ok(keys)
+    }
+}
