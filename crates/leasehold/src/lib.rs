@@ -103,6 +103,7 @@
 
 #![warn(missing_docs)]
 
+mod builder;
 mod error;
 mod fence;
 mod gate;
@@ -131,6 +132,7 @@ pub mod etcd;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use builder::{LeaseholdBuilder, MAX_CLIENT_TIMEOUT, MAX_KEY_PREFIX_LEN};
 pub use error::{BoxError, Error, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;

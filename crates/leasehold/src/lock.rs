@@ -18,7 +18,7 @@ use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Renewal, Requester,
     Store,
 };
-use crate::{Error, IntoLockName, LockName, Result};
+use crate::{Error, IntoLockName, LeaseholdBuilder, LockName, Result};
 
 /// A store plus this process's identity: makes lock handles.
 ///
@@ -46,6 +46,12 @@ pub struct Leasehold {
     renewals: Arc<Renewals>,
     /// Releases and undos running in the background, for [`Leasehold::shutdown`].
     tasks: TaskTracker,
+    /// The lease of the locks it makes ([`LeaseholdBuilder::ttl`]).
+    ttl: Duration,
+    /// [`LeaseholdBuilder::key_prefix`]. Applied here, to names, rather than in each store's
+    /// key layout: every store (and a store of one's own) gets it alike, and a store sees
+    /// only names, so its `describe`, `list`, queues and wake-ups need no change.
+    prefix: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Leasehold {
@@ -70,12 +76,46 @@ impl Leasehold {
             gates: Arc::default(),
             renewals: Arc::default(),
             tasks: TaskTracker::new(),
+            ttl: DEFAULT_TTL,
+            prefix: None,
         }
     }
 
-    /// Opens the store a URL names (see [`open_store`](crate::open_store)).
+    /// With a default lease and a key prefix (checked by the builder).
+    pub(crate) fn configured(self, ttl: Duration, prefix: Option<Arc<str>>) -> Self {
+        Leasehold {
+            ttl,
+            prefix,
+            ..self
+        }
+    }
+
+    /// Opens the store a URL names (see [`open_store`](crate::open_store)), with the
+    /// defaults of [`builder`](Self::builder).
     pub async fn connect(url: &str) -> Result<Self> {
-        Ok(Self::from_store(crate::url::open_store(url).await?))
+        Self::builder(url).build().await
+    }
+
+    /// A client of the store `url` names, with settings beyond the URL: see
+    /// [`LeaseholdBuilder`].
+    pub fn builder(url: &str) -> LeaseholdBuilder {
+        LeaseholdBuilder::new(url)
+    }
+
+    /// `name` as the store knows it: behind the key prefix.
+    fn stored(&self, name: LockName) -> Result<LockName> {
+        match &self.prefix {
+            None => Ok(name),
+            Some(prefix) => LockName::new(format!("{prefix}{}", name.as_str())),
+        }
+    }
+
+    /// A name from the store as this client knows it: `None` outside its prefix.
+    fn unprefixed<'a>(&self, stored: &'a str) -> Option<&'a str> {
+        match &self.prefix {
+            None => Some(stored),
+            Some(prefix) => stored.strip_prefix(&**prefix),
+        }
     }
 
     /// Waits, for `patience` at most, for what this `Leasehold`'s locks left to finish in
@@ -108,8 +148,9 @@ impl Leasehold {
         &self.store
     }
 
-    fn handle(&self, name: LockName, kind: LockKind) -> Lock {
-        Lock {
+    fn handle(&self, name: LockName, kind: LockKind) -> Result<Lock> {
+        let name = self.stored(name)?;
+        Ok(Lock {
             store: self.store.clone(),
             requester: self.requester.clone(),
             gates: self.gates.clone(),
@@ -117,11 +158,11 @@ impl Leasehold {
             tasks: self.tasks.clone(),
             name,
             kind,
-            ttl: DEFAULT_TTL,
+            ttl: self.ttl,
             fair: self.store.capabilities().fair_by_default,
             owner: None,
             on_wait: None,
-        }
+        })
     }
 
     /// A mutex: one holder at a time.
@@ -131,20 +172,20 @@ impl Leasehold {
     /// [`read`](Self::read) holders of the name, and a holder taken with one is re-entered
     /// (with the same owner) or waited for through the other.
     pub fn mutex<N: IntoLockName>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.into_lock_name()?, LockKind::Exclusive))
+        self.handle(name.into_lock_name()?, LockKind::Exclusive)
     }
 
     /// A semaphore: at most `permits` holders at a time, each with its own lease and token.
     /// Everyone using the name must pass the same `permits`.
     pub fn semaphore<N: IntoLockName>(&self, name: N, permits: u32) -> Result<Lock> {
         let permits = check_permits(permits)?;
-        Ok(self.handle(name.into_lock_name()?, LockKind::Permit { permits }))
+        self.handle(name.into_lock_name()?, LockKind::Permit { permits })
     }
 
     /// The read side of a read-write lock: many readers together, never with a writer.
     /// A waiting writer is not passed by readers that arrive after it.
     pub fn read<N: IntoLockName>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.into_lock_name()?, LockKind::Shared))
+        self.handle(name.into_lock_name()?, LockKind::Shared)
     }
 
     /// The write side of a read-write lock: one writer, no readers.
@@ -152,7 +193,7 @@ impl Leasehold {
     /// The same lock as [`mutex(name)`](Self::mutex): a writer and a mutex holder of one
     /// name exclude each other as two writers do.
     pub fn write<N: IntoLockName>(&self, name: N) -> Result<Lock> {
-        Ok(self.handle(name.into_lock_name()?, LockKind::Exclusive))
+        self.handle(name.into_lock_name()?, LockKind::Exclusive)
     }
 
     /// A rate limiter (GCRA): `rate` units per period in the long run, up to `burst` at
@@ -168,7 +209,8 @@ impl Leasehold {
         rate: crate::Rate,
         burst: u64,
     ) -> Result<crate::RateLimiter> {
-        crate::RateLimiter::new(self.store.clone(), name.try_into()?, rate, burst)
+        let name = self.stored(name.try_into()?)?;
+        crate::RateLimiter::new(self.store.clone(), name, rate, burst)
     }
 
     /// Holders and waiters of one lock. Tasks of this process that wait behind another
@@ -176,18 +218,25 @@ impl Leasehold {
     /// processes see only the one of them that the store queues.
     pub async fn describe<N: IntoLockName>(&self, name: N) -> Result<LockState> {
         let name = name.into_lock_name()?;
-        let mut state = self.store.describe(&name).await?;
-        state.waiters.extend(self.gates.waiting(&name));
+        let stored = self.stored(name.clone())?;
+        let mut state = self.store.describe(&stored).await?;
+        state.waiters.extend(self.gates.waiting(&stored));
+        state.name = name.to_string();
         Ok(state)
     }
 
     /// Locks with holders or waiters whose names start with `prefix` (with this
-    /// process's waiting tasks, as [`describe`](Self::describe)).
+    /// process's waiting tasks, as [`describe`](Self::describe)). With a key prefix,
+    /// only the locks behind it, named without it.
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
-        let mut states = self.store.list(prefix).await?;
+        let within = format!("{}{prefix}", self.prefix.as_deref().unwrap_or_default());
+        let mut states = self.store.list(&within).await?;
         for state in &mut states {
             if let Ok(name) = LockName::try_from(state.name.as_str()) {
                 state.waiters.extend(self.gates.waiting(&name));
+            }
+            if let Some(name) = self.unprefixed(&state.name) {
+                state.name = name.to_string();
             }
         }
         Ok(states)
@@ -196,7 +245,7 @@ impl Leasehold {
     /// Frees a lock whoever holds it; the holders' guards report it lost. Returns whether
     /// it was held.
     pub async fn force_release<N: IntoLockName>(&self, name: N) -> Result<bool> {
-        let name = name.into_lock_name()?;
+        let name = self.stored(name.into_lock_name()?)?;
         let held = self.store.force_release(&name).await?;
         tracing::debug!(lock = %name, held, "force-released");
         Ok(held)

@@ -8,26 +8,55 @@ use super::queue::Member;
 use super::queue::{queue_prefix, range_key, range_queue};
 use super::rpc::{Client, KeyValue, Op, RangeResponse, TxnRequest, TxnResponse};
 use super::{EtcdStore, Inner};
+use crate::builder::ClientSettings;
+use crate::url::Credentials;
 use crate::{Error, LockName, Result, StoreUrl};
 
 impl EtcdStore {
     /// Connects to the etcd cluster `url` names (see the module docs). Fails at once,
     /// with [`Error::Unavailable`], when no endpoint answers.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::connect_url(&StoreUrl::parse(url)?).await
+        Self::connect_with(&StoreUrl::parse(url)?, &ClientSettings::default()).await
     }
 
-    /// [`connect`](Self::connect) to a parsed URL.
-    pub(crate) async fn connect_url(url: &StoreUrl) -> Result<Self> {
+    /// [`connect`](Self::connect) to a parsed URL, reached as `settings` say.
+    pub(crate) async fn connect_with(url: &StoreUrl, settings: &ClientSettings) -> Result<Self> {
         if url.scheme().backend() != "etcd" {
             return Err(url.invalid(
                 "not an etcd URL: etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET] (etcds:// for TLS)",
             ));
         }
         let addresses: Vec<String> = url.endpoints().iter().map(|e| e.to_string()).collect();
-        let client = Client::new(&addresses, url.scheme().tls(), url.credentials().cloned())
-            .map_err(|reason| url.invalid(reason))?;
-        let shown = url.to_string();
+        let client = Client::new(
+            &addresses,
+            url.scheme().tls(),
+            url.credentials().cloned(),
+            settings,
+        )
+        .map_err(|reason| url.invalid(reason))?;
+        Self::checked(url.to_string(), client).await
+    }
+
+    /// A store over channels the application made (its own TLS, timeouts, proxies), one
+    /// for each member, `shown` naming them in messages; `credentials` for a cluster with
+    /// auth enabled.
+    pub async fn from_channels(
+        shown: impl Into<String>,
+        channels: Vec<tonic::transport::Channel>,
+        credentials: Option<Credentials>,
+    ) -> Result<Self> {
+        let shown = shown.into();
+        if channels.is_empty() {
+            return Err(Error::InvalidStore {
+                store: shown,
+                reason: "no channel to an etcd member".into(),
+            });
+        }
+        Self::checked(shown, Client::from_channels(channels, credentials)).await
+    }
+
+    /// The store on `client`, once it has answered.
+    async fn checked(shown: String, client: Client) -> Result<Self> {
         let store = EtcdStore {
             inner: Arc::new(Inner {
                 shown,

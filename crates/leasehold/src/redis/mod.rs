@@ -99,10 +99,30 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::builder::ClientSettings;
 use crate::{Result, StoreUrl};
 use durability::{caveat, cluster_caveat};
 use errors::failed;
 use waker::Waiters;
+
+/// How long connecting may take, unless the builder says otherwise.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one command may take, unless the builder says otherwise.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The builder's TLS settings as the redis crate's; `None` for its defaults (system roots,
+/// no client certificate).
+fn tls_certificates(settings: &ClientSettings) -> Option<redis::TlsCertificates> {
+    (settings.tls_ca.is_some() || settings.tls_identity.is_some()).then(|| redis::TlsCertificates {
+        client_tls: (settings.tls_identity.clone()).map(|(client_cert, client_key)| {
+            redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }
+        }),
+        root_cert: settings.tls_ca.clone(),
+    })
+}
 
 /// The Redis store. Cheap to clone; clones share one connection and one subscription.
 #[derive(Clone)]
@@ -147,11 +167,11 @@ impl RedisStore {
     /// until N replicas have it (`WAIT`); a grant they do not confirm in time is released
     /// and the attempt fails as unavailable. Single servers only.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::connect_url(&StoreUrl::parse(url)?).await
+        Self::connect_with(&StoreUrl::parse(url)?, &ClientSettings::default()).await
     }
 
-    /// [`connect`](Self::connect) to a parsed URL.
-    pub(crate) async fn connect_url(url: &StoreUrl) -> Result<Self> {
+    /// [`connect`](Self::connect) to a parsed URL, reached as `settings` say.
+    pub(crate) async fn connect_with(url: &StoreUrl, settings: &ClientSettings) -> Result<Self> {
         let shown = url.to_string();
         let invalid = |reason: String| url.invalid(reason);
         if url.scheme().backend() != "redis" {
@@ -162,27 +182,34 @@ impl RedisStore {
         let replicas = url.replicas();
         let nodes = url.redis_nodes().map_err(|e| invalid(e.to_string()))?;
         let unavailable = |e: redis::RedisError| failed(&shown, e);
+        let connect_timeout = settings.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
+        let request_timeout = settings.request_timeout.unwrap_or(REQUEST_TIMEOUT);
+        let certificates = tls_certificates(settings);
+        let client_of = |node: redis::ConnectionInfo| match &certificates {
+            Some(certs) => redis::Client::build_with_tls(node, certs.clone()),
+            None => redis::Client::open(node),
+        };
         let (conn, subscribe_to, caveat_found) = match url.scheme().cluster() {
             true => {
                 let prefix = url.redis_node_prefix();
-                let client = redis::cluster::ClusterClient::builder(nodes.clone())
-                    .connection_timeout(Duration::from_secs(3))
-                    .response_timeout(Duration::from_secs(5))
-                    .build()
-                    .map_err(|e| invalid(e.to_string()))?;
+                let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(request_timeout);
+                if let Some(certs) = &certificates {
+                    builder = builder.certs(certs.clone());
+                }
+                let client = builder.build().map_err(|e| invalid(e.to_string()))?;
                 let mut conn = client.get_async_connection().await.map_err(unavailable)?;
                 let caveat = cluster_caveat(&mut conn, &prefix).await;
                 // PUBLISH reaches every node of a cluster: any one node will do.
-                let first =
-                    redis::Client::open(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
+                let first = client_of(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
                 (Conn::Cluster(conn, prefix), first, caveat)
             }
             false => {
-                let client =
-                    redis::Client::open(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
+                let client = client_of(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(3)))
-                    .set_response_timeout(Some(Duration::from_secs(5)))
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(request_timeout))
                     .set_number_of_retries(2);
                 let mut conn = client
                     .get_connection_manager_with_config(config)
@@ -201,6 +228,33 @@ impl RedisStore {
             (Some(caveat), false) => tracing::warn!(store = %shown, "{caveat}"),
             (None, _) => {}
         }
+        Self::subscribed(shown, conn, subscribe_to, replicas, caveat_found).await
+    }
+
+    /// A store on a connection the application made (its own TLS, timeouts, retries),
+    /// with `client` (to the same server) for this store's wake-up subscription.
+    /// Replica acknowledgements (`?replicas=N`) and `?durable=1` are URL options: use
+    /// [`connect`](Self::connect) for them.
+    pub async fn from_connection(
+        mut conn: ConnectionManager,
+        client: redis::Client,
+    ) -> Result<Self> {
+        let shown = format!("redis://{}", client.get_connection_info().addr());
+        let caveat_found = caveat(&mut conn, Some(false)).await;
+        if let Some(caveat) = &caveat_found {
+            tracing::warn!(store = %shown, "{caveat}");
+        }
+        Self::subscribed(shown, Conn::Single(conn), client, None, caveat_found).await
+    }
+
+    /// The store on `conn`, once `subscribe_to` has subscribed to its wake-up channel.
+    async fn subscribed(
+        shown: String,
+        conn: Conn,
+        subscribe_to: redis::Client,
+        replicas: Option<(u32, Duration)>,
+        caveat_found: Option<String>,
+    ) -> Result<Self> {
         let channel = format!("lh:client:{:032x}", rand::random::<u128>());
         let (waiters, subscriber) = waker::subscribed(subscribe_to, &channel, &shown).await?;
         Ok(RedisStore {

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::builder::ClientSettings;
 use crate::{Error, MemoryStore, Result, Store};
 
 pub use forms::{UrlForm, URL_FORMS};
@@ -299,6 +300,14 @@ impl StoreUrl {
 
     /// Opens the store it names.
     pub async fn open(&self) -> Result<Arc<dyn Store>> {
+        self.open_with(&ClientSettings::default()).await
+    }
+
+    /// Opens the store it names, reached as `settings` say (Redis and etcd).
+    pub(crate) async fn open_with(&self, settings: &ClientSettings) -> Result<Arc<dyn Store>> {
+        // Memory and local stores have no connection to configure.
+        #[cfg(not(any(feature = "redis", feature = "etcd")))]
+        let _ = settings;
         let not_built = || {
             self.invalid(format!(
                 "the {} store is not part of this build; available: {}",
@@ -314,13 +323,13 @@ impl StoreUrl {
                 Some(dir) => crate::LocalStore::open(dir)?,
             })),
             #[cfg(feature = "redis")]
-            Scheme::Redis | Scheme::Rediss | Scheme::RedisCluster | Scheme::RedissCluster => {
-                Ok(Arc::new(crate::RedisStore::connect_url(self).await?))
-            }
+            Scheme::Redis | Scheme::Rediss | Scheme::RedisCluster | Scheme::RedissCluster => Ok(
+                Arc::new(crate::RedisStore::connect_with(self, settings).await?),
+            ),
             #[cfg(feature = "etcd")]
-            Scheme::Etcd | Scheme::Etcds => {
-                Ok(Arc::new(crate::EtcdStore::connect_url(self).await?))
-            }
+            Scheme::Etcd | Scheme::Etcds => Ok(Arc::new(
+                crate::EtcdStore::connect_with(self, settings).await?,
+            )),
             // Reached only in a build without some store.
             #[allow(unreachable_patterns)]
             _ => Err(not_built()),

@@ -9,12 +9,13 @@ use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status, Streaming};
 use tonic_prost::ProstCodec;
 
 use super::watch::Watches;
 use super::{AuthenticateRequest, AuthenticateResponse, CALL_TIMEOUT, TRY_TIMEOUT};
+use crate::builder::ClientSettings;
 use crate::url::Credentials;
 use crate::Locked;
 
@@ -31,6 +32,8 @@ pub struct Client {
     members: Vec<Member>,
     pub(super) current: AtomicUsize,
     credentials: Option<Credentials>,
+    /// How long one try of a call may take on one member.
+    call_timeout: Duration,
     pub(super) watches: Watches,
 }
 
@@ -57,20 +60,22 @@ impl Client {
         addresses: &[String],
         tls: bool,
         credentials: Option<Credentials>,
+        settings: &ClientSettings,
     ) -> Result<Self, String> {
+        let call_timeout = settings.request_timeout.unwrap_or(CALL_TIMEOUT);
         let mut members = Vec::new();
         for address in addresses {
             let scheme = if tls { "https" } else { "http" };
             let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
                 .map_err(|e| format!("bad endpoint {address:?}: {e}"))?
-                .connect_timeout(CALL_TIMEOUT)
+                .connect_timeout(settings.connect_timeout.unwrap_or(CALL_TIMEOUT))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(CALL_TIMEOUT)
+                .keep_alive_timeout(call_timeout)
                 .keep_alive_while_idle(true);
             if tls {
                 endpoint = endpoint
-                    .tls_config(ClientTlsConfig::new().with_native_roots())
+                    .tls_config(tls_config(settings))
                     .map_err(|e| format!("TLS setup for {address}: {e}"))?;
             }
             members.push(Member {
@@ -83,8 +88,27 @@ impl Client {
             members,
             current: AtomicUsize::new(0),
             credentials,
+            call_timeout,
             watches: Watches::default(),
         })
+    }
+
+    /// A client over channels made elsewhere, one per member, with the default timeout.
+    pub fn from_channels(channels: Vec<Channel>, credentials: Option<Credentials>) -> Self {
+        let members = (channels.into_iter().enumerate())
+            .map(|(i, channel)| Member {
+                address: format!("member {i}"),
+                channel,
+                token: Mutex::new(None),
+            })
+            .collect();
+        Client {
+            members,
+            current: AtomicUsize::new(0),
+            credentials,
+            call_timeout: CALL_TIMEOUT,
+            watches: Watches::default(),
+        }
     }
 
     /// One unary call, failing over between members.
@@ -173,7 +197,7 @@ impl Client {
     }
 
     /// Runs `call` on the current member, then on the others in turn while the error is
-    /// one another member may not have. Each try is bounded by [`CALL_TIMEOUT`], or less
+    /// one another member may not have. Each try is bounded by the call timeout, or less
     /// inside [`trying_each_for`].
     async fn failover<'a, T, F, Fut>(&'a self, call: F) -> Result<T, Status>
     where
@@ -188,7 +212,7 @@ impl Client {
             let member = &self.members[index];
             let limit = match tighter {
                 Some(limit) if i + 1 < self.members.len() => limit,
-                _ => CALL_TIMEOUT,
+                _ => self.call_timeout,
             };
             let bounded = || async {
                 tokio::time::timeout(limit, call(member))
@@ -263,6 +287,18 @@ impl Client {
         }
         request
     }
+}
+
+/// The builder's CA (else the system's roots) and client certificate.
+fn tls_config(settings: &ClientSettings) -> ClientTlsConfig {
+    let mut config = match &settings.tls_ca {
+        Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
+        None => ClientTlsConfig::new().with_native_roots(),
+    };
+    if let Some((cert, key)) = &settings.tls_identity {
+        config = config.identity(Identity::from_pem(cert, key));
+    }
+    config
 }
 
 /// A status's message followed by its causes ("tcp connect error: Connection refused").
