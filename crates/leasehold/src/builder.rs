@@ -107,7 +107,9 @@ impl LeaseholdBuilder {
         self
     }
 
-    /// How long connecting to a Redis or etcd server may take (default 3 s).
+    /// How long connecting to a Redis or etcd server may take (default 3 s): for Redis
+    /// each connection with its TLS and handshake; for etcd each member's TCP connection,
+    /// and the first call (which also opens TLS and HTTP/2) as a whole.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.settings.connect_timeout = Some(timeout);
         self

@@ -34,27 +34,50 @@ pub struct EtcdServer {
     log_start: u64,
     /// `(certificate, key)` of a member serving clients over TLS (peers stay plain).
     tls: Option<(PathBuf, PathBuf)>,
+    /// A [`make_tls_certs`](crate::make_tls_certs) directory: clients must present a
+    /// certificate its CA signed (`--client-cert-auth`); etcdctl presents `client.pem`.
+    client_auth: Option<PathBuf>,
 }
 
 impl EtcdServer {
     /// A single-member cluster, healthy; retried on new ports when another test took one
     /// between our probe and etcd's bind.
     pub fn start() -> Self {
-        Self::start_single(None)
+        Self::start_single(None, None, None)
     }
 
     /// The same serving clients over TLS with `cert` and `key` (PEM): its
     /// [`url`](Self::url) is `etcds://`. The certificate must name 127.0.0.1 (see
     /// [`make_tls_certs`](crate::make_tls_certs)).
     pub fn start_tls(cert: &Path, key: &Path) -> Self {
-        Self::start_single(Some((cert.to_path_buf(), key.to_path_buf())))
+        Self::start_single(Some((cert.to_path_buf(), key.to_path_buf())), None, None)
     }
 
-    fn start_single(tls: Option<(PathBuf, PathBuf)>) -> Self {
+    /// The same serving clients over TLS with the certificates
+    /// [`make_tls_certs`](crate::make_tls_certs) wrote in `certs`, and refusing clients
+    /// without a client certificate its CA signed (`--client-cert-auth`).
+    pub fn start_tls_client_auth(certs: &Path) -> Self {
+        let tls = (certs.join("server.pem"), certs.join("server.key"));
+        Self::start_single(Some(tls), Some(certs.to_path_buf()), None)
+    }
+
+    /// A plain single member on `client_port` (e.g. one a client already tries to
+    /// reach); panics if it cannot start there.
+    pub fn start_at(client_port: u16) -> Self {
+        Self::start_single(None, None, Some(client_port))
+    }
+
+    fn start_single(
+        tls: Option<(PathBuf, PathBuf)>,
+        client_auth: Option<PathBuf>,
+        client_port: Option<u16>,
+    ) -> Self {
         let mut server = EtcdServer::new("m0", ETCD_SINGLE_TIMING);
         server.tls = tls;
-        for _ in 0..5 {
-            server.client_port = free_port();
+        server.client_auth = client_auth;
+        let tries = if client_port.is_some() { 1 } else { 5 };
+        for _ in 0..tries {
+            server.client_port = client_port.unwrap_or_else(free_port);
             server.peer_port = free_port();
             server.cluster = (server.peer_entry(), etcd_cluster_token());
             // A failed attempt may have left a data directory naming the old ports.
@@ -79,6 +102,7 @@ impl EtcdServer {
             cluster: Default::default(),
             log_start: 0,
             tls: None,
+            client_auth: None,
         }
     }
 
@@ -127,6 +151,11 @@ impl EtcdServer {
             .stderr(log);
         if let Some((cert, key)) = &self.tls {
             cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+        }
+        if let Some(certs) = &self.client_auth {
+            cmd.arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(certs.join("ca.pem"));
         }
         // etcd reads its flags from ETCD_* variables too; keep the caller's out of it.
         for (key, _) in std::env::vars_os() {
@@ -250,6 +279,12 @@ impl EtcdServer {
             // etcdctl 3.4 dials TLS only with `--insecure-transport=false` (an https://
             // endpoint is not enough); the test CA is not at hand here, so no verification.
             cmd.args(["--insecure-transport=false", "--insecure-skip-tls-verify"]);
+        }
+        if let Some(certs) = &self.client_auth {
+            cmd.arg("--cert")
+                .arg(certs.join("client.pem"))
+                .arg("--key")
+                .arg(certs.join("client.key"));
         }
         cmd.args(args);
         cmd

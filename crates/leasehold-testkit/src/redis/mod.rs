@@ -18,6 +18,9 @@ pub struct RedisServer {
     port: u16,
     dir: TempDir,
     extra: Vec<String>,
+    /// A directory of [`make_tls_certs`](crate::make_tls_certs) and the TLS port: a
+    /// server that also serves TLS, asking clients for a certificate.
+    tls: Option<(PathBuf, u16)>,
 }
 
 impl RedisServer {
@@ -44,22 +47,62 @@ impl RedisServer {
         Self::start_on(extra, free_port)
     }
 
+    /// A server without persistence on `port` (e.g. one a client already tries to reach);
+    /// panics if it cannot start there.
+    pub fn start_at(port: u16) -> Self {
+        let mut tries = 0;
+        Self::start_on(&["--save", "", "--appendonly", "no"], move || {
+            tries += 1;
+            assert!(tries == 1, "redis-server could not start on port {port}");
+            port
+        })
+    }
+
     /// A server on a port `pick` chooses, retried when another test took the port
     /// between our probe and the server's bind.
-    fn start_on(extra: &[&str], pick: fn() -> u16) -> Self {
+    fn start_on(extra: &[&str], pick: impl FnMut() -> u16) -> Self {
         let mut server = RedisServer {
             process: ServerProcess::default(),
             port: 0,
             dir: TempDir::new("redis"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls: None,
         };
+        server.start_trying(pick);
+        server
+    }
+
+    /// A server without persistence that also serves TLS on [`tls_port`](Self::tls_port)
+    /// with the certificates [`make_tls_certs`](crate::make_tls_certs) wrote in `certs`,
+    /// and refuses TLS clients without a client certificate the test CA signed
+    /// (`--tls-auth-clients yes`). Its plain port stays open, for the test's own checks.
+    pub fn start_tls(certs: &std::path::Path) -> Self {
+        let mut server = RedisServer {
+            process: ServerProcess::default(),
+            port: 0,
+            dir: TempDir::new("redis-tls"),
+            extra: ["--save", "", "--appendonly", "no"]
+                .map(String::from)
+                .to_vec(),
+            tls: Some((certs.to_path_buf(), 0)),
+        };
+        server.start_trying(free_port);
+        server
+    }
+
+    /// Starts it on ports `pick` chooses, again when another test took one of them
+    /// between our probe and the server's bind.
+    fn start_trying(&mut self, mut pick: impl FnMut() -> u16) {
         for _ in 0..5 {
-            server.port = pick();
-            if server.spawn() {
-                return server;
+            self.port = pick();
+            if let Some((_, port)) = &mut self.tls {
+                *port = free_port();
+            }
+            if self.spawn() {
+                return;
             }
         }
-        panic!("redis-server did not start; see {}", server.log().display());
+        panic!("redis-server did not start; see {}", self.log().display());
     }
 
     fn log(&self) -> PathBuf {
@@ -75,8 +118,17 @@ impl RedisServer {
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(self.log())
-            .args(&self.extra)
-            .stdin(std::process::Stdio::null())
+            .args(&self.extra);
+        if let Some((certs, port)) = &self.tls {
+            cmd.args(["--tls-port", &port.to_string(), "--tls-auth-clients", "yes"])
+                .arg("--tls-cert-file")
+                .arg(certs.join("server.pem"))
+                .arg("--tls-key-file")
+                .arg(certs.join("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(certs.join("ca.pem"));
+        }
+        cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         self.process.spawn(cmd, "redis-server");
@@ -114,6 +166,16 @@ impl RedisServer {
     /// Its port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS port of a server from [`start_tls`](Self::start_tls).
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|(_, port)| *port)
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT/0` of a server from [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        (self.tls_port()).map(|port| format!("rediss://127.0.0.1:{port}/0"))
     }
 
     server_process_controls!("the server stops answering but keeps its connections");

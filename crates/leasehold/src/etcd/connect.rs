@@ -2,6 +2,7 @@
 //! their failures become errors, and reading a queue's keys into [`Member`]s.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::line::Lines;
 use super::queue::Member;
@@ -34,7 +35,7 @@ impl EtcdStore {
             settings,
         )
         .map_err(|reason| url.invalid(reason))?;
-        Self::checked(url.to_string(), client).await
+        Self::checked(url.to_string(), client, settings.connect_timeout).await
     }
 
     /// A store over channels the application made (its own TLS, timeouts, proxies), one
@@ -52,11 +53,15 @@ impl EtcdStore {
                 reason: "no channel to an etcd member".into(),
             });
         }
-        Self::checked(shown, Client::from_channels(channels, credentials)).await
+        Self::checked(shown, Client::from_channels(channels, credentials), None).await
     }
 
-    /// The store on `client`, once it has answered.
-    async fn checked(shown: String, client: Client) -> Result<Self> {
+    /// The store on `client`, once it has answered, within `connect_timeout` if given.
+    async fn checked(
+        shown: String,
+        client: Client,
+        connect_timeout: Option<Duration>,
+    ) -> Result<Self> {
         let store = EtcdStore {
             inner: Arc::new(Inner {
                 shown,
@@ -68,7 +73,21 @@ impl EtcdStore {
             }),
         };
         // Fail now, with a clear error, rather than at the first lock.
-        store.range(range_key(b"leasehold")).await?;
+        let check = store.range(range_key(b"leasehold"));
+        // tonic's own connect timeout covers TCP only; a member that accepts and never
+        // completes TLS or HTTP/2 is bounded here, by this first call that opens it.
+        match connect_timeout {
+            None => check.await?,
+            Some(limit) => {
+                tokio::time::timeout(limit, check)
+                    .await
+                    .map_err(|_| Error::Unavailable {
+                        store: store.inner.shown.clone(),
+                        source: format!("no connection within the connect timeout ({limit:?})")
+                            .into(),
+                    })??
+            }
+        };
         Ok(store)
     }
 

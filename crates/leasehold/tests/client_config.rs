@@ -1,0 +1,409 @@
+//! `Leasehold::builder` against real servers: each setting (default TTL, key prefix,
+//! request and connect timeouts, TLS client certificates, waiting for the store, an
+//! existing connection) and the refusals that are configuration, not trouble.
+#![cfg(all(feature = "redis", feature = "etcd"))]
+
+use std::time::Duration;
+
+use leasehold::conformance::within;
+use leasehold::{Error, EtcdStore, Leasehold, RedisStore, StoreUrl};
+use leasehold_testkit::{free_port, make_tls_certs, EtcdServer, RedisServer, TempDir};
+use tokio::time::Instant;
+
+/// Past the timeout under test, what a loaded machine may add; kept below the defaults
+/// (Redis 5 s, etcd 3 s per call, 3 s to connect) so that a test passing shows its setting.
+const MARGIN: Duration = Duration::from_millis(2000);
+
+fn names(states: &[leasehold::LockState]) -> Vec<&str> {
+    states.iter().map(|s| s.name.as_str()).collect()
+}
+
+async fn ttl_is_each_locks_lease(url: &str) {
+    let ttl = Duration::from_secs(40);
+    let locks = Leasehold::builder(url).ttl(ttl).build().await.unwrap();
+    let guard = locks.mutex("ttl").unwrap().lock().await.unwrap();
+    let state = locks.describe("ttl").await.unwrap();
+    let left = state.holders[0].lease_left;
+    // Well above DEFAULT_TTL (15 s): the builder's TTL was used.
+    assert!(
+        left > ttl - Duration::from_secs(5) && left <= ttl,
+        "{left:?}"
+    );
+    // A lock's own TTL still wins.
+    let short = locks.mutex("own").unwrap().with_ttl(Duration::from_secs(2));
+    let own = short.lock().await.unwrap();
+    let left = locks.describe("own").await.unwrap().holders[0].lease_left;
+    assert!(left <= Duration::from_secs(2), "{left:?}");
+    let _ = own.release().await.unwrap();
+    let _ = guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builder_ttl_is_the_default_lease_on_redis_and_etcd() {
+    let redis = RedisServer::start();
+    ttl_is_each_locks_lease(&redis.url()).await;
+    let etcd = EtcdServer::start();
+    ttl_is_each_locks_lease(&etcd.url()).await;
+}
+
+async fn prefixes_keep_applications_apart(url: &str) {
+    let with = |prefix: &str| Leasehold::builder(url).key_prefix(prefix).build();
+    let (a, b, a_again) = (
+        with("app-a/").await.unwrap(),
+        with("app-b/").await.unwrap(),
+        with("app-a/").await.unwrap(),
+    );
+    let held_a = a
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("a takes job");
+    let held_b = (b.mutex("job").unwrap().try_lock().await.unwrap())
+        .expect("b's job is another lock than a's");
+    assert!(
+        a_again
+            .mutex("job")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "the same prefix is the same lock"
+    );
+    assert_eq!(held_a.name().as_str(), "app-a/job");
+    for (client, token) in [(&a, held_a.token()), (&b, held_b.token())] {
+        let listed = client.list("").await.unwrap();
+        assert_eq!(names(&listed), ["job"]);
+        let state = client.describe("job").await.unwrap();
+        assert_eq!(
+            (state.name.as_str(), state.holders[0].token),
+            ("job", token)
+        );
+    }
+    // A client without a prefix sees the store's names.
+    let plain = Leasehold::connect(url).await.unwrap();
+    assert_eq!(
+        names(&plain.list("app-").await.unwrap()),
+        ["app-a/job", "app-b/job"]
+    );
+    assert!(b.force_release("job").await.unwrap());
+    assert_eq!(
+        names(&a.list("").await.unwrap()),
+        ["job"],
+        "b freed only its own job"
+    );
+    let _ = held_a.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_prefixes_keep_applications_apart_on_redis_and_etcd() {
+    let redis = RedisServer::start();
+    prefixes_keep_applications_apart(&redis.url()).await;
+    let etcd = EtcdServer::start();
+    prefixes_keep_applications_apart(&etcd.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_prefixes_separate_rate_limiters_on_redis() {
+    let redis = RedisServer::start();
+    let with = |prefix: &str| Leasehold::builder(&redis.url()).key_prefix(prefix).build();
+    let rate = leasehold::Rate::per_minute(1);
+    for (prefix, allowed) in [("app-a/", true), ("app-b/", true), ("app-a/", false)] {
+        let limiter = with(prefix)
+            .await
+            .unwrap()
+            .rate_limiter("api", rate, 1)
+            .unwrap();
+        assert_eq!(
+            limiter.try_acquire(1).await.unwrap().allowed,
+            allowed,
+            "{prefix}"
+        );
+    }
+}
+
+/// A call to a paused server fails as unavailable once the request timeout passes.
+async fn request_timeout_is_honoured(
+    url: &str,
+    timeout: Duration,
+    pause: impl Fn(),
+    resume: impl Fn(),
+) {
+    let locks = Leasehold::builder(url)
+        .request_timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    locks.describe("k").await.unwrap();
+    pause();
+    let start = Instant::now();
+    let answer = locks.describe("k").await;
+    let took = start.elapsed();
+    resume();
+    assert!(
+        matches!(answer, Err(Error::Unavailable { .. })),
+        "{answer:?}"
+    );
+    assert!(took >= timeout && took < timeout + MARGIN, "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_timeout_ends_calls_to_a_paused_redis_and_etcd() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    request_timeout_is_honoured(&redis.url(), timeout, || redis.pause(), || redis.resume()).await;
+    let etcd = EtcdServer::start();
+    let timeout = Duration::from_millis(300);
+    request_timeout_is_honoured(&etcd.url(), timeout, || etcd.pause(), || etcd.resume()).await;
+}
+
+/// A paused server accepts the connection (the kernel does) and never answers its
+/// handshake: connecting ends at the connect timeout.
+async fn connect_timeout_is_honoured(builder: leasehold::LeaseholdBuilder, timeout: Duration) {
+    let start = Instant::now();
+    let answer = builder.connect_timeout(timeout).build().await;
+    let took = start.elapsed();
+    assert!(
+        matches!(answer, Err(Error::Unavailable { .. })),
+        "{answer:?}"
+    );
+    assert!(took >= timeout && took < timeout + MARGIN, "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_timeout_ends_connecting_to_a_paused_redis_and_etcd() {
+    let certs = TempDir::new("connect-timeout");
+    make_tls_certs(certs.path());
+    let ca = std::fs::read(certs.path().join("ca.pem")).unwrap();
+    let redis = RedisServer::start();
+    redis.pause();
+    let builder = Leasehold::builder(&redis.url()).request_timeout(Duration::from_secs(60));
+    connect_timeout_is_honoured(builder, Duration::from_millis(500)).await;
+    redis.resume();
+    // Over TLS, the handshake is part of connecting.
+    let etcd = EtcdServer::start_tls(
+        &certs.path().join("server.pem"),
+        &certs.path().join("server.key"),
+    );
+    etcd.pause();
+    let builder = Leasehold::builder(&etcd.url()).tls_ca(ca);
+    connect_timeout_is_honoured(builder, Duration::from_millis(500)).await;
+    etcd.resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_store_connects_once_redis_comes_up() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let refused = Leasehold::builder(&url).build().await;
+    assert!(
+        matches!(refused, Err(Error::Unavailable { .. })),
+        "{refused:?}"
+    );
+    let waiting = tokio::spawn(
+        Leasehold::builder(&url)
+            .wait_for_store(Duration::from_secs(60))
+            .build(),
+    );
+    let server = tokio::task::spawn_blocking(move || RedisServer::start_at(port))
+        .await
+        .unwrap();
+    let locks = within("the client to connect", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let guard = locks.mutex("k").unwrap().lock().await.unwrap();
+    let _ = guard.release().await.unwrap();
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_store_connects_once_etcd_comes_up() {
+    let port = free_port();
+    let url = format!("etcd://127.0.0.1:{port}");
+    let waiting = tokio::spawn(
+        Leasehold::builder(&url)
+            .wait_for_store(Duration::from_secs(60))
+            .build(),
+    );
+    let server = tokio::task::spawn_blocking(move || EtcdServer::start_at(port))
+        .await
+        .unwrap();
+    let locks = within("the client to connect", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let guard = locks.mutex("k").unwrap().lock().await.unwrap();
+    let _ = guard.release().await.unwrap();
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_store_gives_up_after_its_patience_and_at_once_on_a_wrong_password() {
+    let patience = Duration::from_secs(1);
+    let url = format!("redis://127.0.0.1:{}/0", free_port());
+    let start = Instant::now();
+    let answer = Leasehold::builder(&url)
+        .wait_for_store(patience)
+        .build()
+        .await;
+    let took = start.elapsed();
+    assert!(
+        matches!(answer, Err(Error::Unavailable { .. })),
+        "{answer:?}"
+    );
+    assert!(took < patience + MARGIN, "{took:?}");
+
+    let server = RedisServer::start_with(&["--save", "", "--requirepass", "right-secret"]);
+    let url = format!("redis://:wrong-secret@127.0.0.1:{}/0", server.port());
+    let start = Instant::now();
+    let answer = Leasehold::builder(&url)
+        .wait_for_store(Duration::from_secs(60))
+        .build()
+        .await;
+    assert!(matches!(answer, Err(Error::Config { .. })), "{answer:?}");
+    assert!(
+        start.elapsed() < MARGIN,
+        "a configuration error was retried: {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_and_unknown_database_are_config_errors() {
+    let redis = RedisServer::start_with(&["--save", "", "--requirepass", "right-secret"]);
+    for url in [
+        format!("redis://:wrong-secret@127.0.0.1:{}/0", redis.port()),
+        format!("redis://:right-secret@127.0.0.1:{}/99", redis.port()),
+    ] {
+        let answer = Leasehold::connect(&url).await;
+        assert!(
+            matches!(answer, Err(Error::Config { .. })),
+            "{url}: {answer:?}"
+        );
+    }
+    let etcd = EtcdServer::start();
+    etcd.etcdctl(&["user", "add", "root:right-secret"]);
+    let enabled = etcd.etcdctl(&["auth", "enable"]);
+    assert!(enabled.contains("Enabled"), "auth enable said {enabled:?}");
+    let url = format!("{}?user=root&password=wrong-secret", etcd.url());
+    let answer = Leasehold::connect(&url).await;
+    assert!(matches!(answer, Err(Error::Config { .. })), "{answer:?}");
+}
+
+struct Certs {
+    _dir: TempDir,
+    ca: Vec<u8>,
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    path: std::path::PathBuf,
+}
+
+fn certs(label: &str) -> Certs {
+    let dir = TempDir::new(label);
+    make_tls_certs(dir.path());
+    let read = |file: &str| std::fs::read(dir.path().join(file)).unwrap();
+    Certs {
+        ca: read("ca.pem"),
+        cert: read("client.pem"),
+        key: read("client.key"),
+        path: dir.path().to_path_buf(),
+        _dir: dir,
+    }
+}
+
+/// With the client certificate the server takes locks; without it, it refuses.
+async fn client_certificate_is_presented(url: &str, certs: &Certs) {
+    let locks = Leasehold::builder(url)
+        .tls_ca(certs.ca.clone())
+        .tls_client_cert(certs.cert.clone(), certs.key.clone())
+        .build()
+        .await
+        .unwrap();
+    let guard = locks.mutex("k").unwrap().lock().await.unwrap();
+    let _ = guard.release().await.unwrap();
+    let without = Leasehold::builder(url)
+        .tls_ca(certs.ca.clone())
+        .build()
+        .await;
+    assert!(without.is_err(), "a client without a certificate got in");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_client_certificates_reach_redis_and_etcd_that_ask_for_them() {
+    let certs = certs("client-certs");
+    let redis = RedisServer::start_tls(&certs.path);
+    client_certificate_is_presented(&redis.tls_url().unwrap(), &certs).await;
+    let etcd = EtcdServer::start_tls_client_auth(&certs.path);
+    client_certificate_is_presented(&etcd.url(), &certs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_from_an_existing_connection_or_channel_take_locks() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let conn = client.get_connection_manager().await.unwrap();
+    let store = RedisStore::from_connection(conn, client).await.unwrap();
+    let locks = Leasehold::new(store);
+    let guard = locks.mutex("k").unwrap().lock().await.unwrap();
+    assert_eq!(locks.describe("k").await.unwrap().holders.len(), 1);
+    let _ = guard.release().await.unwrap();
+
+    let etcd = EtcdServer::start();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", etcd.endpoint()))
+        .unwrap()
+        .connect_lazy();
+    let store = EtcdStore::from_channels(etcd.url(), vec![channel], None)
+        .await
+        .unwrap();
+    let locks = Leasehold::new(store);
+    let guard = locks.mutex("k").unwrap().lock().await.unwrap();
+    assert_eq!(locks.describe("k").await.unwrap().holders.len(), 1);
+    let _ = guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn builder_refuses_settings_out_of_range() {
+    let url = "redis://127.0.0.1:1/0";
+    let option = |answer: leasehold::Result<Leasehold>| match answer {
+        Err(Error::InvalidOption { option, .. }) => option,
+        other => panic!("{other:?}"),
+    };
+    let zero = Duration::ZERO;
+    let hour = Duration::from_secs(3600);
+    assert_eq!(
+        option(Leasehold::builder(url).request_timeout(zero).build().await),
+        "request_timeout"
+    );
+    assert_eq!(
+        option(Leasehold::builder(url).connect_timeout(hour).build().await),
+        "connect_timeout"
+    );
+    assert_eq!(
+        option(
+            Leasehold::builder(url)
+                .ttl(Duration::from_millis(1))
+                .build()
+                .await
+        ),
+        "ttl"
+    );
+    assert_eq!(
+        option(Leasehold::builder(url).key_prefix("a\nb").build().await),
+        "key_prefix"
+    );
+    let long = "p".repeat(leasehold::MAX_KEY_PREFIX_LEN + 1);
+    assert_eq!(
+        option(Leasehold::builder(url).key_prefix(long).build().await),
+        "key_prefix"
+    );
+    let plain = Leasehold::builder(url).tls_ca(b"x".to_vec()).build().await;
+    assert!(
+        matches!(plain, Err(Error::InvalidStore { .. })),
+        "{plain:?}"
+    );
+    // The URL's own options still come from the URL, read in one place.
+    assert!(StoreUrl::parse("redis://127.0.0.1:1/0?timeout=1s").is_err());
+}
