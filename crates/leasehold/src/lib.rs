@@ -77,6 +77,9 @@
 //! [`open_store`] and [`Leasehold::connect`] take a store URL (`local:DIR`,
 //! `redis://...`, `etcd://...`; every form in [`url::URL_FORMS`]), read by [`StoreUrl`],
 //! whose `Display` shows a password as `***`.
+//! [`Leasehold::builder`] configures what a URL does not say: the default TTL, a key
+//! prefix for applications sharing a store, timeouts, TLS client certificates and
+//! waiting for the store to come up (see [`LeaseholdBuilder`]).
 //!
 //! # Release
 //! [`LockGuard::release`] is the way to end a hold. Dropping a guard stops renewal and
