@@ -18,6 +18,14 @@ fn names(states: &[leasehold::LockState]) -> Vec<&str> {
     states.iter().map(|s| s.name.as_str()).collect()
 }
 
+/// `check` against a fresh redis-server, then a fresh etcd.
+async fn on_redis_and_etcd<F: std::future::Future<Output = ()>>(check: impl Fn(String) -> F) {
+    let redis = RedisServer::start();
+    check(redis.url()).await;
+    let etcd = EtcdServer::start();
+    check(etcd.url()).await;
+}
+
 async fn ttl_is_each_locks_lease(url: &str) {
     let ttl = Duration::from_secs(40);
     let locks = Leasehold::builder(url).ttl(ttl).build().await.unwrap();
@@ -40,10 +48,7 @@ async fn ttl_is_each_locks_lease(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn builder_ttl_is_the_default_lease_on_redis_and_etcd() {
-    let redis = RedisServer::start();
-    ttl_is_each_locks_lease(&redis.url()).await;
-    let etcd = EtcdServer::start();
-    ttl_is_each_locks_lease(&etcd.url()).await;
+    on_redis_and_etcd(|url| async move { ttl_is_each_locks_lease(&url).await }).await;
 }
 
 async fn prefixes_keep_applications_apart(url: &str) {
@@ -99,10 +104,7 @@ async fn prefixes_keep_applications_apart(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_prefixes_keep_applications_apart_on_redis_and_etcd() {
-    let redis = RedisServer::start();
-    prefixes_keep_applications_apart(&redis.url()).await;
-    let etcd = EtcdServer::start();
-    prefixes_keep_applications_apart(&etcd.url()).await;
+    on_redis_and_etcd(|url| async move { prefixes_keep_applications_apart(&url).await }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,10 +140,18 @@ async fn request_timeout_is_honoured(
         .unwrap();
     locks.describe("k").await.unwrap();
     pause();
-    let start = Instant::now();
-    let answer = locks.describe("k").await;
-    let took = start.elapsed();
+    unavailable_after(timeout, locks.describe("k")).await;
     resume();
+}
+
+/// `call` fails as unavailable once `timeout` has passed, within [`MARGIN`].
+async fn unavailable_after<T: std::fmt::Debug>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = leasehold::Result<T>>,
+) {
+    let start = Instant::now();
+    let answer = call.await;
+    let took = start.elapsed();
     assert!(
         matches!(answer, Err(Error::Unavailable { .. })),
         "{answer:?}"
@@ -162,14 +172,7 @@ async fn request_timeout_ends_calls_to_a_paused_redis_and_etcd() {
 /// A paused server accepts the connection (the kernel does) and never answers its
 /// handshake: connecting ends at the connect timeout.
 async fn connect_timeout_is_honoured(builder: leasehold::LeaseholdBuilder, timeout: Duration) {
-    let start = Instant::now();
-    let answer = builder.connect_timeout(timeout).build().await;
-    let took = start.elapsed();
-    assert!(
-        matches!(answer, Err(Error::Unavailable { .. })),
-        "{answer:?}"
-    );
-    assert!(took >= timeout && took < timeout + MARGIN, "{took:?}");
+    unavailable_after(timeout, builder.connect_timeout(timeout).build()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,23 +196,20 @@ async fn connect_timeout_ends_connecting_to_a_paused_redis_and_etcd() {
     etcd.resume();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_for_store_connects_once_redis_comes_up() {
-    let port = free_port();
-    let url = format!("redis://127.0.0.1:{port}/0");
-    let refused = Leasehold::builder(&url).build().await;
+/// A client that waits for the store at `url`, which is down (connecting without waiting
+/// fails), connects once `start` has brought it up, and takes a lock.
+async fn waits_until_up<S: Send + 'static>(url: &str, start: impl FnOnce() -> S + Send + 'static) {
+    let refused = Leasehold::builder(url).build().await;
     assert!(
         matches!(refused, Err(Error::Unavailable { .. })),
         "{refused:?}"
     );
     let waiting = tokio::spawn(
-        Leasehold::builder(&url)
+        Leasehold::builder(url)
             .wait_for_store(Duration::from_secs(60))
             .build(),
     );
-    let server = tokio::task::spawn_blocking(move || RedisServer::start_at(port))
-        .await
-        .unwrap();
+    let server = tokio::task::spawn_blocking(start).await.unwrap();
     let locks = within("the client to connect", waiting)
         .await
         .unwrap()
@@ -220,24 +220,17 @@ async fn wait_for_store_connects_once_redis_comes_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_for_store_connects_once_etcd_comes_up() {
+async fn wait_for_store_connects_once_redis_and_etcd_come_up() {
     let port = free_port();
-    let url = format!("etcd://127.0.0.1:{port}");
-    let waiting = tokio::spawn(
-        Leasehold::builder(&url)
-            .wait_for_store(Duration::from_secs(60))
-            .build(),
-    );
-    let server = tokio::task::spawn_blocking(move || EtcdServer::start_at(port))
-        .await
-        .unwrap();
-    let locks = within("the client to connect", waiting)
-        .await
-        .unwrap()
-        .unwrap();
-    let guard = locks.mutex("k").unwrap().lock().await.unwrap();
-    let _ = guard.release().await.unwrap();
-    drop(server);
+    waits_until_up(&format!("redis://127.0.0.1:{port}/0"), move || {
+        RedisServer::start_at(port)
+    })
+    .await;
+    let port = free_port();
+    waits_until_up(&format!("etcd://127.0.0.1:{port}"), move || {
+        EtcdServer::start_at(port)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
