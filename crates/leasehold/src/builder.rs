@@ -176,14 +176,23 @@ async fn open_patiently(
 ) -> Result<Arc<dyn crate::Store>> {
     let deadline = Instant::now() + patience;
     let mut backoff = Duration::from_millis(50);
+    let mut last = None;
     loop {
-        match url.open_with(settings).await {
-            Err(e @ Error::Unavailable { .. }) if Instant::now() + backoff < deadline => {
+        // An attempt is cut off at the deadline too (dropping a connect is harmless).
+        match tokio::time::timeout_at(deadline, url.open_with(settings)).await {
+            Err(_) => {
+                return Err(last.unwrap_or_else(|| Error::Unavailable {
+                    store: url.to_string(),
+                    source: format!("no answer within {}", humanize(patience)).into(),
+                }))
+            }
+            Ok(Err(e @ Error::Unavailable { .. })) if Instant::now() + backoff < deadline => {
                 tracing::debug!(store = %url, error = %e, "store not up yet; trying again");
+                last = Some(e);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
-            answer => return answer,
+            Ok(answer) => return answer,
         }
     }
 }

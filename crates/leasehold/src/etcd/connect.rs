@@ -40,7 +40,7 @@ impl EtcdStore {
 
     /// A store over channels the application made (its own TLS, timeouts, proxies), one
     /// for each member, `shown` naming them in messages; `credentials` for a cluster with
-    /// auth enabled.
+    /// auth enabled (from a URL: [`StoreUrl::credentials`]).
     pub async fn from_channels(
         shown: impl Into<String>,
         channels: Vec<tonic::transport::Channel>,

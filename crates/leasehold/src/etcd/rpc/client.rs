@@ -71,7 +71,7 @@ impl Client {
                 .connect_timeout(settings.connect_timeout.unwrap_or(CALL_TIMEOUT))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(call_timeout)
+                .keep_alive_timeout(CALL_TIMEOUT)
                 .keep_alive_while_idle(true);
             if tls {
                 endpoint = endpoint
@@ -211,7 +211,7 @@ impl Client {
             let index = (start + i) % self.members.len();
             let member = &self.members[index];
             let limit = match tighter {
-                Some(limit) if i + 1 < self.members.len() => limit,
+                Some(limit) if i + 1 < self.members.len() => limit.min(self.call_timeout),
                 _ => self.call_timeout,
             };
             let bounded = || async {
