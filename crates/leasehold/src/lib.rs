@@ -110,6 +110,7 @@ mod guard;
 mod keepalive;
 mod lock;
 mod memory;
+mod metrics;
 mod name;
 mod options;
 mod rate;
