@@ -103,6 +103,7 @@
 
 #![warn(missing_docs)]
 
+pub mod blocking;
 mod error;
 mod fence;
 mod gate;
