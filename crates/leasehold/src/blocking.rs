@@ -56,6 +56,28 @@ const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(1);
 
 /// A store plus this process's identity, with a runtime of its own: makes blocking lock
 /// handles. Cheap to clone; clones share the runtime.
+///
+/// ```
+/// # #[cfg(feature = "local")]
+/// # fn main() -> leasehold::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// use leasehold::blocking::Leasehold;
+/// use leasehold::LocalStore;
+///
+/// // The processes of this host, from plain threads.
+/// let locks = Leasehold::new(LocalStore::open(dir.path())?)?;
+/// let backup = locks.mutex("backup")?;
+/// let guard = backup.lock()?;
+/// let other = std::thread::spawn({
+///     let backup = backup.clone();
+///     move || backup.try_lock().map(|guard| guard.is_none())
+/// });
+/// assert!(other.join().unwrap()?, "held by the first thread");
+/// drop(guard); // released on the client's runtime
+/// # Ok(()) }
+/// # #[cfg(not(feature = "local"))]
+/// # fn main() {}
+/// ```
 #[derive(Clone, Debug)]
 pub struct Leasehold {
     client: Arc<Client>,
