@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::blocking::{Leasehold, LockGuard};
+use crate::blocking::{Leasehold, Lock, LockGuard};
 use crate::conformance::{unique, PATIENCE};
 use crate::{Released, Store};
 
@@ -18,9 +18,24 @@ fn client(store: &Arc<dyn Store>) -> Leasehold {
     Leasehold::from_store(store.clone()).unwrap()
 }
 
+/// The lock `lock` names, taken at once; failing the case with `what` if it is busy.
+fn taken(what: &str, lock: crate::Result<Lock>) -> LockGuard {
+    got(what, lock.unwrap().try_lock().unwrap())
+}
+
 /// `guard`, failing the case with `what` if there is none.
 fn got(what: &str, guard: Option<LockGuard>) -> LockGuard {
     guard.unwrap_or_else(|| panic!("no lock for {what}"))
+}
+
+/// Releases `holders` while `waiter` waits for the lock in a thread of its own: the
+/// guard it gets, failing the case with `what` if none.
+fn freed_for(what: &str, waiter: Lock, holders: Vec<LockGuard>) -> LockGuard {
+    let waiting = thread::spawn(move || waiter.try_lock_for(PATIENCE).unwrap());
+    for holder in holders {
+        assert_eq!(holder.release().unwrap(), Released::Released);
+    }
+    got(what, waiting.join().unwrap())
 }
 
 /// Threads of two clients (as two processes would be) take turns under one mutex: no
@@ -64,22 +79,14 @@ pub fn blocking_exclusion_across_threads(store: Arc<dyn Store>) {
 pub fn blocking_try_and_bounded_wait(store: Arc<dyn Store>) {
     let (a, b) = (client(&store), client(&store));
     let name = unique("blocking-waits");
-    let held = got(
-        "the holder",
-        a.mutex(name.as_str()).unwrap().try_lock().unwrap(),
-    );
+    let held = taken("the holder", a.mutex(name.as_str()));
     let lock = b.mutex(name.as_str()).unwrap();
     assert!(lock.try_lock().unwrap().is_none());
     let started = Instant::now();
     let wait = Duration::from_millis(200);
     assert!(lock.try_lock_for(wait).unwrap().is_none());
     assert!(started.elapsed() >= wait, "gave up before its wait");
-    let waiter = thread::spawn(move || lock.try_lock_for(PATIENCE).unwrap().is_some());
-    assert_eq!(held.release().unwrap(), Released::Released);
-    assert!(
-        waiter.join().unwrap(),
-        "the bounded wait did not get the freed lock"
-    );
+    let _next = freed_for("the bounded wait", lock, vec![held]);
 }
 
 /// At most N permit holders; a freed permit goes to a waiter.
@@ -93,13 +100,7 @@ pub fn blocking_semaphore_limit(store: Arc<dyn Store>) {
         permit().try_lock().unwrap().is_none(),
         "a third permit of 2"
     );
-    let third = permit();
-    let waiter = thread::spawn(move || third.try_lock_for(PATIENCE).unwrap().is_some());
-    assert_eq!(first.release().unwrap(), Released::Released);
-    assert!(
-        waiter.join().unwrap(),
-        "the freed permit did not reach the waiter"
-    );
+    let _third = freed_for("the freed permit", permit(), vec![first]);
 }
 
 /// Readers hold together and keep a writer out; the writer gets the lock once they are
@@ -107,23 +108,14 @@ pub fn blocking_semaphore_limit(store: Arc<dyn Store>) {
 pub fn blocking_rwlock_readers_and_writer(store: Arc<dyn Store>) {
     let (a, b) = (client(&store), client(&store));
     let name = unique("blocking-rwlock");
-    let r1 = got(
-        "reader 1",
-        a.read(name.as_str()).unwrap().try_lock().unwrap(),
-    );
-    let r2 = got(
-        "reader 2",
-        b.read(name.as_str()).unwrap().try_lock().unwrap(),
-    );
+    let r1 = taken("reader 1", a.read(name.as_str()));
+    let r2 = taken("reader 2", b.read(name.as_str()));
     let writer = b.write(name.as_str()).unwrap();
     assert!(
         writer.try_lock().unwrap().is_none(),
         "a writer beside readers"
     );
-    let waiting = thread::spawn(move || writer.try_lock_for(PATIENCE).unwrap());
-    assert_eq!(r1.release().unwrap(), Released::Released);
-    assert_eq!(r2.release().unwrap(), Released::Released);
-    let w = got("the writer", waiting.join().unwrap());
+    let w = freed_for("the writer", writer, vec![r1, r2]);
     let reader = a.read(name.as_str()).unwrap();
     assert!(
         reader.try_lock().unwrap().is_none(),
