@@ -178,3 +178,40 @@ fn store_kind(store: &dyn Store) -> String {
     let end = shown.find([':', '(']).unwrap_or(shown.len());
     shown[..end].to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The crate docs' table and the README's name every metric recorded here.
+    #[test]
+    fn every_metric_is_in_the_docs_tables() {
+        let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+        let readme = std::fs::read_to_string(readme).unwrap();
+        let docs = [
+            ("the crate docs", include_str!("lib.rs")),
+            ("the README", readme.as_str()),
+        ];
+        let names = [
+            ACQUISITIONS,
+            LOSSES,
+            RENEWALS,
+            RELEASES,
+            FORCE_RELEASES,
+            WAIT_SECONDS,
+            HOLD_SECONDS,
+            RENEWAL_SECONDS,
+            STORE_CALL_SECONDS,
+            HELD,
+            WAITING,
+        ];
+        for (where_, text) in docs {
+            for name in names {
+                assert!(
+                    text.contains(&format!("| `{name}` |")),
+                    "{name} not in {where_}"
+                );
+            }
+        }
+    }
+}
