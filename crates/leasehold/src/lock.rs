@@ -47,6 +47,8 @@ pub struct Leasehold {
     renewals: Arc<Renewals>,
     /// Releases and undos running in the background, for [`Leasehold::shutdown`].
     tasks: TaskTracker,
+    /// The labels of this store's metrics.
+    meter: Meter,
     /// Whether metrics carry the lock name ([`Leasehold::with_lock_name_metrics`]).
     lock_name_metrics: bool,
 }
@@ -68,6 +70,7 @@ impl Leasehold {
     /// Locks on a shared store.
     pub fn from_store(store: Arc<dyn Store>) -> Self {
         Leasehold {
+            meter: Meter::new(store.as_ref()),
             store,
             requester: Arc::new(Requester::this_process()),
             gates: Arc::default(),
@@ -127,11 +130,7 @@ impl Leasehold {
             gates: self.gates.clone(),
             renewals: self.renewals.clone(),
             tasks: self.tasks.clone(),
-            meter: Meter::new(
-                self.store.as_ref(),
-                Some(kind),
-                self.lock_name_metrics.then_some(&name),
-            ),
+            meter: (self.meter).of(Some(kind), self.lock_name_metrics.then_some(&name)),
             name,
             kind,
             ttl: DEFAULT_TTL,
@@ -214,11 +213,7 @@ impl Leasehold {
     /// it was held.
     pub async fn force_release<N: IntoLockName>(&self, name: N) -> Result<bool> {
         let name = name.into_lock_name()?;
-        let meter = Meter::new(
-            self.store.as_ref(),
-            None,
-            self.lock_name_metrics.then_some(&name),
-        );
+        let meter = (self.meter).of(None, self.lock_name_metrics.then_some(&name));
         let held = meter
             .store_call("force_release", self.store.force_release(&name))
             .await?;

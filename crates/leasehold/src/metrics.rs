@@ -33,8 +33,16 @@ pub(crate) struct Meter {
 }
 
 impl Meter {
-    pub fn new(store: &dyn Store, kind: Option<LockKind>, name: Option<&LockName>) -> Self {
-        let mut labels = vec![Label::new("store", store_kind(store))];
+    /// The labels of everything done on `store`.
+    pub fn new(store: &dyn Store) -> Self {
+        Meter {
+            labels: [Label::new("store", store_kind(store))].into(),
+        }
+    }
+
+    /// These labels plus a lock's `kind`, if any, and its `name`, if given.
+    pub fn of(&self, kind: Option<LockKind>, name: Option<&LockName>) -> Self {
+        let mut labels = self.labels.to_vec();
         if let Some(kind) = kind {
             labels.push(Label::new("kind", kind.word()));
         }
