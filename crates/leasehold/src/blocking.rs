@@ -141,12 +141,7 @@ impl Leasehold {
 
     /// Locks on a shared store, with a runtime of their own.
     pub fn from_store(store: Arc<dyn Store>) -> Result<Self> {
-        let runtime = runtime()?;
-        let locks = {
-            let _in = runtime.enter();
-            crate::Leasehold::from_store(store)
-        };
-        Ok(Self::with(locks, runtime))
+        Ok(Self::with(crate::Leasehold::from_store(store), runtime()?))
     }
 
     /// Opens the store a URL names (see [`open_store`](crate::open_store)).

@@ -169,15 +169,15 @@ impl Lifeline {
         let sent = Instant::now();
         let outcome = match tokio::time::timeout(budget, self.renew(ttl)).await {
             Ok(outcome) => outcome,
-            Err(_) => Err({
+            Err(_) => {
                 // `renew` was cut short before it could count its attempt.
                 self.meter.renewed(false, sent);
-                crate::Error::Unavailable {
+                Err(crate::Error::Unavailable {
                     store: self.store.describe_store(),
                     source: format!("no answer to a renewal within {}", crate::humanize(budget))
                         .into(),
-                }
-            }),
+                })
+            }
         };
         match outcome {
             Ok(Renewal::Renewed) => {
