@@ -1350,7 +1350,8 @@ fn run_serves_metrics_while_held_and_after_a_loss() {
     let port = leasehold_testkit::free_port();
     let addr = format!("127.0.0.1:{port}");
     // The command stays after the loss (it ignores the SIGTERM until told), so the
-    // metrics can be read then.
+    // metrics can be read then. A long TTL: no renewal can see the loss before the
+    // store's watch does.
     let mut run = cli.spawn(
         "run",
         &[
@@ -1358,7 +1359,7 @@ fn run_serves_metrics_while_held_and_after_a_loss() {
             "--metrics",
             &addr,
             "--ttl",
-            "3s",
+            "60s",
             "--grace",
             "60s",
             "k",

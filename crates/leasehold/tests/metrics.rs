@@ -98,7 +98,7 @@ async fn every_metric_moves(seen: &mut Seen, locks: Leasehold, other: Leasehold,
     // A waiter that stays, counted while it waits (with an owner id of its own, so it
     // waits in the store rather than behind the holder in this process).
     let waiter = {
-        let lock = lock.clone().with_owner("waiter");
+        let lock = (lock.clone().with_owner("waiter")).with_ttl(Duration::from_secs(60));
         tokio::spawn(async move { lock.lock().await })
     };
     let waiting = key("leasehold_waiting", "");
@@ -118,17 +118,12 @@ async fn every_metric_moves(seen: &mut Seen, locks: Leasehold, other: Leasehold,
     assert!(seen.get(&key("leasehold_renewal_seconds", "")) >= 1.0);
     assert!(seen.get(&key("leasehold_store_call_seconds", "call=renew")) >= 1.0);
 
-    // Loss: force-released by another client, seen through the store's watch (the next
-    // renewal is a second away).
-    let signal = guard.lost_signal();
-    assert!(other.force_release(name).await.unwrap());
-    within("the loss", signal.lost()).await;
+    // Released; the waiter gets the lock.
+    assert_eq!(guard.release().await.unwrap(), Released::Released);
     assert_eq!(
-        seen.get(&key("leasehold_losses_total", "reason=force_released")),
+        seen.get(&key("leasehold_releases_total", "outcome=ok")),
         1.0
     );
-
-    // The waiter gets the lock; both guards end.
     let next = within("the waiter's lock", waiter).await.unwrap().unwrap();
     assert_eq!(
         seen.get(&key("leasehold_acquisitions_total", "outcome=acquired")),
@@ -136,14 +131,19 @@ async fn every_metric_moves(seen: &mut Seen, locks: Leasehold, other: Leasehold,
     );
     assert_eq!(seen.get(&waiting), 0.0);
     assert_eq!(seen.get(&key("leasehold_wait_seconds", "")), 2.0);
-    assert_eq!(guard.release().await.unwrap(), Released::NotHeld);
+
+    // Loss: force-released by another client, seen through the store's watch (the
+    // waiter's first renewal is 20 s away, so it cannot see the loss first).
+    let signal = next.lost_signal();
+    assert!(other.force_release(name).await.unwrap());
+    within("the loss", signal.lost()).await;
     assert_eq!(
-        seen.get(&key("leasehold_releases_total", "outcome=not_held")),
+        seen.get(&key("leasehold_losses_total", "reason=force_released")),
         1.0
     );
-    assert_eq!(next.release().await.unwrap(), Released::Released);
+    assert_eq!(next.release().await.unwrap(), Released::NotHeld);
     assert_eq!(
-        seen.get(&key("leasehold_releases_total", "outcome=ok")),
+        seen.get(&key("leasehold_releases_total", "outcome=not_held")),
         1.0
     );
     assert_eq!(seen.get(&key("leasehold_hold_seconds", "")), 2.0);
