@@ -80,6 +80,11 @@ pub struct LockArgs {
     /// LEASEHOLD_OWNER when not inside a run, else random]
     #[arg(long, value_name = "ID")]
     pub owner: Option<String>,
+
+    /// Serve the library's metrics as Prometheus text over HTTP on ADDR (e.g.
+    /// 127.0.0.1:9185) while it runs: acquisitions, waits, renewals, losses, releases
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// The locks that enclosing `leasehold run`s hold for the command, one `NAME\tOWNER`

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod exit;
 mod inspect;
 mod limit;
+mod metrics;
 mod progress;
 mod run;
 pub mod torture;
@@ -275,8 +276,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
         .or(from_env.as_deref())
         .filter(|url| !url.trim().is_empty());
     match cli.command {
-        Command::Run(args) => run::run(store, args).await,
-        Command::Hold(args) => run::hold(store, args).await,
+        Command::Run(args) => {
+            metrics::serve(args.lock.metrics)?;
+            run::run(store, args).await
+        }
+        Command::Hold(args) => {
+            metrics::serve(args.lock.metrics)?;
+            run::hold(store, args).await
+        }
         Command::Status(args) => inspect::status(store, args).await,
         Command::List(args) => inspect::list(store, args).await,
         Command::Release(args) => inspect::release(store, args).await,

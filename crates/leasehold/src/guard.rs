@@ -9,6 +9,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::gate::Turn;
 use crate::keepalive::{Lifeline, Renewals, Status};
+use crate::metrics::Holding;
 use crate::options::{check_ttl, humanize};
 use crate::store::{Lease, LockKind, Released, Renewal, Store};
 use crate::{Error, FencingToken, LockName, Result};
@@ -73,6 +74,8 @@ struct Held {
     turn: Option<Turn>,
     /// Where the release runs when the guard is dropped (see `Leasehold::shutdown`).
     tasks: TaskTracker,
+    /// The `held` gauge and the hold time, until the hold ends.
+    _holding: Holding,
 }
 
 impl LockGuard {
@@ -87,6 +90,7 @@ impl LockGuard {
     ) -> Self {
         let status = line.status.subscribe();
         renewals.add(&line);
+        let holding = line.meter.holding();
         LockGuard {
             held: Some(Held {
                 line,
@@ -98,6 +102,7 @@ impl LockGuard {
                 acquired: Instant::now(),
                 turn: None,
                 tasks: tasks.clone(),
+                _holding: holding,
             }),
         }
     }
@@ -402,10 +407,14 @@ impl Drop for LockGuard {
 /// next task in one store step), else by a plain store release.
 async fn release(line: Arc<Lifeline>, turn: Option<Turn>, tasks: &TaskTracker) -> Result<Released> {
     let ttl = line.status.borrow().ttl;
-    let released = match turn {
-        Some(turn) => turn.release(line.store.as_ref(), &line.lease).await,
-        None => line.store.release(&line.lease).await,
+    let released = async {
+        match turn {
+            Some(turn) => turn.release(line.store.as_ref(), &line.lease).await,
+            None => line.store.release(&line.lease).await,
+        }
     };
+    let released = line.meter.store_call("release", released).await;
+    line.meter.released(&released);
     again_on_trouble(&released, &line.store, &line.lease, ttl, tasks);
     released
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Mutex};
 use tokio::time::{sleep_until, timeout_at, Instant};
 
+use crate::metrics::{Loss, Meter};
 use crate::store::{Lease, Renewal, Store};
 use crate::Locked;
 use crate::Result;
@@ -47,6 +48,7 @@ pub(crate) struct Lifeline {
     pub store: Arc<dyn Store>,
     pub lease: Lease,
     pub status: watch::Sender<Status>,
+    pub meter: Meter,
     /// One renewal in flight at a time, so an older answer cannot overwrite a newer one.
     renewing: Mutex<()>,
     /// Released, leaked or dropped: renew no more.
@@ -65,6 +67,7 @@ impl Lifeline {
         sent: Instant,
         ttl: Duration,
         granted: Duration,
+        meter: Meter,
     ) -> Arc<Self> {
         let (status, _) = watch::channel(Status {
             valid_until: safe_deadline(sent, granted.min(ttl)),
@@ -77,17 +80,19 @@ impl Lifeline {
             store,
             lease,
             status,
+            meter,
             renewing: Mutex::new(()),
             closed: AtomicBool::new(false),
             ended_watch: std::sync::Mutex::new(None),
         })
     }
 
-    pub fn mark_lost(&self, reason: &str) {
+    pub fn mark_lost(&self, why: Loss, reason: &str) {
         self.status.send_if_modified(|s| {
             if s.lost.is_some() {
                 return false;
             }
+            self.meter.lost(why);
             // Debug, not warn: the guard's owner hears of it from `lost()`, `check()` and
             // `release()`, and says it in its own words (the CLI does); the failing
             // renewals that can lead here are warned of as they happen.
@@ -104,12 +109,24 @@ impl Lifeline {
         let current = self.status.borrow().clone();
         let sent = Instant::now();
         if current.is_lost(sent) {
-            self.mark_lost("the safe deadline passed before the lease was renewed");
+            self.mark_lost(
+                Loss::RenewalFailed,
+                "the safe deadline passed before the lease was renewed",
+            );
             return Ok(Renewal::Lost);
         }
-        match timeout_at(current.valid_until, self.store.renew(&self.lease, ttl)).await {
+        let renewal = self
+            .meter
+            .store_call("renew", self.store.renew(&self.lease, ttl));
+        let outcome = timeout_at(current.valid_until, renewal).await;
+        self.meter
+            .renewed(matches!(outcome, Ok(Ok(Renewal::Renewed))), sent);
+        match outcome {
             Err(_) => {
-                self.mark_lost("no renewal was confirmed before the safe deadline");
+                self.mark_lost(
+                    Loss::RenewalFailed,
+                    "no renewal was confirmed before the safe deadline",
+                );
                 Ok(Renewal::Lost)
             }
             Ok(Ok(Renewal::Renewed)) => {
@@ -126,6 +143,7 @@ impl Lifeline {
             }
             Ok(Ok(Renewal::Lost)) => {
                 self.mark_lost(
+                    Loss::Gone,
                     "the store no longer has the lease (it expired or was force-released)",
                 );
                 Ok(Renewal::Lost)
@@ -148,12 +166,18 @@ impl Lifeline {
         // so a store that hangs is noticed (and retried) well before the safe deadline.
         let budget = (valid_until.saturating_duration_since(Instant::now()) / 3)
             .max(Duration::from_millis(50));
+        let sent = Instant::now();
         let outcome = match tokio::time::timeout(budget, self.renew(ttl)).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(crate::Error::Unavailable {
-                store: self.store.describe_store(),
-                source: format!("no answer to a renewal within {}", crate::humanize(budget)).into(),
-            }),
+            Err(_) => {
+                // `renew` was cut short before it could count its attempt.
+                self.meter.renewed(false, sent);
+                Err(crate::Error::Unavailable {
+                    store: self.store.describe_store(),
+                    source: format!("no answer to a renewal within {}", crate::humanize(budget))
+                        .into(),
+                })
+            }
         };
         match outcome {
             Ok(Renewal::Renewed) => {
@@ -198,6 +222,7 @@ impl Lifeline {
                 if store.ended(&lease).await.is_ok() {
                     if let Some(line) = line.upgrade() {
                         line.mark_lost(
+                            Loss::ForceReleased,
                             "the store no longer has the lease (it was force-released or ended)",
                         );
                     }

@@ -92,6 +92,32 @@
 //! the runtime. A process that dies without that chance holds up a fair queue for at
 //! most its waiter lease ([`store::waiter_lease`], at most 5 s), and a lock for its TTL.
 //!
+//! # Metrics
+//! Through the [`metrics`](https://docs.rs/metrics) facade: install any recorder (a
+//! Prometheus exporter, StatsD, ...) to collect them; with none installed each costs
+//! building its few labels and a no-op call. Every metric has the labels `store` (the
+//! store's scheme: `memory`, `local`, `redis`, `etcd`...) and `kind` (`exclusive`,
+//! `shared`, `permit`; not on force releases), plus `lock` (the lock name) when
+//! [`Leasehold::with_lock_name_metrics`] turns it on: off by default, as every name
+//! then makes series of its own.
+//!
+//! | name | type | extra label | what |
+//! |---|---|---|---|
+//! | `leasehold_acquisitions_total` | counter | `outcome`: `acquired`, `timed_out` (a wait ran out), `refused` (busy for `try_lock`, or refused by the lock rules), `error` | acquires that ended |
+//! | `leasehold_losses_total` | counter | `reason`: `renewal_failed` (no renewal confirmed by the safe deadline), `gone` (a renewal found the lease gone), `force_released` (the store's watch saw the hold taken away) | guards that learned their lock was lost |
+//! | `leasehold_renewals_total` | counter | `outcome`: `ok`, `failed` | renewals sent (background and [`LockGuard::extend`]) |
+//! | `leasehold_releases_total` | counter | `outcome`: `ok`, `not_held` (the lease had ended), `resent` (store trouble: sent again in the background), `error` | guard releases, explicit or on drop |
+//! | `leasehold_force_releases_total` | counter | | [`Leasehold::force_release`] calls that reached the store |
+//! | `leasehold_wait_seconds` | histogram | | from the call to the grant, for acquires that got the lock |
+//! | `leasehold_hold_seconds` | histogram | | from the grant to the guard's end (release, drop, leak) |
+//! | `leasehold_renewal_seconds` | histogram | | one renewal, sent to answered |
+//! | `leasehold_store_call_seconds` | histogram | `call`: `acquire`, `renew`, `release`, `force_release` | one store call, as the core saw it |
+//! | `leasehold_held` | gauge | | guards alive |
+//! | `leasehold_waiting` | gauge | | acquires waiting: told busy by the store, or queued behind another task of this process |
+//!
+//! # Blocking API
+//! [`blocking`] has the same locks for synchronous code, on a runtime of its own.
+//!
 //! # Features
 //! - `local` (default): the local store (Linux).
 //! - `redis`: the Redis store, one server or a Cluster (TLS with rustls).
@@ -106,6 +132,7 @@
 
 #![warn(missing_docs)]
 
+pub mod blocking;
 mod builder;
 mod error;
 mod fence;
@@ -114,6 +141,7 @@ mod guard;
 mod keepalive;
 mod lock;
 mod memory;
+mod metrics;
 mod name;
 mod options;
 mod rate;

@@ -13,6 +13,7 @@ use tracing::Instrument;
 use crate::gate::{Gates, Until};
 use crate::guard::{release_or_again, LockGuard};
 use crate::keepalive::{jitter, safe_deadline, Lifeline, Renewals};
+use crate::metrics::Meter;
 use crate::options::{check_owner, check_permits, check_ttl, waiter_lease, DEFAULT_TTL};
 use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Renewal, Requester,
@@ -52,6 +53,10 @@ pub struct Leasehold {
     /// key layout: every store (and a store of one's own) gets it alike, and a store sees
     /// only names, so its `describe`, `list`, queues and wake-ups need no change.
     prefix: Option<Arc<str>>,
+    /// The labels of this store's metrics.
+    meter: Meter,
+    /// Whether metrics carry the lock name ([`Leasehold::with_lock_name_metrics`]).
+    lock_name_metrics: bool,
 }
 
 impl fmt::Debug for Leasehold {
@@ -71,6 +76,7 @@ impl Leasehold {
     /// Locks on a shared store.
     pub fn from_store(store: Arc<dyn Store>) -> Self {
         Leasehold {
+            meter: Meter::new(store.as_ref()),
             store,
             requester: Arc::new(Requester::this_process()),
             gates: Arc::default(),
@@ -78,6 +84,7 @@ impl Leasehold {
             tasks: TaskTracker::new(),
             ttl: DEFAULT_TTL,
             prefix: None,
+            lock_name_metrics: false,
         }
     }
 
@@ -88,6 +95,14 @@ impl Leasehold {
             prefix,
             ..self
         }
+    }
+
+    /// Labels every metric of this `Leasehold`'s locks with the lock name (`lock`) too.
+    /// Off by default: each name is a series of its own in every metric, too many where
+    /// names are made per job, user or request. The crate docs list the metrics.
+    pub fn with_lock_name_metrics(mut self, on: bool) -> Self {
+        self.lock_name_metrics = on;
+        self
     }
 
     /// Opens the store a URL names (see [`open_store`](crate::open_store)), with the
@@ -156,6 +171,7 @@ impl Leasehold {
             gates: self.gates.clone(),
             renewals: self.renewals.clone(),
             tasks: self.tasks.clone(),
+            meter: (self.meter).of(Some(kind), self.lock_name_metrics.then_some(&name)),
             name,
             kind,
             ttl: self.ttl,
@@ -246,7 +262,11 @@ impl Leasehold {
     /// it was held.
     pub async fn force_release<N: IntoLockName>(&self, name: N) -> Result<bool> {
         let name = self.stored(name.into_lock_name()?)?;
-        let held = self.store.force_release(&name).await?;
+        let meter = (self.meter).of(None, self.lock_name_metrics.then_some(&name));
+        let held = meter
+            .store_call("force_release", self.store.force_release(&name))
+            .await?;
+        meter.force_released();
         tracing::debug!(lock = %name, held, "force-released");
         Ok(held)
     }
@@ -268,6 +288,7 @@ pub struct Lock {
     fair: bool,
     owner: Option<String>,
     on_wait: Option<OnWait>,
+    meter: Meter,
 }
 
 impl fmt::Debug for Lock {
@@ -397,7 +418,8 @@ impl Lock {
     async fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let mut req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::debug_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
-        async {
+        let started = Instant::now();
+        let acquired = async {
             let gated = self.kind == LockKind::Exclusive
                 && self.owner.is_none()
                 && (!self.fair || self.store.capabilities().queues_by_wait);
@@ -411,10 +433,10 @@ impl Lock {
                 };
                 let undo = Pending::new(self.store.clone(), &req, &self.tasks);
                 let arrived = Instant::now();
+                let gate = self.gates.gate(&self.name, self.fair);
                 match self
-                    .gates
-                    .gate(&self.name, self.fair)
-                    .enter(&req, until, undo)
+                    .meter
+                    .waiting_while(gate.enter(&req, until, undo))
                     .await
                 {
                     None => return Ok(None),
@@ -437,14 +459,24 @@ impl Lock {
             Ok(guard.map(|g| g.with_turn(turn)))
         }
         .instrument(span)
-        .await
+        .await;
+        let could_wait = !matches!(wait, Wait::No);
+        self.meter.acquired(&acquired, could_wait, started);
+        acquired
     }
 
     /// The guard of a granted acquisition whose request was sent at `sent`.
     fn guard(&self, req: &AcquireRequest, grant: Grant, sent: Instant) -> LockGuard {
         tracing::debug!(token = grant.token.0, holds = grant.holds, "acquired");
         let granted = grant.lease.unwrap_or(req.ttl);
-        let line = Lifeline::new(self.store.clone(), req.lease(), sent, req.ttl, granted);
+        let line = Lifeline::new(
+            self.store.clone(),
+            req.lease(),
+            sent,
+            req.ttl,
+            granted,
+            self.meter.clone(),
+        );
         LockGuard::start(
             line,
             &self.renewals,
@@ -473,7 +505,9 @@ impl Lock {
         }
         let resent = Instant::now();
         let lease = req.lease();
-        let renewal = self.store.renew(&lease, req.ttl);
+        let renewal = self
+            .meter
+            .store_call("renew", self.store.renew(&lease, req.ttl));
         match self
             .bounded(renewal, bound, "confirming a late grant", resent)
             .await?
@@ -545,12 +579,13 @@ impl Lock {
             started: Instant::now(),
             answered: false,
             backoff: FIRST_BACKOFF,
+            waiting: None,
         };
         loop {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
             let sent = Instant::now();
-            let attempt = self.store.acquire(&req);
+            let attempt = self.meter.store_call("acquire", self.store.acquire(&req));
             let step = match self
                 .bounded(attempt, progress.bound, "an attempt", sent)
                 .await
@@ -634,6 +669,9 @@ impl Lock {
             Wait::Until(deadline) => Some(deadline),
             Wait::Forever => None,
         };
+        if progress.waiting.is_none() {
+            progress.waiting = Some(self.meter.waiting());
+        }
         if let Some(on_wait) = &self.on_wait {
             on_wait(&busy);
         }
@@ -735,6 +773,8 @@ struct Progress {
     answered: bool,
     /// How long to wait before asking again after store trouble.
     backoff: Duration,
+    /// Counts this acquire as waiting once the store said busy.
+    waiting: Option<crate::metrics::Waiting>,
 }
 
 /// The first backoff after store trouble while waiting (it doubles, up to a second).

@@ -20,6 +20,11 @@ pub mod rate;
 mod cases;
 mod partition;
 
+pub use cases::blocking::{
+    blocking_drop_releases, blocking_exclusion_across_threads, blocking_inside_an_async_runtime,
+    blocking_rwlock_readers_and_writer, blocking_semaphore_limit, blocking_tokens_increase,
+    blocking_try_and_bounded_wait,
+};
 pub use cases::exclusion::{
     bad_input_rejected, drop_releases, mutual_exclusion, tokens_and_reentry, try_and_bounded_waits,
 };

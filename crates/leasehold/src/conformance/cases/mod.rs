@@ -1,5 +1,6 @@
 //! The conformance cases, a room per concern; [`super`] re-exports them.
 
+pub(super) mod blocking;
 pub(super) mod exclusion;
 pub(super) mod leases;
 pub(super) mod primitives;
