@@ -27,6 +27,8 @@ use tokio::sync::watch;
 
 use crate::exit::{Failure, INTERNAL, USAGE};
 
+mod scale;
+
 /// Flags of `leasehold bench` (the lockbench.v1 driver contract plus `--store`, `--fair`).
 ///
 /// Durations are read as `run`'s are: `500ms`, `15s`, `1m30s`, or a bare number of
@@ -37,8 +39,9 @@ pub struct BenchArgs {
     /// workers contend for ONE key for a fixed time; W3: K workers, a key each (no
     /// contention). Rate limiter (ratebench.v1): R1: K workers ask for 1 unit of ONE key
     /// as fast as they can; R2: a key each, a limit that allows ~all; R3: K workers wait
-    /// for 1 unit (budget --wait); R4: a trickle plus pulses of hammering on ONE key
-    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4")]
+    /// for 1 unit (budget --wait); R4: a trickle plus pulses of hammering on ONE key.
+    /// Many waiters: S1: --names locks, each held while --waiters tasks per name wait
+    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4|S1")]
     pub workload: String,
 
     /// Workers (tokio tasks, one lock handle each) [default: 8; W1 always uses 1]
@@ -70,6 +73,14 @@ pub struct BenchArgs {
     /// R1-R4: the limiter's burst [default: 100; R2: 1000000; R4: 10]
     #[arg(long, value_name = "B")]
     pub burst: Option<u64>,
+
+    /// S1: lock names, each held by one task while its waiters queue
+    #[arg(long, value_name = "N", default_value_t = 1_000)]
+    pub names: usize,
+
+    /// S1: waiting tasks per name
+    #[arg(long, value_name = "W", default_value_t = 10)]
+    pub waiters: usize,
 
     /// Lease TTL (100ms to 24h; a bare number is seconds)
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::parse_duration, allow_hyphen_values = true)]
@@ -125,7 +136,7 @@ impl Workload {
             "W2" => Ok(Workload::W2),
             "W3" => Ok(Workload::W3),
             _ => Err(usage(format!(
-                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each), or a rate limiter's R1, R2, R3 or R4"
+                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each), a rate limiter's R1, R2, R3 or R4, or S1 (many waiters)"
             ))),
         }
     }
@@ -758,6 +769,9 @@ pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Fai
     if crate::ratebench::is_rate_workload(&args.workload) {
         return crate::ratebench::bench(&store_url(store, &args)?, &args).await;
     }
+    if scale::is_scale_workload(&args.workload) {
+        return scale::bench(&store_url(store, &args)?, &args).await;
+    }
     let mut plan = Plan::new(&args)?;
     let url = store_url(store, &args)?;
     let backend = url.scheme().backend();
@@ -825,6 +839,8 @@ mod tests {
             wait: None,
             rate: None,
             burst: None,
+            names: 1_000,
+            waiters: 10,
             ttl: Duration::from_secs(30),
             key_prefix: "lockbench".into(),
             redis_url: None,
