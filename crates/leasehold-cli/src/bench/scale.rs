@@ -30,6 +30,8 @@ const MAX_WAITERS: usize = 100_000;
 /// How long the queued count may stay still before the waiters count as settled: gated
 /// waiters (in-process queues) never reach the store, so no callback says they wait.
 const SETTLED: Duration = Duration::from_millis(500);
+/// How long the store may take to drop what the client leaves when it is dropped.
+const LEFT_PATIENCE: Duration = Duration::from_secs(5);
 /// Holders acquired at once.
 const HOLDER_BATCH: usize = 100;
 
@@ -83,7 +85,11 @@ fn connections() -> usize {
         .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
         .filter_map(|link| {
             let link = link.to_string_lossy().into_owned();
-            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+            Some(
+                link.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
         })
         .collect();
     ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
@@ -110,7 +116,10 @@ fn per(before: Option<u64>, after: Option<u64>, items: usize) -> Option<u64> {
 
 /// Output lines of a command, or `None` if it cannot run or fails.
 fn lines_of(program: &str, args: &[&str]) -> Option<Vec<String>> {
-    let out = std::process::Command::new(program).args(args).output().ok()?;
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()?;
     out.status.success().then(|| {
         String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -128,8 +137,9 @@ fn left_in_store(url: &StoreUrl, prefix: &str) -> (Option<usize>, Option<usize>)
     match url.scheme().backend() {
         "etcd" => {
             let endpoints = format!("--endpoints={host}:{port}");
+            // "found N leases", then their ids.
             let leases = lines_of("etcdctl", &[&endpoints, "lease", "list"])
-                .map(|l| l.iter().filter(|l| l.contains("id:")).count());
+                .map(|l| l.iter().skip(1).filter(|l| !l.is_empty()).count());
             let keys = lines_of(
                 "etcdctl",
                 &[&endpoints, "get", "--prefix", "leasehold", "--keys-only"],
@@ -273,7 +283,18 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
     // Undo of cancelled waiters, then what the store still has.
     let _ = locks.shutdown(Duration::from_secs(30)).await;
     let left_locks = locks.list(&run).await.ok().map(|l| l.len());
-    let (left_leases, left_keys) = left_in_store(url, &run);
+    // The client gone, what it kept for reuse goes too (etcd's spare leases, revoked in
+    // the background): look until nothing is left, or for a few seconds.
+    drop(locks);
+    let look_until = Instant::now() + LEFT_PATIENCE;
+    let (left_leases, left_keys) = loop {
+        let (leases, keys) = left_in_store(url, &run);
+        let clean = leases.unwrap_or(0) == 0 && keys.unwrap_or(0) == 0;
+        if clean || Instant::now() >= look_until {
+            break (leases, keys);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let (errors, first_error) = errors.lock().unwrap_or_else(|e| e.into_inner()).clone();
 
     let report = Report {
@@ -319,7 +340,10 @@ fn table(r: &Report, store: &str, stuck: usize) -> String {
     let mode = if r.fair { "fair" } else { "non-fair" };
     let served = match r.served_s {
         Some(s) => format!("{:.3} s (all {})", s, r.served),
-        None => format!("not all: {} of {} ({stuck} still waiting)", r.served, r.waiters),
+        None => format!(
+            "not all: {} of {} ({stuck} still waiting)",
+            r.served, r.waiters
+        ),
     };
     format!(
         "workload       S1 ({} names x {} waiters = {} waiters, {mode})\n\

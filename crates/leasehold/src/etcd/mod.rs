@@ -170,7 +170,8 @@ impl std::fmt::Debug for EtcdStore {
 
 struct Inner {
     shown: String,
-    client: Client,
+    /// Shared with the revokes of the spare leases when the store is dropped.
+    client: Arc<Client>,
     /// This client's acquisitions, by id: what etcd holds for each.
     acquisitions: Mutex<HashMap<LeaseId, Acquisition>>,
     /// Released leases, alive and without keys, by TTL in seconds: the next acquisition
@@ -180,4 +181,32 @@ struct Inner {
     /// Queues (by prefix) this client last found busy: an attempt there joins at once
     /// (see [`EtcdStore::attempt`]).
     busy_queues: Mutex<HashSet<Vec<u8>>>,
+    /// Admissions of attempts that put a key ([`PUTS_AT_ONCE`]).
+    puts: tokio::sync::Semaphore,
+}
+
+/// Attempts that put a key at once: more queue in the process, not in etcd.
+const PUTS_AT_ONCE: usize = 32;
+
+impl Drop for Inner {
+    /// The spare leases have no keys and nobody to reuse them now: revoke them rather
+    /// than leave them in etcd until their TTL (in the background, if a runtime runs).
+    fn drop(&mut self) {
+        let spare: Vec<i64> = (self.spare.get_mut())
+            .map(|spare| spare.drain().flat_map(|(_, l)| l).map(|l| l.id).collect())
+            .unwrap_or_default();
+        if spare.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            runtime.spawn(async move {
+                for id in spare {
+                    let _: std::result::Result<rpc::Empty, _> = client
+                        .unary("/etcdserverpb.Lease/LeaseRevoke", rpc::LeaseId { id })
+                        .await;
+                }
+            });
+        }
+    }
 }

@@ -100,6 +100,7 @@ impl Store for EtcdStore {
                         create,
                         waiting,
                         attempted,
+                        ..
                     },
                 ..
             }) => {

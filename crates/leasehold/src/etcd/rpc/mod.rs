@@ -6,9 +6,10 @@
 //! building needs no `protoc` and no build script.
 //!
 //! `messages`: the messages; `client`: calls that fail over between members; `watch`: the
-//! watches of a client on one stream.
+//! watches of a client on one stream; `keepalive`: its keepalives on one stream.
 
 mod client;
+mod keepalive;
 mod messages;
 mod watch;
 
