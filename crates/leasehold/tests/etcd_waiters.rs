@@ -33,7 +33,11 @@ fn connections_to(port: u16) -> usize {
         .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
         .filter_map(|link| {
             let link = link.to_string_lossy().into_owned();
-            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+            Some(
+                link.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
         })
         .collect();
     let remote = format!(":{port:04X}");
@@ -92,7 +96,10 @@ fn wait_all(
                 .with_fair(fair)
                 .on_wait(move |_| once.call_once(|| _ = queued.fetch_add(1, Ordering::Relaxed)));
             tokio::spawn(async move {
-                let guard = lock.lock().await.expect("a waiter is served, with no error");
+                let guard = lock
+                    .lock()
+                    .await
+                    .expect("a waiter is served, with no error");
                 let _ = guard.release().await.unwrap();
             })
         })
