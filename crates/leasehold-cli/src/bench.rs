@@ -27,7 +27,7 @@ use tokio::sync::watch;
 
 use crate::exit::{Failure, INTERNAL, USAGE};
 
-mod scale;
+pub mod scale;
 
 /// Flags of `leasehold bench` (the lockbench.v1 driver contract plus `--store`, `--fair`).
 ///

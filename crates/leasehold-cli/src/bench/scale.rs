@@ -75,9 +75,9 @@ fn rss() -> Option<u64> {
     Some(pages * u64::try_from(page).ok()?)
 }
 
-/// Established TCP connections of this process: its sockets' inodes, found in the
-/// kernel's TCP tables (which list the whole network namespace).
-fn connections() -> usize {
+/// Established TCP connections of this process (to `port`, if given): its sockets'
+/// inodes, found in the kernel's TCP tables (which list the whole network namespace).
+pub fn connections(port: Option<u16>) -> usize {
     let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
         return 0;
     };
@@ -92,6 +92,7 @@ fn connections() -> usize {
             )
         })
         .collect();
+    let remote = port.map(|port| format!(":{port:04X}"));
     ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
         .iter()
         .filter_map(|table| std::fs::read_to_string(table).ok())
@@ -101,8 +102,15 @@ fn connections() -> usize {
                 .skip(1)
                 .filter(|line| {
                     let cols: Vec<&str> = line.split_whitespace().collect();
-                    // State 01 is ESTABLISHED; column 9 is the inode.
-                    cols.get(3) == Some(&"01") && cols.get(9).is_some_and(|i| ours.contains(*i))
+                    // Column 2 is the remote address, 3 the state (01: established), 9
+                    // the inode.
+                    let to = cols.get(2).is_some_and(|r| {
+                        remote
+                            .as_ref()
+                            .is_none_or(|remote| r.ends_with(remote.as_str()))
+                    });
+                    to && cols.get(3) == Some(&"01")
+                        && cols.get(9).is_some_and(|i| ours.contains(*i))
                 })
                 .count()
         })
@@ -128,8 +136,9 @@ fn lines_of(program: &str, args: &[&str]) -> Option<Vec<String>> {
     })
 }
 
-/// What the store holds after the run: (leases, keys with `prefix`).
-fn left_in_store(url: &StoreUrl, prefix: &str) -> (Option<usize>, Option<usize>) {
+/// What the store holds: (etcd: every lease; etcd, Redis: keys with `prefix`), `None`
+/// where it cannot tell (another store, or no `etcdctl` / `redis-cli` on the PATH).
+pub fn left_in_store(url: &StoreUrl, prefix: &str) -> (Option<usize>, Option<usize>) {
     let Some(endpoint) = url.endpoints().first() else {
         return (None, None);
     };
@@ -257,7 +266,7 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let after_waiters = rss();
-    let open = connections();
+    let open = connections(None);
 
     let released = Instant::now();
     futures_util::future::join_all(holders.into_iter().map(|g| g.release())).await;

@@ -183,8 +183,23 @@ impl EtcdStore {
         }
     }
 
-    /// A new etcd lease covering `ttl`.
+    /// A new etcd lease covering `ttl`. The grant finishes even if its caller is
+    /// cancelled (a wait that ended meanwhile), and a
+    /// lease nobody took is kept spare or revoked, not left in etcd until its TTL.
     pub(super) async fn grant(&self, ttl: Duration) -> Result<EtcdLease> {
+        let store = self.clone();
+        let (answer, granted) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            if let Err(Ok(lease)) = answer.send(store.grant_now(ttl).await) {
+                store.spare(lease);
+            }
+        });
+        granted
+            .await
+            .unwrap_or_else(|_| Err(self.unavailable(tonic::Status::cancelled("lease grant"))))
+    }
+
+    async fn grant_now(&self, ttl: Duration) -> Result<EtcdLease> {
         let seconds = lease_seconds(ttl);
         let sent = Instant::now();
         let answer: LeaseGrantResponse = self

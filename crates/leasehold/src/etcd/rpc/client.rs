@@ -157,6 +157,11 @@ impl Client {
         .await
     }
 
+    /// How many members it calls.
+    pub(super) fn members(&self) -> usize {
+        self.members.len()
+    }
+
     /// A permit to call, waited for outside the calls' timeouts; none needed inside
     /// [`trying_each_for`](super::trying_each_for): a call that keeps a lease alive
     /// (a holder's renewal, a waiter's recheck) must not queue behind the joins of

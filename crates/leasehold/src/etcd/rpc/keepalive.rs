@@ -87,7 +87,12 @@ impl Client {
     /// [`trying_each_for`](super::trying_each_for)); a stream that does not answer in
     /// time is ended, so the next keepalive opens one where calls go now.
     pub async fn keep_alive(&self, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
-        let limit = TRY_TIMEOUT.try_with(|l| *l).unwrap_or(CALL_TIMEOUT);
+        // As a call's try on one member (see `failover`): the tighter limit only while
+        // another member is left to try.
+        let limit = match TRY_TIMEOUT.try_with(|l| *l) {
+            Ok(limit) if self.members() > 1 => limit,
+            _ => CALL_TIMEOUT,
+        };
         let (stream, answer) = {
             let mut open = self.keepalives.0.lock().await;
             let sent = open
