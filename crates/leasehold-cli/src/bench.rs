@@ -764,6 +764,22 @@ fn table(r: &Report, store: &str, cpu: Duration) -> String {
     out
 }
 
+/// Prints `report` as one JSON line if `json`, else as its `table`.
+fn show_report(
+    json: bool,
+    report: &impl Serialize,
+    table: impl FnOnce() -> String,
+) -> Result<(), Failure> {
+    if json {
+        let line = serde_json::to_string(report)
+            .map_err(|e| Failure::new(INTERNAL, format!("cannot encode the result: {e}")))?;
+        println!("{line}");
+    } else {
+        print!("{}", table());
+    }
+    Ok(())
+}
+
 /// Runs the benchmark.
 pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Failure> {
     if crate::ratebench::is_rate_workload(&args.workload) {
@@ -802,13 +818,7 @@ pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Fai
     let cpu = cpu_time().saturating_sub(cpu_before);
     let report = report(&plan, backend, &outcome);
 
-    if args.json {
-        let line = serde_json::to_string(&report)
-            .map_err(|e| Failure::new(INTERNAL, format!("cannot encode the result: {e}")))?;
-        println!("{line}");
-    } else {
-        print!("{}", table(&report, &store_name, cpu));
-    }
+    show_report(args.json, &report, || table(&report, &store_name, cpu))?;
     if report.stuck_workers > 0 {
         eprintln!(
             "leasehold: {} worker(s) were still blocked {} s after the window and its wait budget; abandoned",

@@ -327,13 +327,7 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
         left_leases,
         left_keys,
     };
-    if args.json {
-        let line = serde_json::to_string(&report)
-            .map_err(|e| Failure::new(INTERNAL, format!("cannot encode the result: {e}")))?;
-        println!("{line}");
-    } else {
-        print!("{}", table(&report, &store_name, stuck));
-    }
+    super::show_report(args.json, &report, || table(&report, &store_name, stuck))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -10,34 +10,26 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Status, Streaming};
 
-use super::{Client, LeaseId, LeaseKeepAliveResponse, CALL_TIMEOUT, TRY_TIMEOUT};
+use super::{
+    Client, LeaseId, LeaseKeepAliveResponse, OneStream, Shared, CALL_TIMEOUT, TRY_TIMEOUT,
+};
 use crate::Locked;
 
 /// The client's keepalive stream.
-#[derive(Debug, Default)]
-pub(super) struct KeepAlives(tokio::sync::Mutex<Option<Arc<KeepAliveStream>>>);
+pub(super) type KeepAlives = OneStream<KeepAliveStream>;
 
-impl KeepAlives {
-    /// Calls moved away from `member`: a stream there may be silent (a paused member).
-    pub(super) fn left(&self, member: usize) {
-        if let Ok(open) = self.0.try_lock() {
-            if let Some(stream) = open.as_ref().filter(|s| s.member == member) {
-                stream.end();
-            }
-        }
+impl Shared for KeepAliveStream {
+    fn member(&self) -> usize {
+        self.member
     }
-}
 
-impl Drop for KeepAlives {
-    fn drop(&mut self) {
-        if let Some(stream) = self.0.get_mut().take() {
-            stream.end();
-        }
+    fn end(&self) {
+        KeepAliveStream::end(self);
     }
 }
 
 #[derive(Debug)]
-struct KeepAliveStream {
+pub(super) struct KeepAliveStream {
     member: usize,
     requests: mpsc::UnboundedSender<LeaseId>,
     /// Keepalives sent and not yet answered, by lease id (etcd answers each with its id).
