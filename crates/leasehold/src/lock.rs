@@ -455,7 +455,9 @@ impl Lock {
                     }
                 }
             };
-            let guard = self.acquire_from_store(req, wait).await?;
+            // Boxed: a task waiting at the gate (thousands of them, on a busy name) then
+            // carries a pointer rather than the store loop's state, about 2 KB.
+            let guard = Box::pin(self.acquire_from_store(req, wait)).await?;
             Ok(guard.map(|g| g.with_turn(turn)))
         }
         .instrument(span)

@@ -42,7 +42,7 @@ impl Workload {
             "W2" => Ok(Workload::W2),
             "W3" => Ok(Workload::W3),
             _ => Err(usage(format!(
-                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each), or a rate limiter's R1, R2, R3 or R4"
+                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each), a rate limiter's R1, R2, R3 or R4, or S1 (many waiters)"
             ))),
         }
     }
@@ -328,13 +328,7 @@ pub(super) async fn bench(store: Option<&str>, args: &BenchArgs) -> Result<ExitC
     let cpu = cpu_time().saturating_sub(cpu_before);
     let report = report(&plan, backend, &outcome);
 
-    if args.json {
-        let line = serde_json::to_string(&report)
-            .map_err(|e| Failure::new(INTERNAL, format!("cannot encode the result: {e}")))?;
-        println!("{line}");
-    } else {
-        print!("{}", table(&report, &store_name, cpu));
-    }
+    super::show_report(args.json, &report, || table(&report, &store_name, cpu))?;
     if report.stuck_workers > 0 {
         eprintln!(
             "leasehold: {} worker(s) were still blocked {} s after the window and its wait budget; abandoned",

@@ -1,10 +1,12 @@
 //! `leasehold bench`: measures a store, each workload in the contract its peers use so a
 //! run is one more row of theirs: the locks' W1-W3 in `lockbench.v1` (`locks.rs`, figures
-//! in `report.rs`), the rate limiter's R1-R4 in `ratebench.v1` (`rate.rs`).
+//! in `report.rs`), the rate limiter's R1-R4 in `ratebench.v1` (`rate.rs`), and S1, many
+//! waiters in one process (`scale.rs`).
 
 mod locks;
 mod rate;
 mod report;
+pub mod scale;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -24,8 +26,9 @@ pub struct BenchArgs {
     /// workers contend for ONE key for a fixed time; W3: K workers, a key each (no
     /// contention). Rate limiter (ratebench.v1): R1: K workers ask for 1 unit of ONE key
     /// as fast as they can; R2: a key each, a limit that allows ~all; R3: K workers wait
-    /// for 1 unit (budget --wait); R4: a trickle plus pulses of hammering on ONE key
-    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4")]
+    /// for 1 unit (budget --wait); R4: a trickle plus pulses of hammering on ONE key.
+    /// Many waiters: S1: --names locks, each held while --waiters tasks per name wait
+    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4|S1")]
     pub workload: String,
 
     /// Workers (tokio tasks, one lock handle each) [default: 8; W1 always uses 1]
@@ -57,6 +60,14 @@ pub struct BenchArgs {
     /// R1-R4: the limiter's burst [default: 100; R2: 1000000; R4: 10]
     #[arg(long, value_name = "B")]
     pub burst: Option<u64>,
+
+    /// S1: lock names, each held by one task while its waiters queue
+    #[arg(long, value_name = "N", default_value_t = 1_000)]
+    pub names: usize,
+
+    /// S1: waiting tasks per name
+    #[arg(long, value_name = "W", default_value_t = 10)]
+    pub waiters: usize,
 
     /// Lease TTL (100ms to 24h; a bare number is seconds)
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::args::parse_duration, allow_hyphen_values = true)]
@@ -152,10 +163,31 @@ fn store_url(store: Option<&str>, args: &BenchArgs) -> Result<StoreUrl, Failure>
     crate::args::store_url(Some(&url))
 }
 
+/// Prints `report` as one JSON line if `json`, else as its `table`.
+fn show_report(
+    json: bool,
+    report: &impl serde::Serialize,
+    table: impl FnOnce() -> String,
+) -> Result<(), Failure> {
+    if json {
+        let line = serde_json::to_string(report).map_err(|e| {
+            Failure::new(
+                crate::exit::INTERNAL,
+                format!("cannot encode the result: {e}"),
+            )
+        })?;
+        println!("{line}");
+    } else {
+        print!("{}", table());
+    }
+    Ok(())
+}
+
 /// Runs the benchmark `--workload` names.
 pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Failure> {
     match args.workload.as_str() {
         w if rate::is_rate_workload(w) => rate::bench(&store_url(store, &args)?, &args).await,
+        w if scale::is_scale_workload(w) => scale::bench(&store_url(store, &args)?, &args).await,
         _ => locks::bench(store, &args).await,
     }
 }
@@ -175,6 +207,8 @@ mod tests {
             wait: None,
             rate: None,
             burst: None,
+            names: 1_000,
+            waiters: 10,
             ttl: Duration::from_secs(30),
             key_prefix: "lockbench".into(),
             redis_url: None,

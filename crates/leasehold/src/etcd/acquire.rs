@@ -8,7 +8,7 @@ use super::queue::*;
 use super::rpc::{self, prefix_end, Compare, KeyValue, Op, TxnRequest, TxnResponse};
 use super::{try_per_member, EtcdLease, EtcdStore, Pass};
 use crate::options::waiter_lease;
-use crate::store::{AcquireRequest, Attempt, LockKind};
+use crate::store::{AcquireRequest, Attempt, Busy, LockKind};
 use crate::{rules, Error, Locked, Result};
 
 /// Why a pass of an attempt starts again from the top.
@@ -85,9 +85,14 @@ impl EtcdStore {
         if let Some(Acquisition {
             key,
             lease: Some(lease),
-            state: State::Queued {
-                create, waiting, ..
-            },
+            state:
+                State::Queued {
+                    create,
+                    waiting,
+                    seen,
+                    busy,
+                    ..
+                },
             ..
         }) = known
         {
@@ -97,8 +102,15 @@ impl EtcdStore {
                 create,
                 attempted: started,
             };
+            if !waiting.second && self.line_covers(req, &ours.key, seen) {
+                return self.recheck_in_line(req, ours, waiting, busy).await;
+            }
             return self.recheck(req, ours, waiting.second).await;
         }
+        // One admission for the whole put (lease, Txn, join): admitted call by call,
+        // thousands of waiters arriving at once would each get their waiter lease early
+        // and put their key seconds later, on a lease about to end.
+        let _admitted = self.inner.puts.acquire().await;
         let put = self.prepare(req, known).await?;
         self.put(req, &put, started).await
     }
@@ -482,6 +494,58 @@ impl EtcdStore {
             .await
     }
 
+    /// Records our key as waiting, `busy`: the next recheck keeps our waiter lease alive,
+    /// due while half of what is left remains (a lease granted before the put waited for
+    /// its admission may have had much of its TTL run out).
+    fn wait_queued(
+        &self,
+        req: &AcquireRequest,
+        ours: Ours,
+        waiting: Waiting,
+        mut busy: Busy,
+    ) -> Attempt {
+        busy.retry_in = Some(ours.lease.left(Instant::now()) / 2);
+        self.queued(req, ours, waiting, &busy);
+        Attempt::Busy(busy)
+    }
+
+    /// Whether the process's line of our queue has watched every deletion there since
+    /// revision `seen`, and none of them was our key.
+    fn line_covers(&self, req: &AcquireRequest, key: &[u8], seen: i64) -> bool {
+        (self.inner.lines.get(&queue_prefix(&req.name))).is_some_and(|l| l.covers(key, seen))
+    }
+
+    /// A recheck that the line answers: where our key stands follows from the deletions
+    /// it has watched since our last read (see [`wait_in_line`](Self::wait_in_line)), so
+    /// the recheck only keeps our waiter lease alive, one message on the client's
+    /// keepalive stream instead of a read of the queue. Thousands of waiters of one
+    /// process cost etcd their keepalives, no reads. A keepalive that fails falls back
+    /// to a full recheck.
+    async fn recheck_in_line(
+        &self,
+        req: &AcquireRequest,
+        ours: Ours,
+        waiting: Waiting,
+        busy: Busy,
+    ) -> Result<Step> {
+        let lease = ours.lease;
+        let renewed = match lease.left(ours.attempted) * 3 < lease.ttl() * 2 {
+            true => {
+                let per_member = try_per_member(lease.ttl());
+                rpc::trying_each_for(per_member, self.keep_alive(lease)).await
+            }
+            false => Ok(Some(lease)),
+        };
+        match renewed {
+            Ok(Some(lease)) => {
+                let ours = Ours { lease, ..ours };
+                Ok(Pass::Done(self.wait_queued(req, ours, waiting, busy)))
+            }
+            Ok(None) => Err(self.wait_ended(req)),
+            Err(_) => self.recheck(req, ours, false).await,
+        }
+    }
+
     /// The decision every pass ends in once it knows where our key stands: granted; a
     /// try that would wait takes its key back and is busy; else queued, and busy.
     /// `first`: the queue's first key.
@@ -502,9 +566,10 @@ impl EtcdStore {
                 .await?;
             return Ok(Pass::Done(self.busy(first, None, revision)));
         }
-        let busy = self.busy(first, Some(here.position), revision);
-        self.queued(req, ours, waiting);
-        Ok(Pass::Done(busy))
+        let Attempt::Busy(busy) = self.busy(first, Some(here.position), revision) else {
+            unreachable!("busy is busy")
+        };
+        Ok(Pass::Done(self.wait_queued(req, ours, waiting, busy)))
     }
 
     /// Refused by the rules: takes back our key if we put one (created at `create`), and

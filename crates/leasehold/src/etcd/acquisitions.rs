@@ -38,6 +38,10 @@ pub(super) enum State {
         waiting: Waiting,
         /// When the last attempt started: a hand-over lease counts from there.
         attempted: Instant,
+        /// The revision `waiting` was read at, and what that read said (for a recheck
+        /// that the line answers: see [`EtcdStore::recheck_in_line`]).
+        seen: i64,
+        busy: Busy,
     },
     /// Granted: our key (or our owner's, re-entered) at `create`, last written at
     /// `modified`.
@@ -145,7 +149,7 @@ impl EtcdStore {
     }
 
     /// Records our key as waiting in the queue.
-    pub(super) fn queued(&self, req: &AcquireRequest, ours: Ours, waiting: Waiting) {
+    pub(super) fn queued(&self, req: &AcquireRequest, ours: Ours, waiting: Waiting, busy: &Busy) {
         self.record(
             &req.lease,
             Acquisition {
@@ -156,6 +160,8 @@ impl EtcdStore {
                     create: ours.create,
                     waiting,
                     attempted: ours.attempted,
+                    seen: busy.watermark.0 as i64,
+                    busy: busy.clone(),
                 },
                 hold: None,
             },

@@ -65,11 +65,12 @@ impl EtcdStore {
         let store = EtcdStore {
             inner: Arc::new(Inner {
                 shown,
-                client,
+                client: Arc::new(client),
                 acquisitions: Mutex::default(),
                 spare: Mutex::default(),
                 lines: Lines::default(),
                 busy_queues: Mutex::default(),
+                puts: tokio::sync::Semaphore::new(super::PUTS_AT_ONCE),
             }),
         };
         // Fail now, with a clear error, rather than at the first lock.

@@ -9,12 +9,16 @@ use tokio::time::Instant;
 use super::acquisitions::{Acquisition, State};
 use super::queue::{marker_key, move_to, put_on, range_key, txn, Entry};
 use super::rpc::{
-    self, Compare, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveResponse,
-    LeaseTimeToLiveResponse,
+    self, Compare, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseTimeToLiveResponse,
 };
 use super::{try_per_member, EtcdStore, Pass};
 use crate::store::{AcquireRequest, Grant, Lease, Renewal};
 use crate::{Locked, Result};
+
+/// Spare leases kept per TTL: enough for the acquisitions a process makes at once on
+/// many locks; a burst of releases (thousands of waiters served) would otherwise leave
+/// a lease per waiter in etcd until its TTL.
+const MAX_SPARE: usize = 64;
 
 /// An etcd lease and how long it is surely alive.
 #[derive(Clone, Copy, Debug)]
@@ -179,8 +183,23 @@ impl EtcdStore {
         }
     }
 
-    /// A new etcd lease covering `ttl`.
+    /// A new etcd lease covering `ttl`. The grant finishes even if its caller is
+    /// cancelled (a wait that ended meanwhile), and a
+    /// lease nobody took is kept spare or revoked, not left in etcd until its TTL.
     pub(super) async fn grant(&self, ttl: Duration) -> Result<EtcdLease> {
+        let store = self.clone();
+        let (answer, granted) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            if let Err(Ok(lease)) = answer.send(store.grant_now(ttl).await) {
+                store.spare(lease);
+            }
+        });
+        granted
+            .await
+            .unwrap_or_else(|_| Err(self.unavailable(tonic::Status::cancelled("lease grant"))))
+    }
+
+    async fn grant_now(&self, ttl: Duration) -> Result<EtcdLease> {
         let seconds = lease_seconds(ttl);
         let sent = Instant::now();
         let answer: LeaseGrantResponse = self
@@ -204,15 +223,23 @@ impl EtcdStore {
         })
     }
 
-    /// Keeps `lease` for the next acquisition.
+    /// Keeps `lease` for the next acquisition, if fewer than [`MAX_SPARE`] of its TTL are
+    /// kept; else revokes it.
     pub(super) fn spare(&self, lease: EtcdLease) {
         if lease.ours && lease.alive_until > Instant::now() {
-            let mut spare = self.inner.spare.locked();
-            let list = spare.entry(lease.asked).or_default();
-            // Twice in the list, one lease would back two acquisitions.
-            if !list.iter().any(|l| l.id == lease.id) {
-                list.push(lease);
+            {
+                let mut spare = self.inner.spare.locked();
+                let list = spare.entry(lease.asked).or_default();
+                // Twice in the list, one lease would back two acquisitions.
+                if list.iter().any(|l| l.id == lease.id) {
+                    return;
+                }
+                if list.len() < MAX_SPARE {
+                    list.push(lease);
+                    return;
+                }
             }
+            self.revoke_later(lease.id);
         }
     }
 
@@ -241,22 +268,8 @@ impl EtcdStore {
     /// One LeaseKeepAlive: the lease's new bound, or `None` if etcd no longer has it.
     pub(super) async fn keep_alive(&self, lease: EtcdLease) -> Result<Option<EtcdLease>> {
         let sent = Instant::now();
-        let mut answers = self
-            .inner
-            .client
-            .stream::<_, LeaseKeepAliveResponse>(
-                "/etcdserverpb.Lease/LeaseKeepAlive",
-                rpc::LeaseId { id: lease.id },
-            )
-            .await
-            .map_err(|s| self.unavailable(s))?;
-        let answer = tokio::time::timeout(rpc::CALL_TIMEOUT, answers.message())
-            .await
-            .map_err(|_| self.unavailable(tonic::Status::deadline_exceeded("keepalive")))?
-            .map_err(|s| self.unavailable(s))?
-            .ok_or_else(|| {
-                self.unavailable(tonic::Status::unavailable("keepalive stream ended"))
-            })?;
+        let answer =
+            (self.inner.client.keep_alive(lease.id).await).map_err(|s| self.unavailable(s))?;
         Ok((answer.ttl > 0).then(|| EtcdLease {
             ttl: answer.ttl,
             alive_until: sent + Duration::from_secs(answer.ttl as u64),

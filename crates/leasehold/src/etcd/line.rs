@@ -210,6 +210,15 @@ impl Line {
         }
     }
 
+    /// Whether every deletion in the queue after revision `seen` is known here (a
+    /// waiter that read it at `seen` may join), and none of them was `own`.
+    pub fn covers(&self, own: &[u8], seen: i64) -> bool {
+        let state = self.state.locked();
+        !state.ended
+            && seen >= state.complete_after
+            && !(state.log.iter()).any(|(revision, key)| *revision > seen && key == own)
+    }
+
     fn ended(&self) -> bool {
         self.state.locked().ended
     }

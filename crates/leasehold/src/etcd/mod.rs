@@ -14,7 +14,10 @@
 //! TLS (rustls; the CA must be trusted by the system store or `SSL_CERT_FILE`). Calls go to
 //! one member and fail over to the next when it is down, paused (no answer within 3 s, or
 //! a sixth of the lease, at least 250 ms, for a renewal, so that a short lease is renewed
-//! through another member in time) or has no leader.
+//! through another member in time) or has no leader. A client has at most 64 calls in
+//! flight besides those that keep leases alive, and puts at most 32 keys at once; a member
+//! that has too many requests is asked again after a backoff: thousands of waiters in one
+//! process queue there, not in etcd.
 //!
 //! # How it works
 //! - Every acquisition of lock `NAME` is the key `leasehold\0NAME\0L`, `L` its etcd lease
@@ -61,7 +64,7 @@
 //!   writer, the writers ahead for a reader, all but `permits - 1` keys ahead for a
 //!   semaphore): a release reaches each waiting process as one event, wakes only the task
 //!   it lets in, and is the hand-over itself (no further round trip). All watches of a
-//!   client share one gRPC stream.
+//!   client share one gRPC stream, and so do all its keepalives.
 //! - **Non-fair mode** (`with_fair(false)`): the rules let a non-fair request pass
 //!   waiters, they do not make it; on etcd every waiting request queues, so a non-fair
 //!   waiter is served like a fair one (and `describe` shows it, and readers do not pass
@@ -72,7 +75,8 @@
 //!   renewing loses its lock at the end of its TTL, whatever else the process holds. A
 //!   released lease is kept alive and reused by the process's next acquisition, so an
 //!   uncontended acquire and release cost one Txn each, like a bare put-if-absent and
-//!   delete. etcd leases count whole seconds (at least the server's minimum, 1–2 s by
+//!   delete (up to 64 spare leases per TTL; the rest, and all of them when the store is
+//!   dropped, are revoked). etcd leases count whole seconds (at least the server's minimum, 1–2 s by
 //!   default): a lock with a shorter TTL is held by the store slightly longer than the
 //!   guard believes, never shorter.
 //! - Release deletes only our own key, and only if it is still the acquisition we made
@@ -81,7 +85,10 @@
 //!   lease: whatever etcd did with the request, the key goes with it.
 //! - A waiter's key is on a short lease of its own, the waiter lease
 //!   ([`waiter_lease`](crate::store::waiter_lease): the TTL, at most 5 s), kept alive by the
-//!   waiter's rechecks: a waiter that dies leaves the queue when that lease ends. When it
+//!   waiter's rechecks: a waiter that dies leaves the queue when that lease ends. While
+//!   the process's watch of the queue has seen every deletion there since the waiter's
+//!   last read, a recheck is that keepalive alone: the watch says where the key stands.
+//!   When it
 //!   is let in, the key moves to a lease of the full TTL (one Txn) before the grant is
 //!   returned; the short lease is revoked (the key keeps its name, so it is not reused). A waiter that finds its own key gone (its lease expired while the process
 //!   was paused or cut off) stops with [`Error::WaitEnded`](crate::Error::WaitEnded).
@@ -170,7 +177,8 @@ impl std::fmt::Debug for EtcdStore {
 
 struct Inner {
     shown: String,
-    client: Client,
+    /// Shared with the revokes of the spare leases when the store is dropped.
+    client: Arc<Client>,
     /// This client's acquisitions, by id: what etcd holds for each.
     acquisitions: Mutex<HashMap<LeaseId, Acquisition>>,
     /// Released leases, alive and without keys, by TTL in seconds: the next acquisition
@@ -180,4 +188,32 @@ struct Inner {
     /// Queues (by prefix) this client last found busy: an attempt there joins at once
     /// (see [`EtcdStore::attempt`]).
     busy_queues: Mutex<HashSet<Vec<u8>>>,
+    /// Admissions of attempts that put a key ([`PUTS_AT_ONCE`]).
+    puts: tokio::sync::Semaphore,
+}
+
+/// Attempts that put a key at once: more queue in the process, not in etcd.
+const PUTS_AT_ONCE: usize = 32;
+
+impl Drop for Inner {
+    /// The spare leases have no keys and nobody to reuse them now: revoke them rather
+    /// than leave them in etcd until their TTL (in the background, if a runtime runs).
+    fn drop(&mut self) {
+        let spare: Vec<i64> = (self.spare.get_mut())
+            .map(|spare| spare.drain().flat_map(|(_, l)| l).map(|l| l.id).collect())
+            .unwrap_or_default();
+        if spare.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            runtime.spawn(async move {
+                for id in spare {
+                    let _: std::result::Result<rpc::Empty, _> = client
+                        .unary("/etcdserverpb.Lease/LeaseRevoke", rpc::LeaseId { id })
+                        .await;
+                }
+            });
+        }
+    }
 }

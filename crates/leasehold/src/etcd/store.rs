@@ -100,6 +100,7 @@ impl Store for EtcdStore {
                         create,
                         waiting,
                         attempted,
+                        ..
                     },
                 ..
             }) => {
@@ -284,17 +285,23 @@ impl EtcdStore {
             vec![],
         ));
         let aged = lease.ours && lease.left(Instant::now()) * 3 < lease.ttl() * 2;
+        let used = lease;
         let (answer, lease) = if aged {
             let (answer, refreshed) = tokio::join!(delete_if_unchanged, self.keep_alive(lease));
-            (answer?, refreshed.ok().flatten())
+            (answer?, refreshed)
         } else {
-            (delete_if_unchanged.await?, Some(lease))
+            (delete_if_unchanged.await?, Ok(Some(lease)))
         };
         if !answer.succeeded {
             return Ok(false);
         }
-        if let Some(lease) = lease {
-            self.spare(lease);
+        match lease {
+            Ok(Some(lease)) => self.spare(lease),
+            Ok(None) => {}
+            // Alive for all we know, but not for reuse with an unknown bound: revoke it
+            // rather than leave it in etcd until its TTL.
+            Err(_) if used.ours => self.revoke_later(used.id),
+            Err(_) => {}
         }
         Ok(true)
     }

@@ -6,23 +6,38 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore, SemaphorePermit};
+use tokio::time::Instant;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status, Streaming};
 use tonic_prost::ProstCodec;
 
+use super::keepalive::KeepAlives;
 use super::watch::Watches;
 use super::{AuthenticateRequest, AuthenticateResponse, CALL_TIMEOUT, TRY_TIMEOUT};
 use crate::builder::ClientSettings;
+use crate::keepalive::jitter;
 use crate::url::Credentials;
 use crate::Locked;
 
-/// A request stream that sends `first` and then stays open: etcd ends a stream's
-/// watches and keepalives when the client closes it.
-fn open_stream<T: Send + 'static>(first: T) -> impl Stream<Item = T> + Send + 'static {
-    futures_util::stream::once(async move { first }).chain(futures_util::stream::pending())
+/// Calls a client has in flight at once, outside those that keep a lease alive (see
+/// [`Client::permit`]): thousands of waiters joining at once would otherwise send
+/// thousands of writes together, which etcd refuses ("too many requests") once its
+/// applied entries fall 5,000 behind, and which outrun the calls' own timeouts.
+const IN_FLIGHT: usize = 64;
+
+/// How long a call may keep asking a member that says it has too many requests (its
+/// backoff doubles up to [`MAX_BACKOFF`]) before the error is returned.
+const OVERLOAD_PATIENCE: Duration = Duration::from_secs(30);
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// etcd is behind on applying what it committed: the same member can take the call
+/// after a pause. (Not every ResourceExhausted: a full database stays full.)
+fn overloaded(status: &Status) -> bool {
+    status.code() == Code::ResourceExhausted && status.message().contains("too many requests")
 }
 
 /// An etcd client over several endpoints: calls go to the member that last answered and
@@ -35,6 +50,9 @@ pub struct Client {
     /// How long one try of a call may take on one member.
     call_timeout: Duration,
     pub(super) watches: Watches,
+    pub(super) keepalives: KeepAlives,
+    /// Permits for calls in flight ([`IN_FLIGHT`]).
+    calls: Semaphore,
 }
 
 #[derive(Debug)]
@@ -90,6 +108,8 @@ impl Client {
             credentials,
             call_timeout,
             watches: Watches::default(),
+            keepalives: KeepAlives::default(),
+            calls: Semaphore::new(IN_FLIGHT),
         })
     }
 
@@ -108,6 +128,8 @@ impl Client {
             credentials,
             call_timeout: CALL_TIMEOUT,
             watches: Watches::default(),
+            keepalives: KeepAlives::default(),
+            calls: Semaphore::new(IN_FLIGHT),
         }
     }
 
@@ -117,6 +139,7 @@ impl Client {
         Q: prost::Message + Clone + Send + Sync + 'static,
         R: prost::Message + Default + Send + Sync + 'static,
     {
+        let _permit = self.permit().await;
         self.failover(|member| {
             let request = request.clone();
             async move {
@@ -130,20 +153,6 @@ impl Client {
                 .await
                 .map(|r| r.into_inner())
             }
-        })
-        .await
-    }
-
-    /// A bidirectional stream that sends `first` and yields the answers, on the first
-    /// member that accepts it. The stream stays open until dropped.
-    pub async fn stream<Q, R>(&self, path: &'static str, first: Q) -> Result<Streaming<R>, Status>
-    where
-        Q: prost::Message + Clone + Send + Sync + 'static,
-        R: prost::Message + Default + Send + Sync + 'static,
-    {
-        self.failover(|member| {
-            let first = first.clone();
-            async move { self.streaming(member, path, open_stream(first)).await }
         })
         .await
     }
@@ -172,6 +181,22 @@ impl Client {
             }
         })
         .await
+    }
+
+    /// How many members it calls.
+    pub(super) fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// A permit to call, waited for outside the calls' timeouts; none needed inside
+    /// [`trying_each_for`](super::trying_each_for): a call that keeps a lease alive
+    /// (a holder's renewal, a waiter's recheck) must not queue behind the joins of
+    /// thousands of other waiters, or their leases would end while they queue.
+    async fn permit(&self) -> Option<SemaphorePermit<'_>> {
+        if TRY_TIMEOUT.try_with(|_| ()).is_ok() {
+            return None;
+        }
+        self.calls.acquire().await.ok()
     }
 
     /// A bidirectional stream on `member` that sends `requests`.
@@ -214,7 +239,7 @@ impl Client {
                 Some(limit) if i + 1 < self.members.len() => limit.min(self.call_timeout),
                 _ => self.call_timeout,
             };
-            let bounded = || async {
+            let once = || async {
                 tokio::time::timeout(limit, call(member))
                     .await
                     .unwrap_or_else(|_| {
@@ -224,11 +249,32 @@ impl Client {
                         )))
                     })
             };
+            // A member too busy to take the call now takes it after a pause (a renewal
+            // pauses only within its own limit): the load is usually ours, and ends.
+            let bounded = || async {
+                let give_up = Instant::now() + tighter.unwrap_or(OVERLOAD_PATIENCE);
+                let mut backoff = FIRST_BACKOFF;
+                loop {
+                    match once().await {
+                        Err(status) if overloaded(&status) => {
+                            let pause = jitter(backoff);
+                            if Instant::now() + pause >= give_up {
+                                return Err(status);
+                            }
+                            tracing::debug!(member = %member.address, "etcd member has too many requests; pausing");
+                            tokio::time::sleep(pause).await;
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                        }
+                        answer => return answer,
+                    }
+                }
+            };
             match bounded().await {
                 Ok(value) => {
                     self.current.store(index, Ordering::Relaxed);
                     if index != start {
                         self.watches.left(start);
+                        self.keepalives.left(start);
                     }
                     return Ok(value);
                 }

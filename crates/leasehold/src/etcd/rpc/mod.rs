@@ -6,9 +6,10 @@
 //! building needs no `protoc` and no build script.
 //!
 //! `messages`: the messages; `client`: calls that fail over between members; `watch`: the
-//! watches of a client on one stream.
+//! watches of a client on one stream; `keepalive`: its keepalives on one stream.
 
 mod client;
+mod keepalive;
 mod messages;
 mod watch;
 
@@ -26,6 +27,44 @@ tokio::task_local! {
     /// Set by [`trying_each_for`]: how long a call may wait for one member while another
     /// is left to try.
     static TRY_TIMEOUT: Duration;
+}
+
+/// A stream that a client's calls of one kind share (watches, keepalives).
+pub(super) trait Shared {
+    /// The member it is open to.
+    fn member(&self) -> usize;
+    /// Ends it; what waits on it sees the end.
+    fn end(&self);
+}
+
+/// A client's one stream of a kind, opened by the first call and again after it broke.
+#[derive(Debug)]
+pub(super) struct OneStream<S: Shared>(tokio::sync::Mutex<Option<std::sync::Arc<S>>>);
+
+impl<S: Shared> Default for OneStream<S> {
+    fn default() -> Self {
+        OneStream(tokio::sync::Mutex::new(None))
+    }
+}
+
+impl<S: Shared> OneStream<S> {
+    /// Calls moved away from `member`: a stream there may be silent (a paused member), so
+    /// end it and let what used it start again where calls now go.
+    pub(super) fn left(&self, member: usize) {
+        if let Ok(open) = self.0.try_lock() {
+            if let Some(stream) = open.as_ref().filter(|s| s.member() == member) {
+                stream.end();
+            }
+        }
+    }
+}
+
+impl<S: Shared> Drop for OneStream<S> {
+    fn drop(&mut self) {
+        if let Some(stream) = self.0.get_mut().take() {
+            stream.end();
+        }
+    }
 }
 
 /// Runs `calls` with each member tried for at most `limit` (and [`CALL_TIMEOUT`]) while

@@ -9,8 +9,8 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use super::{
-    Client, WatchCancelRequest, WatchCreateRequest, WatchOp, WatchRequest, WatchResponse,
-    CALL_TIMEOUT,
+    Client, OneStream, Shared, WatchCancelRequest, WatchCreateRequest, WatchOp, WatchRequest,
+    WatchResponse, CALL_TIMEOUT,
 };
 use crate::Locked;
 
@@ -70,32 +70,21 @@ impl Client {
     }
 }
 
-/// The client's watch stream, opened by the first watch and again after it broke.
-#[derive(Debug, Default)]
-pub(super) struct Watches(tokio::sync::Mutex<Option<Arc<WatchStream>>>);
+/// The client's watch stream.
+pub(super) type Watches = OneStream<WatchStream>;
 
-impl Watches {
-    /// Calls moved away from `member`: a watch stream there may be silent (a paused
-    /// member), so end it and let its watches start again where calls now go.
-    pub(super) fn left(&self, member: usize) {
-        if let Ok(open) = self.0.try_lock() {
-            if let Some(stream) = open.as_ref().filter(|s| s.member == member) {
-                stream.end();
-            }
-        }
+impl Shared for WatchStream {
+    fn member(&self) -> usize {
+        self.member
     }
-}
 
-impl Drop for Watches {
-    fn drop(&mut self) {
-        if let Some(stream) = self.0.get_mut().take() {
-            stream.end();
-        }
+    fn end(&self) {
+        WatchStream::end(self);
     }
 }
 
 #[derive(Debug)]
-struct WatchStream {
+pub(super) struct WatchStream {
     /// The member it is open to.
     member: usize,
     requests: mpsc::UnboundedSender<WatchRequest>,

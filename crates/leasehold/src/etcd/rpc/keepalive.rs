@@ -1,0 +1,127 @@
+//! Keepalives: every keepalive of a client goes over one LeaseKeepAlive stream, opened by
+//! the first and again after it broke (or went silent), as watches share one Watch
+//! stream: thousands of waiters renewing their leases cost one message each, not an
+//! HTTP/2 stream each.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Status, Streaming};
+
+use super::{
+    Client, LeaseId, LeaseKeepAliveResponse, OneStream, Shared, CALL_TIMEOUT, TRY_TIMEOUT,
+};
+use crate::Locked;
+
+/// The client's keepalive stream.
+pub(super) type KeepAlives = OneStream<KeepAliveStream>;
+
+impl Shared for KeepAliveStream {
+    fn member(&self) -> usize {
+        self.member
+    }
+
+    fn end(&self) {
+        KeepAliveStream::end(self);
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct KeepAliveStream {
+    member: usize,
+    requests: mpsc::UnboundedSender<LeaseId>,
+    /// Keepalives sent and not yet answered, by lease id (etcd answers each with its id).
+    waiting: Mutex<Option<HashMap<i64, Vec<oneshot::Sender<LeaseKeepAliveResponse>>>>>,
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl KeepAliveStream {
+    /// Sends a keepalive of `id`; `None` if the stream has ended.
+    fn send(&self, id: i64, first: bool) -> Option<oneshot::Receiver<LeaseKeepAliveResponse>> {
+        let mut waiting = self.waiting.locked();
+        let waiting = waiting.as_mut()?;
+        if !first && self.requests.send(LeaseId { id }).is_err() {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        waiting.entry(id).or_default().push(tx);
+        Some(rx)
+    }
+
+    fn deliver(&self, answer: LeaseKeepAliveResponse) {
+        let senders = (self.waiting.locked().as_mut()).and_then(|w| w.remove(&answer.id));
+        for sender in senders.into_iter().flatten() {
+            let _ = sender.send(answer.clone());
+        }
+    }
+
+    /// Ends the stream; keepalives waiting on it see their senders dropped.
+    fn end(&self) {
+        self.waiting.locked().take();
+        if let Some(reader) = self.reader.locked().take() {
+            reader.abort();
+        }
+    }
+}
+
+async fn read(stream: Arc<KeepAliveStream>, mut answers: Streaming<LeaseKeepAliveResponse>) {
+    while let Ok(Some(answer)) = answers.message().await {
+        stream.deliver(answer);
+    }
+    stream.end();
+}
+
+impl Client {
+    /// One keepalive of lease `id` on the client's keepalive stream: etcd's answer (a TTL
+    /// of 0 or less when the lease is gone). Bounded by [`CALL_TIMEOUT`] (less inside
+    /// [`trying_each_for`](super::trying_each_for)); a stream that does not answer in
+    /// time is ended, so the next keepalive opens one where calls go now.
+    pub async fn keep_alive(&self, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
+        // As a call's try on one member (see `failover`): the tighter limit only while
+        // another member is left to try.
+        let limit = match TRY_TIMEOUT.try_with(|l| *l) {
+            Ok(limit) if self.members() > 1 => limit,
+            _ => CALL_TIMEOUT,
+        };
+        let (stream, answer) = {
+            let mut open = self.keepalives.0.lock().await;
+            let sent = open
+                .as_ref()
+                .and_then(|s| Some((s.clone(), s.send(id, false)?)));
+            match sent {
+                Some(sent) => sent,
+                None => {
+                    if let Some(old) = open.take() {
+                        old.end();
+                    }
+                    let (requests, answers) = self
+                        .open("/etcdserverpb.Lease/LeaseKeepAlive", LeaseId { id })
+                        .await?;
+                    let stream = Arc::new(KeepAliveStream {
+                        member: self.current.load(Ordering::Relaxed),
+                        requests,
+                        waiting: Mutex::new(Some(HashMap::new())),
+                        reader: Mutex::new(None),
+                    });
+                    let answer = stream.send(id, true).expect("a new stream is open");
+                    let reader = tokio::spawn(read(stream.clone(), answers));
+                    *stream.reader.locked() = Some(reader.abort_handle());
+                    *open = Some(stream.clone());
+                    (stream, answer)
+                }
+            }
+        };
+        match tokio::time::timeout(limit, answer).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_)) => Err(Status::unavailable("keepalive stream ended")),
+            Err(_) => {
+                stream.end();
+                Err(Status::deadline_exceeded(format!(
+                    "no answer to a keepalive within {limit:?}"
+                )))
+            }
+        }
+    }
+}
