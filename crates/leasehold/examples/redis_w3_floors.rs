@@ -14,7 +14,7 @@
 //!   above it (no guard, renewal or in-process queue);
 //! - `leasehold`: `Lock::try_lock_for` and `LockGuard::release`, as `leasehold bench`.
 //!
-//! Per mode it prints the median rate, the median ratio to `floor` and to `token`, the
+//! Per mode it prints the median rate, the median ratios to `floor`, `token` and `layout`, the
 //! client's CPU per cycle (getrusage of this process) and, from `INFO commandstats` (reset
 //! before each run: use a server of its own), Redis commands and server µs per cycle.
 //!
@@ -26,17 +26,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{median, store_cycle, Failure, RELEASE, TOKEN_ACQUIRE};
 use leasehold::Leasehold;
 use redis::aio::MultiplexedConnection;
 
-const RELEASE: &str =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
-const TOKEN_ACQUIRE: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('incr', KEYS[2]) end return 0";
+mod common;
+
 const LAYOUT_ACQUIRE: &str = "if redis.call('set', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('incr', KEYS[3]) end return 0";
 const LAYOUT_RELEASE: &str = "local v = redis.call('get', KEYS[2]) if v and string.find(v, ARGV[1] .. '\\31', 1, true) == 1 then return redis.call('del', KEYS[2]) end return 0";
 const MODES: [&str; 5] = ["floor", "token", "layout", "store", "leasehold"];
-
-type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// What one run of a mode measured.
 #[derive(Clone, Copy, Default)]
@@ -80,27 +78,7 @@ async fn worker(
                     return Err("the release found the lease ended".into());
                 }
             }
-            "store" => {
-                let req = leasehold::store::AcquireRequest {
-                    name: name.clone(),
-                    lease: leasehold::store::LeaseId::random(),
-                    owner: "o".into(),
-                    kind: leasehold::LockKind::Exclusive,
-                    ttl: Duration::from_secs(30),
-                    fair: false,
-                    enqueue: true,
-                    waited: Duration::ZERO,
-                    requester: requester.clone(),
-                };
-                let store = locks.store();
-                match store.acquire(&req).await? {
-                    leasehold::store::Attempt::Granted(_) => {}
-                    _ => return Err("the lock was busy".into()),
-                }
-                if store.release(&req.lease()).await? != leasehold::Released::Released {
-                    return Err("the release found the lease ended".into());
-                }
-            }
+            "store" => store_cycle(&locks, &name, &requester).await?,
             "layout" => {
                 let lease = leasehold::store::LeaseId::random();
                 let owner = leasehold::store::LeaseId::random();
@@ -236,12 +214,6 @@ async fn run(
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    (values[(n - 1) / 2] + values[n / 2]) / 2.0
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Failure> {
     let mut args = std::env::args().skip(1);
@@ -279,10 +251,11 @@ async fn main() -> Result<(), Failure> {
     for (m, mode) in MODES.iter().enumerate() {
         let of = |f: &dyn Fn(&[Figures; MODES.len()]) -> f64| median(runs.iter().map(f).collect());
         println!(
-            "{mode:>9}: median {:.0} cycles/s, ratio to floor {:.2}, to token {:.2}; client CPU {:.1} µs/cycle; Redis {:.2} commands, {:.1} µs/cycle",
+            "{mode:>9}: median {:.0} cycles/s, ratio to floor {:.2}, to token {:.2}, to layout {:.2}; client CPU {:.1} µs/cycle; Redis {:.2} commands, {:.1} µs/cycle",
             of(&|r| r[m].rate),
             of(&|r| r[m].rate / r[0].rate),
             of(&|r| r[m].rate / r[1].rate),
+            of(&|r| r[m].rate / r[2].rate),
             of(&|r| r[m].cpu_us),
             of(&|r| r[m].commands),
             of(&|r| r[m].server_us),
