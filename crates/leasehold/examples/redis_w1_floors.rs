@@ -19,12 +19,12 @@
 
 use std::time::{Duration, Instant};
 
+use common::{median, store_cycle, RELEASE, TOKEN_ACQUIRE};
 use leasehold::Leasehold;
 use redis::aio::MultiplexedConnection;
 
-const RELEASE: &str =
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
-const TOKEN_ACQUIRE: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('incr', KEYS[2]) end return 0";
+mod common;
+
 const MODES: [&str; 5] = ["floor", "multi", "script", "store", "leasehold"];
 
 /// Cycles per second of one mode for `cycles` cycles on a key of its own.
@@ -42,26 +42,14 @@ async fn run(
     let tag = format!("w1floors:{}:{round}:{mode}", std::process::id());
     let (key, counter) = (format!("{{{tag}}}:k"), format!("{{{tag}}}:t"));
     let lock = locks.mutex(tag.as_str())?.with_ttl(Duration::from_secs(30));
+    let name: leasehold::LockName = tag.as_str().try_into()?;
+    let requester = std::sync::Arc::new(leasehold::store::Requester::this_process());
     let started = Instant::now();
     for i in 0..cycles {
         if mode == "store" {
-            let req = leasehold::store::AcquireRequest {
-                name: tag.as_str().try_into()?,
-                lease: leasehold::store::LeaseId::random(),
-                owner: "o".into(),
-                kind: leasehold::LockKind::Exclusive,
-                ttl: Duration::from_secs(30),
-                fair: false,
-                enqueue: true,
-                waited: Duration::ZERO,
-                requester: std::sync::Arc::new(leasehold::store::Requester::this_process()),
-            };
-            let store = locks.store();
-            match store.acquire(&req).await? {
-                leasehold::store::Attempt::Granted(_) => {}
-                _ => return Err("busy".into()),
-            }
-            let _ = store.release(&req.lease()).await?;
+            store_cycle(locks, &name, &requester)
+                .await
+                .map_err(|e| e.to_string())?;
             continue;
         }
         if mode == "leasehold" {
@@ -112,12 +100,6 @@ async fn run(
         }
     }
     Ok(cycles as f64 / started.elapsed().as_secs_f64())
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    (values[(n - 1) / 2] + values[n / 2]) / 2.0
 }
 
 #[tokio::main]
