@@ -8,7 +8,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{forms, Credentials, Endpoint, Scheme, StoreUrl};
+use super::{forms, Credentials, Endpoint, RedisOptions, Scheme, StoreUrl};
 use crate::{Error, Result};
 
 /// Options whose values a message may show: none of them is a secret.
@@ -121,27 +121,43 @@ fn redis(scheme: Scheme, rest: &str) -> Result<StoreUrl, String> {
     if scheme.cluster() && !path.is_empty() {
         return Err(format!("a {scheme} URL takes no database: {form}"));
     }
+    url.endpoints = redis_hosts(scheme, hosts, &form)?;
+    if !path.is_empty() {
+        url.redis.db = Some(path.parse().map_err(|_| {
+            format!("the database /{path} is not a number; a {scheme} URL is {form}")
+        })?);
+    }
+    url.redis.insecure = redis_insecure(scheme, fragment)?;
+    redis_options(scheme, query.unwrap_or(""), &mut url.redis)?;
+    Ok(url)
+}
+
+/// A Redis URL's hosts: one server, or a cluster's seed nodes.
+fn redis_hosts(scheme: Scheme, hosts: &str, form: &str) -> Result<Vec<Endpoint>, String> {
+    let plain = if scheme.tls() { "rediss" } else { "redis" };
+    let mut endpoints = Vec::new();
     for host in hosts.split(',') {
-        let endpoint = endpoint(host, false, true, &form)?;
+        let endpoint = endpoint(host, false, true, form)?;
         let bare = endpoint.host.trim_start_matches('[').trim_end_matches(']');
         if bare == "0.0.0.0" || bare == "::" {
             return Err(format!(
                 "{endpoint} is a wildcard address, not a server: give the server's address"
             ));
         }
-        url.endpoints.push(endpoint);
+        endpoints.push(endpoint);
     }
-    if url.endpoints.len() > 1 && !scheme.cluster() {
+    if endpoints.len() > 1 && !scheme.cluster() {
         return Err(format!(
             "a {scheme} URL names one server; for a Redis Cluster write {plain}+cluster://h1:p1,h2:p2"
         ));
     }
-    if !path.is_empty() {
-        url.redis.db = Some(path.parse().map_err(|_| {
-            format!("the database /{path} is not a number; a {scheme} URL is {form}")
-        })?);
-    }
-    url.redis.insecure = match fragment {
+    Ok(endpoints)
+}
+
+/// `#insecure`: TLS without the host name check, the only fragment a Redis URL takes.
+fn redis_insecure(scheme: Scheme, fragment: Option<&str>) -> Result<bool, String> {
+    let plain = if scheme.tls() { "rediss" } else { "redis" };
+    Ok(match fragment {
         None => false,
         Some("insecure") if scheme.tls() => true,
         Some("insecure") => return Err(format!("#insecure is for TLS ({plain}s://...)")),
@@ -150,11 +166,14 @@ fn redis(scheme: Scheme, rest: &str) -> Result<StoreUrl, String> {
                 "only #insecure (TLS without the host name check) may end a Redis URL".into(),
             )
         }
-    };
+    })
+}
+
+/// leasehold's options in a Redis URL's query (and the redis crate's `protocol`).
+fn redis_options(scheme: Scheme, query: &str, o: &mut RedisOptions) -> Result<(), String> {
     let known =
         "a Redis URL takes replicas=N, replica_timeout=DUR, durable=1 and protocol=resp2|resp3";
-    let o = &mut url.redis;
-    options(query.unwrap_or(""), known, |key, value| {
+    options(query, known, |key, value| {
         match key {
             "replicas" if scheme.cluster() => {
                 return Err("?replicas is for a single server; a cluster's WAIT is per node".into())
@@ -188,8 +207,7 @@ fn redis(scheme: Scheme, rest: &str) -> Result<StoreUrl, String> {
             _ => return Ok(false),
         }
         Ok(true)
-    })?;
-    Ok(url)
+    })
 }
 
 /// `[user][:password]` before a Redis URL's hosts, decoded.
