@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasehold::{Leasehold, LockGuard, StoreUrl};
+use leasehold::{Leasehold, Lock, LockGuard, StoreUrl};
 use serde::Serialize;
+use tokio::task::JoinHandle;
 
 use super::BenchArgs;
 use crate::exit::{Failure, INTERNAL, USAGE};
@@ -172,19 +173,8 @@ pub fn left_in_store(url: &StoreUrl, prefix: &str) -> (Option<usize>, Option<usi
 
 /// Runs the workload.
 pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure> {
-    let names = args.names;
-    let per_name = args.waiters;
-    let waiters = names.saturating_mul(per_name);
-    if names == 0 || per_name == 0 {
-        return Err(usage("--names and --waiters must be at least 1"));
-    }
-    if waiters > MAX_WAITERS {
-        return Err(usage(format!(
-            "--names x --waiters = {waiters}: at most {MAX_WAITERS} waiters"
-        )));
-    }
+    let (names, waiters) = sizes(args)?;
     let budget = args.wait.unwrap_or(Duration::from_secs(120));
-    let backend = url.scheme().backend();
     let store = url.open().await?;
     let fair = args.fair || (!args.no_fair && store.capabilities().fair_by_default);
     let store_name = store.describe_store();
@@ -204,6 +194,78 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
     }
 
     let before_holders = rss();
+    let holders = hold_all(names, &lock).await?;
+    let before_waiters = rss();
+    let waiting = Waiting::default();
+    let tasks = (0..waiters)
+        .map(|i| Ok(waiting.spawn(lock(i % names)?)))
+        .collect::<Result<Vec<_>, Failure>>()?;
+    waiting.settle(waiters, budget).await;
+    let after_waiters = rss();
+    let open = connections(None);
+
+    let released = Instant::now();
+    futures_util::future::join_all(holders.into_iter().map(|g| g.release())).await;
+    let served = Served::collect(tasks, released + budget).await;
+    // Undo of cancelled waiters, then what the store still has.
+    let _ = locks.shutdown(Duration::from_secs(30)).await;
+    let left_locks = locks.list(&run).await.ok().map(|l| l.len());
+    // The client gone, what it kept for reuse goes too (etcd's spare leases, revoked in
+    // the background).
+    drop(locks);
+    let (left_leases, left_keys) = left_after(url, &run).await;
+    let (errors, first_error) = waiting
+        .errors
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+
+    let report = Report {
+        schema: "leasehold.scale.v1",
+        workload: "S1",
+        backend: url.scheme().backend(),
+        fair,
+        names,
+        waiters,
+        queued: waiting.queued.load(Ordering::Relaxed),
+        connections: open,
+        held_lock_bytes: per(before_holders, before_waiters, names),
+        waiter_bytes: per(before_waiters, after_waiters, waiters),
+        served_s: (served.count == waiters)
+            .then(|| served.last.map(|l| (l - released).as_secs_f64()))
+            .flatten(),
+        served: served.count,
+        errors,
+        first_error,
+        left_locks,
+        left_leases,
+        left_keys,
+    };
+    super::show_report(args.json, &report, || {
+        table(&report, &store_name, served.stuck)
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--names` and the waiters in all (`--names` x `--waiters`), checked.
+fn sizes(args: &BenchArgs) -> Result<(usize, usize), Failure> {
+    let waiters = args.names.saturating_mul(args.waiters);
+    if args.names == 0 || args.waiters == 0 {
+        return Err(usage("--names and --waiters must be at least 1"));
+    }
+    if waiters > MAX_WAITERS {
+        return Err(usage(format!(
+            "--names x --waiters = {waiters}: at most {MAX_WAITERS} waiters"
+        )));
+    }
+    Ok((args.names, waiters))
+}
+
+/// A holder for each of `names` locks, `HOLDER_BATCH` at a time.
+async fn hold_all(
+    names: usize,
+    lock: &impl Fn(usize) -> Result<Lock, Failure>,
+) -> Result<Vec<LockGuard>, Failure> {
     let mut holders: Vec<LockGuard> = Vec::with_capacity(names);
     for start in (0..names).step_by(HOLDER_BATCH) {
         let batch = (start..(start + HOLDER_BATCH).min(names))
@@ -221,21 +283,29 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
             holders.push(guard?);
         }
     }
-    let before_waiters = rss();
+    Ok(holders)
+}
 
-    let queued = Arc::new(AtomicUsize::new(0));
-    let errors = Arc::new(Mutex::new((0usize, None::<String>)));
-    let mut tasks = Vec::with_capacity(waiters);
-    for i in 0..waiters {
+/// The waiting tasks' shared counts: how many the store answered busy, and errors.
+#[derive(Default)]
+struct Waiting {
+    queued: Arc<AtomicUsize>,
+    errors: Arc<Mutex<(usize, Option<String>)>>,
+}
+
+impl Waiting {
+    /// A task that waits for `lock` (no limit), takes it, releases it, and returns when
+    /// it was served.
+    fn spawn(&self, lock: Lock) -> JoinHandle<Option<Instant>> {
         let counted = Arc::new(AtomicBool::new(false));
-        let queued = queued.clone();
-        let handle = lock(i % names)?.on_wait(move |_| {
+        let queued = self.queued.clone();
+        let handle = lock.on_wait(move |_| {
             if !counted.swap(true, Ordering::Relaxed) {
                 queued.fetch_add(1, Ordering::Relaxed);
             }
         });
-        let errors = errors.clone();
-        tasks.push(tokio::spawn(async move {
+        let errors = self.errors.clone();
+        tokio::spawn(async move {
             match handle.lock().await {
                 Ok(guard) => {
                     let served = Instant::now();
@@ -249,86 +319,73 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
                     None
                 }
             }
-        }));
+        })
     }
-    // Settled: every waiter answered busy, or the count stood still for a while (gated
-    // waiters wait in the process without asking the store), within the budget.
-    let settle_by = Instant::now() + budget;
-    let (mut last, mut still_since) = (usize::MAX, Instant::now());
-    loop {
-        let now = queued.load(Ordering::Relaxed);
-        if now != last {
-            (last, still_since) = (now, Instant::now());
-        }
-        if now == waiters || still_since.elapsed() >= SETTLED || Instant::now() >= settle_by {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let after_waiters = rss();
-    let open = connections(None);
 
-    let released = Instant::now();
-    futures_util::future::join_all(holders.into_iter().map(|g| g.release())).await;
-    let serve_by = released + budget;
-    let mut last_served = None::<Instant>;
-    let mut served = 0;
-    let mut stuck = 0;
-    for task in tasks {
-        let left = serve_by.saturating_duration_since(Instant::now());
-        let abort = task.abort_handle();
-        match tokio::time::timeout(left, task).await {
-            Ok(Ok(Some(at))) => {
-                served += 1;
-                last_served = Some(last_served.map_or(at, |l| l.max(at)));
+    /// Until every waiter answered busy, or the count stood still for a while (gated
+    /// waiters wait in the process without asking the store), within `budget`.
+    async fn settle(&self, waiters: usize, budget: Duration) {
+        let settle_by = Instant::now() + budget;
+        let (mut last, mut still_since) = (usize::MAX, Instant::now());
+        loop {
+            let now = self.queued.load(Ordering::Relaxed);
+            if now != last {
+                (last, still_since) = (now, Instant::now());
             }
-            Ok(_) => {}
-            Err(_) => {
-                abort.abort();
-                stuck += 1;
+            if now == waiters || still_since.elapsed() >= SETTLED || Instant::now() >= settle_by {
+                return;
             }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    // Undo of cancelled waiters, then what the store still has.
-    let _ = locks.shutdown(Duration::from_secs(30)).await;
-    let left_locks = locks.list(&run).await.ok().map(|l| l.len());
-    // The client gone, what it kept for reuse goes too (etcd's spare leases, revoked in
-    // the background): look until nothing is left, or for a few seconds.
-    drop(locks);
+}
+
+/// How the waiters ended: served (and the last of them when), or still waiting when the
+/// budget ran out (abandoned).
+struct Served {
+    count: usize,
+    last: Option<Instant>,
+    stuck: usize,
+}
+
+impl Served {
+    async fn collect(tasks: Vec<JoinHandle<Option<Instant>>>, serve_by: Instant) -> Served {
+        let mut served = Served {
+            count: 0,
+            last: None,
+            stuck: 0,
+        };
+        for task in tasks {
+            let left = serve_by.saturating_duration_since(Instant::now());
+            let abort = task.abort_handle();
+            match tokio::time::timeout(left, task).await {
+                Ok(Ok(Some(at))) => {
+                    served.count += 1;
+                    served.last = Some(served.last.map_or(at, |l| l.max(at)));
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    abort.abort();
+                    served.stuck += 1;
+                }
+            }
+        }
+        served
+    }
+}
+
+/// What the store still has of run `run`: looked at until nothing is left, or for
+/// `LEFT_PATIENCE`.
+async fn left_after(url: &StoreUrl, run: &str) -> (Option<usize>, Option<usize>) {
     let look_until = Instant::now() + LEFT_PATIENCE;
-    let (left_leases, left_keys) = loop {
-        let (leases, keys) = left_in_store(url, &run);
+    loop {
+        let (leases, keys) = left_in_store(url, run);
         let clean = leases.unwrap_or(0) == 0 && keys.unwrap_or(0) == 0;
         if clean || Instant::now() >= look_until {
-            break (leases, keys);
+            return (leases, keys);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let (errors, first_error) = errors.lock().unwrap_or_else(|e| e.into_inner()).clone();
-
-    let report = Report {
-        schema: "leasehold.scale.v1",
-        workload: "S1",
-        backend,
-        fair,
-        names,
-        waiters,
-        queued: queued.load(Ordering::Relaxed),
-        connections: open,
-        held_lock_bytes: per(before_holders, before_waiters, names),
-        waiter_bytes: per(before_waiters, after_waiters, waiters),
-        served_s: (served == waiters)
-            .then(|| last_served.map(|l| (l - released).as_secs_f64()))
-            .flatten(),
-        served,
-        errors,
-        first_error,
-        left_locks,
-        left_leases,
-        left_keys,
-    };
-    super::show_report(args.json, &report, || table(&report, &store_name, stuck))?;
-    Ok(ExitCode::SUCCESS)
+    }
 }
 
 fn bytes(b: Option<u64>) -> String {
