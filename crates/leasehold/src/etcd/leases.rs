@@ -131,7 +131,7 @@ impl EtcdStore {
         let Some(kv) = (current.kvs.into_iter().next()).filter(|kv| kv.create_revision == create)
         else {
             self.forget(&lease.id);
-            self.moved_off(&lease.id);
+            self.moved_off(&lease.id, None);
             return Ok(Pass::Done(Renewal::Lost));
         };
         let carried =
@@ -150,7 +150,7 @@ impl EtcdStore {
         }
         let Some(renewed) = alive else {
             self.forget(&lease.id);
-            self.moved_off(&lease.id);
+            self.moved_off(&lease.id, None);
             return Ok(Pass::Done(Renewal::Lost));
         };
         self.set_lease(&lease.id, renewed, None);
@@ -257,11 +257,11 @@ impl EtcdStore {
         }
     }
 
-    /// Acquisition `id`'s key is gone, or on another lease: revokes the full lease set
-    /// aside for it, if any (nothing of ours is left on it).
-    pub(super) fn moved_off(&self, id: &LeaseId) {
+    /// Acquisition `id` is over: revokes the full lease set aside for it, if any, unless
+    /// its key stays on it (`kept`: the lease the key stays on, for others' holds).
+    pub(super) fn moved_off(&self, id: &LeaseId, kept: Option<i64>) {
         let set_aside = self.inner.moving.locked().remove(id);
-        if let Some(lease) = set_aside {
+        if let Some(lease) = set_aside.filter(|l| Some(l.id) != kept) {
             self.revoke_later(lease.id);
         }
     }
