@@ -439,14 +439,11 @@ impl EtcdStore {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use futures_util::FutureExt;
 
-    use super::super::queue::queue_key;
+    use super::super::acquire::tests::{put_key, request, started};
     use super::*;
-    use crate::store::{Released, Requester, Store};
-    use crate::LockKind;
+    use crate::store::{Released, Store};
     use crate::{FencingToken, LockName};
 
     /// The leases etcd has: `etcdctl lease list` prints a count, then one id a line.
@@ -462,44 +459,11 @@ mod tests {
     /// the state the store records for one: our key held on a waiter's short lease.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_cancelled_move_onto_the_full_lease_leaves_no_lease_behind() {
-        let server = tokio::task::spawn_blocking(leasehold_testkit::EtcdServer::start)
-            .await
-            .unwrap();
-        let store = EtcdStore::connect(&server.url()).await.unwrap();
+        let (server, store) = started().await;
         let name = LockName::new("cancelled-move").unwrap();
-        let req = AcquireRequest {
-            name: name.clone(),
-            lease: LeaseId::random(),
-            owner: "o".into(),
-            kind: LockKind::Exclusive,
-            ttl: Duration::from_secs(30),
-            fair: true,
-            enqueue: true,
-            waited: Duration::ZERO,
-            requester: Arc::new(Requester::this_process()),
-        };
+        let req = request(&name, "o");
         let short = store.lease_for(Duration::from_secs(5)).await.unwrap();
-        let key = queue_key(&name, short.id);
-        let marker = marker_key(&name, "o", &key);
-        let entry = Entry {
-            owner: "o".into(),
-            host: "h".into(),
-            pid: 1,
-            kind: LockKind::Exclusive,
-            since: 0,
-            holds: vec![req.lease.clone()],
-        };
-        let put = (store.call_txn(txn(
-            vec![],
-            vec![
-                put_on(short.id, &key, &entry.value()),
-                put_on(short.id, &marker, &key),
-            ],
-            vec![],
-        )))
-        .await
-        .unwrap();
-        let create = put.revision();
+        let (key, marker, create) = put_key(&store, &req, short).await;
         store.record(
             &req.lease,
             Acquisition {
