@@ -621,7 +621,7 @@ impl EtcdStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -629,7 +629,7 @@ mod tests {
     use crate::store::LeaseId;
     use crate::LockName;
 
-    fn request(name: &LockName, owner: &str) -> AcquireRequest {
+    pub(in crate::etcd) fn request(name: &LockName, owner: &str) -> AcquireRequest {
         AcquireRequest {
             name: name.clone(),
             lease: LeaseId::random(),
@@ -643,38 +643,33 @@ mod tests {
         }
     }
 
-    /// An acquire whose answer was lost had queued its key; retried, it finds its owner's
-    /// older key first. Its lease must not be spared while its key is queued (run by
-    /// `leasehold torture` on etcd with store restarts, one spare lease backed two
-    /// acquisitions and a holder's key was revoked under it). Against a real etcd; the
-    /// lost answer is the state the store records for one: the key put, the answer not.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_retried_attempt_takes_back_its_key_before_it_spares_the_lease() {
+    /// A store on an etcd server of its own (keep the server for as long as the store).
+    pub(in crate::etcd) async fn started() -> (leasehold_testkit::EtcdServer, EtcdStore) {
         let server = tokio::task::spawn_blocking(leasehold_testkit::EtcdServer::start)
             .await
             .unwrap();
         let store = EtcdStore::connect(&server.url()).await.unwrap();
-        let name = LockName::new("lost-answer").unwrap();
-        let older = request(&name, "o");
-        assert!(matches!(
-            store.attempt(&older).await.unwrap(),
-            Attempt::Granted(_)
-        ));
-        // The retried request's first attempt: its key and its owner's marker put, then
-        // the answer lost.
-        let retried = request(&name, "o");
-        let lease = store.lease_for(retried.ttl).await.unwrap();
-        let key = queue_key(&name, lease.id);
-        let marker = marker_key(&name, "o", &key);
+        (server, store)
+    }
+
+    /// Puts `req`'s key and its owner's marker on `lease`, as an attempt would: the key,
+    /// the marker and the key's create revision.
+    pub(in crate::etcd) async fn put_key(
+        store: &EtcdStore,
+        req: &AcquireRequest,
+        lease: EtcdLease,
+    ) -> (Vec<u8>, Vec<u8>, i64) {
+        let key = queue_key(&req.name, lease.id);
+        let marker = marker_key(&req.name, &req.owner, &key);
         let entry = Entry {
-            owner: "o".into(),
+            owner: req.owner.clone(),
             host: "h".into(),
             pid: 1,
             kind: LockKind::Exclusive,
             since: now_ms(),
-            holds: vec![retried.lease.clone()],
+            holds: vec![req.lease.clone()],
         };
-        store
+        let answer = store
             .call_txn(txn(
                 vec![],
                 vec![
@@ -685,6 +680,28 @@ mod tests {
             ))
             .await
             .unwrap();
+        (key, marker, answer.revision())
+    }
+
+    /// An acquire whose answer was lost had queued its key; retried, it finds its owner's
+    /// older key first. Its lease must not be spared while its key is queued (run by
+    /// `leasehold torture` on etcd with store restarts, one spare lease backed two
+    /// acquisitions and a holder's key was revoked under it). Against a real etcd; the
+    /// lost answer is the state the store records for one: the key put, the answer not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retried_attempt_takes_back_its_key_before_it_spares_the_lease() {
+        let (_server, store) = started().await;
+        let name = LockName::new("lost-answer").unwrap();
+        let older = request(&name, "o");
+        assert!(matches!(
+            store.attempt(&older).await.unwrap(),
+            Attempt::Granted(_)
+        ));
+        // The retried request's first attempt: its key and its owner's marker put, then
+        // the answer lost.
+        let retried = request(&name, "o");
+        let lease = store.lease_for(retried.ttl).await.unwrap();
+        let (key, marker, _) = put_key(&store, &retried, lease).await;
         store.record(
             &retried.lease,
             Acquisition {

@@ -68,6 +68,7 @@ impl EtcdStore {
                 client: Arc::new(client),
                 acquisitions: Mutex::default(),
                 spare: Mutex::default(),
+                moving: Mutex::default(),
                 lines: Lines::default(),
                 busy_queues: Mutex::default(),
                 puts: tokio::sync::Semaphore::new(super::PUTS_AT_ONCE),

@@ -12,13 +12,16 @@ use super::rpc::{
     self, Compare, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseTimeToLiveResponse,
 };
 use super::{try_per_member, EtcdStore, Pass};
-use crate::store::{AcquireRequest, Grant, Lease, Renewal};
+use crate::store::{AcquireRequest, Grant, Lease, LeaseId, Renewal};
 use crate::{Locked, Result};
 
 /// Spare leases kept per TTL: enough for the acquisitions a process makes at once on
 /// many locks; a burst of releases (thousands of waiters served) would otherwise leave
 /// a lease per waiter in etcd until its TTL.
 const MAX_SPARE: usize = 64;
+
+/// Tries of a revoke in the background.
+const REVOKE_TRIES: usize = 3;
 
 /// An etcd lease and how long it is surely alive.
 #[derive(Clone, Copy, Debug)]
@@ -128,6 +131,7 @@ impl EtcdStore {
         let Some(kv) = (current.kvs.into_iter().next()).filter(|kv| kv.create_revision == create)
         else {
             self.forget(&lease.id);
+            self.moved_off(&lease.id, None);
             return Ok(Pass::Done(Renewal::Lost));
         };
         let carried =
@@ -146,6 +150,7 @@ impl EtcdStore {
         }
         let Some(renewed) = alive else {
             self.forget(&lease.id);
+            self.moved_off(&lease.id, None);
             return Ok(Pass::Done(Renewal::Lost));
         };
         self.set_lease(&lease.id, renewed, None);
@@ -201,16 +206,25 @@ impl EtcdStore {
 
     async fn grant_now(&self, ttl: Duration) -> Result<EtcdLease> {
         let seconds = lease_seconds(ttl);
+        // Our own id, so that a grant etcd applied but whose answer was lost can be
+        // revoked rather than left until its TTL.
+        let id = (rand::random::<i64>() & i64::MAX).max(1);
         let sent = Instant::now();
         let answer: LeaseGrantResponse = self
             .inner
             .client
             .unary(
                 "/etcdserverpb.Lease/LeaseGrant",
-                LeaseGrantRequest { ttl: seconds },
+                LeaseGrantRequest { ttl: seconds, id },
             )
             .await
-            .map_err(|s| self.unavailable(s))?;
+            .map_err(|s| {
+                // Another's lease has that id: not ours to revoke.
+                if !s.message().contains("lease already exists") {
+                    self.revoke_later(id);
+                }
+                self.unavailable(s)
+            })?;
         if !answer.error.is_empty() {
             return Err(self.unavailable(tonic::Status::unavailable(answer.error)));
         }
@@ -243,10 +257,29 @@ impl EtcdStore {
         }
     }
 
+    /// Acquisition `id` is over: revokes the full lease set aside for it, if any, unless
+    /// its key stays on it (`kept`: the lease the key stays on, for others' holds).
+    pub(super) fn moved_off(&self, id: &LeaseId, kept: Option<i64>) {
+        let set_aside = self.inner.moving.locked().remove(id);
+        if let Some(lease) = set_aside.filter(|l| Some(l.id) != kept) {
+            self.revoke_later(lease.id);
+        }
+    }
+
     pub(super) fn revoke_later(&self, id: i64) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let store = self.clone();
             runtime.spawn(async move {
+                // A revoke that failed (etcd busy, a failover) leaves the lease until its
+                // TTL: try again a few times.
+                let mut pause = Duration::from_millis(100);
+                for _ in 0..REVOKE_TRIES - 1 {
+                    if store.revoke(id).await.is_ok() {
+                        return;
+                    }
+                    tokio::time::sleep(crate::keepalive::jitter(pause)).await;
+                    pause *= 2;
+                }
                 let _ = store.revoke(id).await;
             });
         }
@@ -293,6 +326,10 @@ impl EtcdStore {
     /// paused for that long), and its guard counts its safe deadline from it. Should the
     /// move fail, the grant stands on the short lease, which the guard's first renewal
     /// lengthens ([`move_to_longer_lease`](Self::move_to_longer_lease)).
+    ///
+    /// The lock loop drops this future when its wake-up comes first, and asks again: the
+    /// full lease is kept aside until the move is seen through, so that the next move
+    /// reuses it (rather than leave it in etcd, with or without our key, until its TTL).
     pub(super) async fn on_full_lease(&self, req: &AcquireRequest, grant: Grant) -> Grant {
         let Some(Acquisition {
             key,
@@ -307,8 +344,17 @@ impl EtcdStore {
         if !short.ours || short.asked >= lease_seconds(req.ttl) {
             return grant;
         }
-        let Ok(full) = self.lease_for(req.ttl).await else {
-            return grant;
+        let pending = self.inner.moving.locked().get(&req.lease).copied();
+        let full = match pending {
+            Some(full) => full,
+            None => {
+                let Ok(full) = self.lease_for(req.ttl).await else {
+                    return grant;
+                };
+                // No await until it is set aside.
+                self.inner.moving.locked().insert(req.lease.clone(), full);
+                full
+            }
         };
         // The marker too: it must go with the key (a key put into an empty queue has
         // none; one more does no harm, a release deletes it with the key).
@@ -322,14 +368,20 @@ impl EtcdStore {
         let revision = match moved {
             Ok(answer) if answer.succeeded => answer.revision(),
             Ok(_) => {
-                // Our key is gone (the guard's first renewal says so): nothing moved.
-                self.spare(full);
+                // Our key is gone (the guard's first renewal says so): nothing moved now.
+                self.inner.moving.locked().remove(&req.lease);
+                match pending {
+                    // An earlier move may have put the marker on it.
+                    Some(_) => self.revoke_later(full.id),
+                    None => self.spare(full),
+                }
                 return grant;
             }
             // The key may have moved unseen: the guard's renewal follows it to its lease,
-            // and the new lease, not reused, ends with the key.
+            // which stays set aside for the release to revoke.
             Err(_) => return grant,
         };
+        self.inner.moving.locked().remove(&req.lease);
         self.set_lease(&req.lease, full, Some(revision));
         // Not for reuse: the key keeps the short lease's name.
         self.revoke_later(short.id);
@@ -387,7 +439,79 @@ impl EtcdStore {
 
 #[cfg(test)]
 mod tests {
+    use futures_util::FutureExt;
+
+    use super::super::acquire::tests::{put_key, request, started};
     use super::*;
+    use crate::store::{Released, Store};
+    use crate::{FencingToken, LockName};
+
+    /// The leases etcd has: `etcdctl lease list` prints a count, then one id a line.
+    fn leases(server: &leasehold_testkit::EtcdServer) -> Vec<String> {
+        let list = server.etcdctl(&["lease", "list"]);
+        list.lines().skip(1).map(str::to_owned).collect()
+    }
+
+    /// A hand-over's move onto the full lease, cancelled once sent (the lock loop drops
+    /// it when its wake-up comes first) and then asked again, goes onto the same lease;
+    /// once released and the store dropped, etcd has no lease left. (Before, the first
+    /// full lease stayed, keyless, until its TTL.) Against a real etcd; the hand-over is
+    /// the state the store records for one: our key held on a waiter's short lease.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_move_onto_the_full_lease_leaves_no_lease_behind() {
+        let (server, store) = started().await;
+        let name = LockName::new("cancelled-move").unwrap();
+        let req = request(&name, "o");
+        let short = store.lease_for(Duration::from_secs(5)).await.unwrap();
+        let (key, marker, create) = put_key(&store, &req, short).await;
+        store.record(
+            &req.lease,
+            Acquisition {
+                key: key.clone(),
+                marker,
+                lease: Some(short),
+                state: State::Held {
+                    create,
+                    modified: create,
+                },
+                hold: None,
+            },
+        );
+        // A spare full lease, so that the move is sent within the first poll.
+        let full = store.lease_for(req.ttl).await.unwrap();
+        store.spare(full);
+        let grant = Grant {
+            token: FencingToken(create as u64),
+            holds: 1,
+            lease: Some(Duration::from_secs(5)),
+        };
+        let cancelled = store.on_full_lease(&req, grant.clone()).now_or_never();
+        assert!(cancelled.is_none(), "the move waits for etcd");
+        store.on_full_lease(&req, grant).await;
+        let on = store.range(range_key(&key)).await.unwrap().kvs[0].lease;
+        assert_eq!(
+            on, full.id,
+            "the key is on the lease the cancelled move took"
+        );
+        let lease = Lease {
+            name,
+            id: req.lease.clone(),
+        };
+        assert!(matches!(
+            store.release(&lease).await.unwrap(),
+            Released::Released
+        ));
+        drop(store);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !leases(&server).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "leases left: {:?}",
+                leases(&server)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 
     #[test]
     fn lease_seconds_round_up() {

@@ -184,6 +184,11 @@ struct Inner {
     /// Released leases, alive and without keys, by TTL in seconds: the next acquisition
     /// takes one instead of granting a new lease.
     spare: Mutex<HashMap<i64, Vec<EtcdLease>>>,
+    /// By acquisition: the full lease a hand-over's move was sent with and not seen
+    /// through (its caller was cancelled, or etcd did not answer). The next move of that
+    /// key goes onto the same lease, so a move etcd applied unseen lands there too; the
+    /// release revokes it (see [`EtcdStore::on_full_lease`]).
+    moving: Mutex<HashMap<LeaseId, EtcdLease>>,
     lines: Lines,
     /// Queues (by prefix) this client last found busy: an attempt there joins at once
     /// (see [`EtcdStore::attempt`]).

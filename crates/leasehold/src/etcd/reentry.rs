@@ -268,6 +268,8 @@ impl EtcdStore {
                     Some(own) => self.spare(own),
                     None => {}
                 }
+                let kept = (freed != m.kv.lease).then_some(m.kv.lease);
+                self.moved_off(&lease.id, kept);
                 return Ok(Released::Released);
             }
         }

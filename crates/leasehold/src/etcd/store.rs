@@ -37,8 +37,10 @@ impl Store for EtcdStore {
                 state: State::Unknown,
                 ..
             }) => {
-                // Whatever etcd did with the unanswered attempt, its key goes with the lease.
+                // Whatever etcd did with the unanswered attempt, its key goes with the lease
+                // (or with the full lease a cancelled hand-over moved it to).
                 self.revoke(etcd_lease.id).await?;
+                self.moved_off(&lease.id, None);
                 return Ok(Released::Released);
             }
             // The key's own hold, or a waiting key: with no re-entries, delete it.
@@ -58,6 +60,7 @@ impl Store for EtcdStore {
                     .delete_alone(&lease.name, &key, &marker, etcd_lease, create, modified)
                     .await?
                 {
+                    self.moved_off(&lease.id, None);
                     return Ok(Released::Released);
                 }
                 (key, create, Some(etcd_lease))

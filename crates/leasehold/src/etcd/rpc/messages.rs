@@ -302,6 +302,9 @@ pub struct Event {
 pub struct LeaseGrantRequest {
     #[prost(int64, tag = "1")]
     pub ttl: i64,
+    /// Chosen by the client (0: by etcd).
+    #[prost(int64, tag = "2")]
+    pub id: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
