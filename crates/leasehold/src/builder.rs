@@ -36,7 +36,7 @@ impl ClientSettings {
 /// A [`Leasehold`] configured step by step; [`build`](Self::build) connects.
 ///
 /// ```no_run
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use leasehold::Leasehold;
 ///
