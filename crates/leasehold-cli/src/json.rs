@@ -93,3 +93,53 @@ pub fn release(name: &str, was_held: bool, before: &LockState) -> Result<(), Fai
     };
     line(&json!({"name": name, "was_held": was_held, "holders": holders}))
 }
+
+/// With `--json`, log events on stderr are JSON lines too (`level`, `target`, `message`
+/// and the event's fields), so that every line there parses; the error object is the
+/// one with `exit`.
+pub struct JsonLog;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for JsonLog
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let meta = event.metadata();
+        let mut fields = serde_json::Map::new();
+        fields.insert("level".into(), meta.level().as_str().into());
+        fields.insert("target".into(), meta.target().into());
+        event.record(&mut Fields(&mut fields));
+        writeln!(writer, "{}", Value::Object(fields))
+    }
+}
+
+/// Collects an event's fields as JSON values.
+struct Fields<'a>(&'a mut serde_json::Map<String, Value>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        (self.0).insert(field.name().into(), format!("{value:?}").into());
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        (self.0).insert(field.name().into(), value.into());
+    }
+
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        (self.0).insert(field.name().into(), value.into());
+    }
+
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        (self.0).insert(field.name().into(), value.into());
+    }
+
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        (self.0).insert(field.name().into(), value.into());
+    }
+}

@@ -191,7 +191,7 @@ Examples:
   leasehold run --shared schema -- ./read-only-task
 ";
 
-fn init_tracing(verbose: u8) {
+fn init_tracing(verbose: u8, json: bool) {
     let default = match verbose {
         0 => "warn",
         // The library logs routine events at debug and trace, leaving info to us.
@@ -200,11 +200,13 @@ fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match json {
+        true => log.event_format(json::JsonLog).try_init(),
+        false => (log.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))).try_init(),
+    };
 }
 
 /// `leasehold run NAME COMMAND` (without `--`) fails as an unexpected argument, naming
@@ -253,7 +255,7 @@ pub fn main() -> ExitCode {
         Command::Man(args) => return man(args).unwrap_or_else(|f| f.report(json)),
         _ => {}
     }
-    init_tracing(cli.verbose);
+    init_tracing(cli.verbose, json);
     // bench drives many workers on two threads, like the peers it is compared with; the
     // other commands wait on one lock and one child, which one thread does with fewer
     // hand-offs between threads.
