@@ -58,18 +58,30 @@ pub fn rows() -> Vec<(String, &'static str)> {
 pub fn table() -> String {
     let mut table = "Exit status:".to_string();
     for (code, meaning) in rows() {
-        let mut line = format!("\n  {code:<6} ");
-        for word in meaning.replace('`', "").split(' ') {
-            if line.len() + word.len() > 88 {
-                table.push_str(line.trim_end());
-                line = format!("\n{:9}", "");
-            }
-            line.push_str(word);
-            line.push(' ');
-        }
-        table.push_str(line.trim_end());
+        table.push_str(&wrap(
+            format!("\n  {code:<6} "),
+            &meaning.replace('`', ""),
+            9,
+        ));
     }
     table
+}
+
+/// `text` after `start` (which begins with its line break), in lines of at most 88
+/// columns, each further one indented by `indent`.
+pub fn wrap(start: String, text: &str, indent: usize) -> String {
+    let mut wrapped = String::new();
+    let mut line = start;
+    for word in text.split(' ') {
+        if line.len() + word.len() > 88 {
+            wrapped.push_str(line.trim_end());
+            line = format!("\n{:indent$}", "");
+        }
+        line.push_str(word);
+        line.push(' ');
+    }
+    wrapped.push_str(line.trim_end());
+    wrapped
 }
 
 /// Writes `text` to standard output: a write that fails (a reader gone, `| head`; a full
@@ -152,5 +164,24 @@ impl From<leasehold::Error> for Failure {
             source = s.source();
         }
         Failure::new(code, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_code_has_its_own_kind_and_a_chosen_code_keeps_the_kind_it_stands_for() {
+        let mut kinds: Vec<&str> = KINDS.iter().map(|&(_, kind)| kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), CODES.len());
+        assert_eq!(kind(NOT_ACQUIRED), "not_acquired");
+        assert_eq!(kind(130), "signal");
+        assert_eq!(kind(3), "exit");
+        let busy = Failure::new(0, "busy").named(NOT_ACQUIRED);
+        assert_eq!(busy.to_json()["exit"], 0);
+        assert_eq!(busy.to_json()["kind"], "not_acquired");
     }
 }

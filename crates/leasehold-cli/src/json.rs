@@ -30,11 +30,13 @@ pub fn errors_help() -> String {
     let kinds: Vec<String> = (exit::KINDS.iter())
         .map(|(code, kind)| format!("{kind} ({code})"))
         .collect();
-    format!(
+    let text = format!(
         "With --json (hold, release, status, list, limit, bench, torture), an error is one JSON \
-object on stderr: {{\"exit\": 75, \"kind\": \"not_acquired\", \"message\": \"...\"}}; kinds: {}.",
+object on stderr, {{\"exit\": 75, \"kind\": \"not_acquired\", \"message\": \"...\"}}, whose kind \
+names the exit code: {}; signal (128+N).",
         kinds.join(", ")
-    )
+    );
+    exit::wrap("\n".into(), &text, 0).split_off(1)
 }
 
 /// Prints `value` as one line.
