@@ -2,26 +2,39 @@
 
 use std::process::ExitCode;
 
-/// Declares each exit code once, with its meaning: the constant, its doc, and its row in
-/// [`CODES`] come from the same line.
+/// Declares each exit code once, with its `kind` (the name `--json` errors give it) and
+/// its meaning: the constant, its doc, its row in [`CODES`] and in [`KINDS`] come from the
+/// same line.
 macro_rules! exit_codes {
-    ($($name:ident = $code:literal: $meaning:literal;)*) => {
+    ($($name:ident = $code:literal, $kind:literal: $meaning:literal;)*) => {
         $(#[doc = $meaning] pub const $name: u8 = $code;)*
         /// leasehold's own exit codes and their meanings (Markdown), in the order the docs
         /// list them.
         pub const CODES: &[(u8, &str)] = &[$(($code, $meaning)),*];
+        /// leasehold's own exit codes and their stable names, for scripts.
+        pub const KINDS: &[(u8, &str)] = &[$(($code, $kind)),*];
     };
 }
 
 exit_codes! {
-    USAGE = 64: "bad usage or bad input: name, duration, URL, permits, owner, store directory; a request the lock rules refuse";
-    UNAVAILABLE = 69: "the store is unreachable";
-    INTERNAL = 70: "internal error (including unreadable store state)";
-    CONFIG = 78: "the store refused the configuration: wrong credentials, missing permissions, a database the server does not have (retrying cannot help)";
-    NOT_ACQUIRED = 75: "not acquired within `--wait`, or busy with `--no-wait` (`-E N` / `--conflict-exit-code N` makes it N); `limit`: over the rate (with `--no-wait`, or longer than `--wait`)";
-    LOST = 76: "the lock was lost while the command ran; the command was stopped";
-    CANNOT_EXECUTE = 126: "the command could not be executed";
-    NOT_FOUND = 127: "the command was not found";
+    USAGE = 64, "usage": "bad usage or bad input: name, duration, URL, permits, owner, store directory; a request the lock rules refuse";
+    UNAVAILABLE = 69, "unavailable": "the store is unreachable";
+    INTERNAL = 70, "internal": "internal error (including unreadable store state)";
+    CONFIG = 78, "config": "the store refused the configuration: wrong credentials, missing permissions, a database the server does not have (retrying cannot help)";
+    NOT_ACQUIRED = 75, "not_acquired": "not acquired within `--wait`, or busy with `--no-wait` (`-E N` / `--conflict-exit-code N` makes it N); `limit`: over the rate (with `--no-wait`, or longer than `--wait`)";
+    LOST = 76, "lost": "the lock was lost while the command ran; the command was stopped";
+    CANNOT_EXECUTE = 126, "cannot_execute": "the command could not be executed";
+    NOT_FOUND = 127, "not_found": "the command was not found";
+}
+
+/// The `kind` of exit code `code` in [`KINDS`]; a code of no row is a signal's (128+N, a
+/// wait given up on a signal) or else the command's own.
+pub fn kind(code: u8) -> &'static str {
+    match KINDS.iter().find(|&&(c, _)| c == code) {
+        Some(&(_, kind)) => kind,
+        None if code > 128 => "signal",
+        None => "exit",
+    }
 }
 
 /// The exit status of `run` when its command ran: not leasehold's own codes.
@@ -45,18 +58,30 @@ pub fn rows() -> Vec<(String, &'static str)> {
 pub fn table() -> String {
     let mut table = "Exit status:".to_string();
     for (code, meaning) in rows() {
-        let mut line = format!("\n  {code:<6} ");
-        for word in meaning.replace('`', "").split(' ') {
-            if line.len() + word.len() > 88 {
-                table.push_str(line.trim_end());
-                line = format!("\n{:9}", "");
-            }
-            line.push_str(word);
-            line.push(' ');
-        }
-        table.push_str(line.trim_end());
+        table.push_str(&wrap(
+            format!("\n  {code:<6} "),
+            &meaning.replace('`', ""),
+            9,
+        ));
     }
     table
+}
+
+/// `text` after `start` (which begins with its line break), in lines of at most 88
+/// columns, each further one indented by `indent`.
+pub fn wrap(start: String, text: &str, indent: usize) -> String {
+    let mut wrapped = String::new();
+    let mut line = start;
+    for word in text.split(' ') {
+        if line.len() + word.len() > 88 {
+            wrapped.push_str(line.trim_end());
+            line = format!("\n{:indent$}", "");
+        }
+        line.push_str(word);
+        line.push(' ');
+    }
+    wrapped.push_str(line.trim_end());
+    wrapped
 }
 
 /// Writes `text` to standard output: a write that fails (a reader gone, `| head`; a full
@@ -73,6 +98,9 @@ pub fn print(text: &str) -> Result<(), Failure> {
 pub struct Failure {
     /// Exit status.
     pub code: u8,
+    /// Its name for `--json` ([`kind`] of the code, unless the code was chosen by the
+    /// user: `--conflict-exit-code`).
+    pub kind: &'static str,
     /// Message for stderr (without the `leasehold: ` prefix).
     pub message: String,
 }
@@ -82,14 +110,32 @@ impl Failure {
     pub fn new(code: u8, message: impl Into<String>) -> Self {
         Failure {
             code,
+            kind: kind(code),
             message: message.into(),
         }
     }
 
-    /// Prints it and gives the exit code.
-    pub fn report(self) -> ExitCode {
-        eprintln!("leasehold: {}", self.message);
+    /// The same failure under the name of exit code `table_code`, whatever it exits with.
+    pub fn named(self, table_code: u8) -> Self {
+        Failure {
+            kind: kind(table_code),
+            ..self
+        }
+    }
+
+    /// Prints it (one JSON object with `json`) and gives the exit code.
+    pub fn report(self, json: bool) -> ExitCode {
+        if json {
+            eprintln!("{}", self.to_json());
+        } else {
+            eprintln!("leasehold: {}", self.message);
+        }
         ExitCode::from(self.code)
+    }
+
+    /// `{"exit": 75, "kind": "not_acquired", "message": "..."}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"exit": self.code, "kind": self.kind, "message": self.message})
     }
 }
 
@@ -117,6 +163,25 @@ impl From<leasehold::Error> for Failure {
             }
             source = s.source();
         }
-        Failure { code, message }
+        Failure::new(code, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_code_has_its_own_kind_and_a_chosen_code_keeps_the_kind_it_stands_for() {
+        let mut kinds: Vec<&str> = KINDS.iter().map(|&(_, kind)| kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        assert_eq!(kinds.len(), CODES.len());
+        assert_eq!(kind(NOT_ACQUIRED), "not_acquired");
+        assert_eq!(kind(130), "signal");
+        assert_eq!(kind(3), "exit");
+        let busy = Failure::new(0, "busy").named(NOT_ACQUIRED);
+        assert_eq!(busy.to_json()["exit"], 0);
+        assert_eq!(busy.to_json()["kind"], "not_acquired");
     }
 }

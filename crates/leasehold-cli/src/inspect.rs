@@ -41,6 +41,9 @@ pub struct ReleaseArgs {
     /// ($LEASEHOLD_TOKEN)
     #[arg(long)]
     pub force: bool,
+    /// One JSON line on stdout: whether it was held; errors as JSON on stderr
+    #[arg(long)]
+    pub json: bool,
 }
 
 async fn connect(store: Option<&str>, command: &str) -> Result<Leasehold, Failure> {
@@ -156,7 +159,10 @@ pub async fn release(store: Option<&str>, args: ReleaseArgs) -> Result<ExitCode,
     }
     let locks = connect(store, "release").await?;
     let before = locks.describe(args.name.as_str()).await?;
-    if locks.force_release(args.name.as_str()).await? {
+    let was_held = locks.force_release(args.name.as_str()).await?;
+    if args.json {
+        crate::json::release(&args.name, was_held, &before)?;
+    } else if was_held {
         let who: Vec<String> = before
             .holders
             .iter()

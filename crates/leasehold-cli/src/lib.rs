@@ -6,6 +6,7 @@ mod args;
 pub mod bench;
 pub mod exit;
 mod inspect;
+mod json;
 mod limit;
 mod metrics;
 mod progress;
@@ -28,7 +29,7 @@ use crate::exit::Failure;
 /// Distributed locks from the shell: run a command while holding a lock, with a lease,
 /// a fencing token and a stop when the lock is lost.
 #[derive(Debug, Parser)]
-#[command(name = "leasehold", version, after_help = exit::table())]
+#[command(name = "leasehold", version, after_help = format!("{}\n\n{}", exit::table(), json::errors_help()))]
 pub struct Cli {
     /// Lock store URL [env: LEASEHOLD_STORE] [default: local:, the default directory]
     // LEASEHOLD_STORE is read in `dispatch`, not by clap: clap counts a value from the
@@ -53,12 +54,14 @@ pub enum Command {
     #[command(after_help = run_after_help())]
     Run(run::RunArgs),
     /// Acquire NAME, print its fencing token, hold it until SIGINT, SIGTERM or SIGHUP
+    #[command(after_help = json::HOLD_AFTER_HELP)]
     Hold(run::HoldArgs),
     /// Show who holds NAME and who waits
     Status(inspect::StatusArgs),
     /// List held or awaited locks
     List(inspect::ListArgs),
     /// Free a lock whoever holds it (needs --force); its holder sees the loss
+    #[command(after_help = json::RELEASE_AFTER_HELP)]
     Release(inspect::ReleaseArgs),
     /// Run COMMAND when rate limiter NAME lets it through (GCRA), or print one decision
     #[command(after_help = limit::LIMIT_AFTER_HELP)]
@@ -188,7 +191,7 @@ Examples:
   leasehold run --shared schema -- ./read-only-task
 ";
 
-fn init_tracing(verbose: u8) {
+fn init_tracing(verbose: u8, json: bool) {
     let default = match verbose {
         0 => "warn",
         // The library logs routine events at debug and trace, leaving info to us.
@@ -197,11 +200,13 @@ fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match json {
+        true => log.event_format(json::JsonLog).try_init(),
+        false => (log.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))).try_init(),
+    };
 }
 
 /// `leasehold run NAME COMMAND` (without `--`) fails as an unexpected argument, naming
@@ -231,18 +236,26 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(mut e) => {
             hint_the_double_dash(&mut e);
-            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if json_in_args() {
+                let message = e.render().to_string();
+                return Failure::new(exit::USAGE, message.trim_end()).report(true);
+            }
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::from(exit::USAGE);
         }
     };
+    let json = cli.json();
     // Generated from the definitions above: no store, no runtime.
     match &cli.command {
-        Command::Completions(args) => return completions(args).unwrap_or_else(Failure::report),
-        Command::Man(args) => return man(args).unwrap_or_else(Failure::report),
+        Command::Completions(args) => return completions(args).unwrap_or_else(|f| f.report(json)),
+        Command::Man(args) => return man(args).unwrap_or_else(|f| f.report(json)),
         _ => {}
     }
-    init_tracing(cli.verbose);
+    init_tracing(cli.verbose, json);
     // bench drives many workers on two threads, like the peers it is compared with; the
     // other commands wait on one lock and one child, which one thread does with fewer
     // hand-offs between threads.
@@ -257,7 +270,8 @@ pub fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            return Failure::new(exit::INTERNAL, format!("cannot start the runtime: {e}")).report()
+            return Failure::new(exit::INTERNAL, format!("cannot start the runtime: {e}"))
+                .report(json)
         }
     };
     let outcome = runtime.block_on(dispatch(cli));
@@ -265,8 +279,33 @@ pub fn main() -> ExitCode {
     runtime.shutdown_timeout(Duration::from_millis(200));
     match outcome {
         Ok(code) => code,
-        Err(failure) => failure.report(),
+        Err(failure) => failure.report(json),
     }
+}
+
+impl Cli {
+    /// Whether the command was given `--json`: then its errors are JSON too.
+    fn json(&self) -> bool {
+        match &self.command {
+            Command::Hold(args) => args.json,
+            Command::Status(args) => args.json,
+            Command::List(args) => args.json,
+            Command::Release(args) => args.json,
+            Command::Limit(args) => args.json,
+            Command::Bench(args) => args.json,
+            Command::Torture(args) => args.json,
+            _ => false,
+        }
+    }
+}
+
+/// Whether `--json` is among the arguments (before a `--`) of a command line clap
+/// refused, whose usage error must then be JSON too.
+fn json_in_args() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .take_while(|arg| arg != "--")
+        .any(|arg| arg == "--json")
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {

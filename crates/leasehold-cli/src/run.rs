@@ -34,6 +34,11 @@ pub struct RunArgs {
 pub struct HoldArgs {
     #[command(flatten)]
     pub lock: LockArgs,
+
+    /// JSON lines on stdout: one when held, one when the hold ends; errors as JSON on
+    /// stderr
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Acquires the lock the flags describe, showing progress on a terminal; exit 75 with
@@ -88,7 +93,8 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
     Err(Failure::new(
         args.conflict_exit_code,
         format!("lock \"{}\" {held_by}; {gave_up}", args.name),
-    ))
+    )
+    .named(exit::NOT_ACQUIRED))
 }
 
 /// Opens the store; with a bounded wait (`--wait`, `--no-wait`), within that wait and a
@@ -626,7 +632,9 @@ async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure
     let mut signals = signals()?;
     let guard = acquire_or_signal(&locks, &args.lock, &mut signals).await?;
     let [int, term, hup] = &mut signals;
-    {
+    if args.json {
+        crate::json::held(&args.lock.name, &guard)?;
+    } else {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", guard.token());
         let _ = out.flush();
@@ -637,21 +645,25 @@ async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure
         _ = hup.recv() => {}
         _ = guard.lost() => {
             let why = guard.check().err().map(|e| e.to_string()).unwrap_or_default();
-            eprintln!("leasehold: {why}");
+            let ended = crate::json::lost(args.json, &args.lock.name, guard.token(), why);
             let _ = guard.release().await;
-            return Ok(ExitCode::from(exit::LOST));
+            return ended;
         }
     }
+    let token = guard.token();
     // The lease may have ended between the signal and the release (a force-release
     // that the watch had not yet reported): what was done under it was not protected.
     if guard.release().await? == leasehold::Released::NotHeld {
-        eprintln!(
-            "leasehold: lock \"{}\" was no longer held when it was released (its lease had ended)",
+        let why = format!(
+            "lock \"{}\" was no longer held when it was released (its lease had ended)",
             args.lock.name
         );
-        return Ok(ExitCode::from(exit::LOST));
+        return crate::json::lost(args.json, &args.lock.name, token, why);
     }
-    Ok(ExitCode::SUCCESS)
+    match args.json {
+        true => crate::json::released(&args.lock.name, token),
+        false => Ok(ExitCode::SUCCESS),
+    }
 }
 
 #[cfg(test)]

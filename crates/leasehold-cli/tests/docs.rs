@@ -1,5 +1,6 @@
-//! The README's tables say what the code's lists say: its exit codes are `exit::CODES`
-//! (with the command's own statuses), its store URLs `leasehold::url::URL_FORMS`.
+//! The README says what the code's lists say: its exit codes are `exit::CODES` (with the
+//! command's own statuses) and their `--json` kinds `exit::KINDS`, its store URLs
+//! `leasehold::url::URL_FORMS`.
 
 use leasehold::url::URL_FORMS;
 use leasehold_cli::exit;
@@ -37,6 +38,24 @@ fn readme_exit_codes_are_the_ones_leasehold_exits_with() {
             help.contains(&format!("\n  {code} ")),
             "{code} not in:\n{help}"
         );
+    }
+}
+
+#[test]
+fn readme_names_the_json_kind_of_each_exit_code() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+    let readme = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let section = (readme.split_once("\n### JSON output\n"))
+        .expect("no JSON output section in the README")
+        .1;
+    let text = section
+        .split("\n#")
+        .next()
+        .unwrap_or_default()
+        .replace('\n', " ");
+    for (code, kind) in exit::KINDS {
+        let named = format!("`{kind}` ({code}");
+        assert!(text.contains(&named), "the README does not say {named})");
     }
 }
 
