@@ -11,9 +11,20 @@ pub fn serve(addr: Option<SocketAddr>) -> Result<(), Failure> {
     start(addr)
 }
 
+/// Bucket bounds (seconds) of every timing: store calls take from a fraction of a
+/// millisecond, waits and holds up to minutes. As histograms (`_bucket` series), not the
+/// exporter's default summaries, so `histogram_quantile` can aggregate across processes.
+#[cfg(feature = "prometheus")]
+const BUCKETS: [f64; 17] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+];
+
 #[cfg(feature = "prometheus")]
 fn start(addr: SocketAddr) -> Result<(), Failure> {
     metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&BUCKETS)
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("metrics buckets: {e}")))?
         .with_http_listener(addr)
         .install()
         .map_err(|e| {

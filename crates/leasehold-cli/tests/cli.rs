@@ -1384,6 +1384,9 @@ fn run_serves_metrics_while_held_and_after_a_loss() {
         value(&held, series("leasehold_wait_seconds_count", &[])),
         1.0
     );
+    // A histogram (buckets), as the README lists it, not a summary.
+    let all = series("leasehold_wait_seconds_bucket", &[r#"le="+Inf""#]);
+    assert_eq!(value(&held, all), 1.0);
 
     cli.run(&["release", "--force", "k"]).expect(0);
     cli.wait_file("lost");
