@@ -141,8 +141,11 @@ impl LeaseholdBuilder {
     }
 
     /// Keeps trying to connect, with backoff, until the store answers or `patience`
-    /// passes (then the last [`Error::Unavailable`]). A refusal that retrying cannot fix
-    /// ([`Error::Config`], [`Error::InvalidStore`]) ends it at once.
+    /// passes (then the last [`Error::Unavailable`]). The first attempt runs in full, as
+    /// without this setting (bounded by the connect timeout); `patience` bounds the tries
+    /// after it, so a short or zero patience still connects to a store that is up. A
+    /// refusal that retrying cannot fix ([`Error::Config`], [`Error::InvalidStore`]) ends
+    /// it at once.
     pub fn wait_for_store(mut self, patience: Duration) -> Self {
         self.wait_for_store = Some(patience);
         self
@@ -178,8 +181,13 @@ async fn open_patiently(
     let mut backoff = Duration::from_millis(50);
     let mut last = None;
     loop {
-        // An attempt is cut off at the deadline too (dropping a connect is harmless).
-        match tokio::time::timeout_at(deadline, url.open_with(settings)).await {
+        // A later attempt is cut off at the deadline too (dropping a connect is harmless).
+        let attempt = url.open_with(settings);
+        let answer = match last {
+            None => Ok(attempt.await),
+            Some(_) => tokio::time::timeout_at(deadline, attempt).await,
+        };
+        match answer {
             Err(_) => {
                 return Err(last.unwrap_or_else(|| Error::Unavailable {
                     store: url.to_string(),
