@@ -163,6 +163,9 @@ impl LeaseholdBuilder {
                 "TLS certificates were given for a URL without TLS: use rediss://, rediss+cluster:// or etcds://",
             ));
         }
+        if let Some(ca) = &self.settings.tls_ca {
+            check_pem_certificates(ca)?;
+        }
         let store = match self.wait_for_store {
             None => url.open_with(&self.settings).await?,
             Some(patience) => open_patiently(&url, &self.settings, patience).await?,
@@ -202,6 +205,41 @@ async fn open_patiently(
             }
             Ok(answer) => return answer,
         }
+    }
+}
+
+/// A CA given to [`LeaseholdBuilder::tls_ca`] is PEM with at least one certificate: a
+/// wrong file is a configuration error now, not a TLS failure at every connect that
+/// looks like a store that is down (and is retried as one).
+fn check_pem_certificates(pem: &[u8]) -> Result<()> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let refuse = |why: &str| {
+        Err(Error::option(
+            "tls_ca",
+            format!("{why}; give the CA's certificates in PEM ({BEGIN} ... {END})"),
+        ))
+    };
+    let Ok(mut text) = std::str::from_utf8(pem) else {
+        return refuse("is not text");
+    };
+    let mut certificates = 0;
+    while let Some(start) = text.find(BEGIN) {
+        let rest = &text[start + BEGIN.len()..];
+        let Some(end) = rest.find(END) else {
+            return refuse("has a certificate without its end line");
+        };
+        let body = &rest[..end];
+        let base64 = |c: char| c.is_ascii_alphanumeric() || "+/=".contains(c) || c.is_whitespace();
+        if body.trim().is_empty() || !body.chars().all(base64) {
+            return refuse("has a certificate that is not base64");
+        }
+        certificates += 1;
+        text = &rest[end + END.len()..];
+    }
+    match certificates {
+        0 => refuse("holds no certificate"),
+        _ => Ok(()),
     }
 }
 

@@ -414,6 +414,16 @@ async fn builder_refuses_settings_out_of_range() {
         matches!(plain, Err(Error::InvalidStore { .. })),
         "{plain:?}"
     );
+    // A CA that is not PEM certificates is refused before connecting, not taken for a
+    // store that is down.
+    let tls = "rediss://127.0.0.1:1/0";
+    for ca in [
+        &b"garbage"[..],
+        b"-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----\n",
+    ] {
+        let answer = Leasehold::builder(tls).tls_ca(ca.to_vec()).build().await;
+        assert_eq!(option(answer), "tls_ca");
+    }
     // The URL's own options still come from the URL, read in one place.
     assert!(StoreUrl::parse("redis://127.0.0.1:1/0?timeout=1s").is_err());
 }
