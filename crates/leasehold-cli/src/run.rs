@@ -171,29 +171,25 @@ const RELEASE_PATIENCE: Duration = Duration::from_secs(1);
 /// Kills the command's process group if `leasehold` dies without standing it down
 /// (SIGKILL, the OOM killer), or stalls past the lease (SIGSTOP, a frozen VM):
 /// `PR_SET_PDEATHSIG` reaches the command's first process only, not what it started, and
-/// nothing at all while we are stopped. A forked process, in a process group of its own,
-/// reads from a pipe whose only writer is us: the command's group, then each new safe
-/// deadline as renewals confirm it. The end of the pipe without a word to stand down
-/// means we are gone; a deadline passed without a later one means we are stuck.
+/// nothing at all while we are stopped. A forked process reads from a pipe whose only
+/// writer is us: each new safe deadline as renewals confirm it. The end of the pipe
+/// without a word to stand down means we are gone; a deadline passed without a later one
+/// means we are stuck.
+///
+/// It leads the process group the command then joins, so it knows the group before the
+/// command runs anything, and the command can be started without code of ours between
+/// fork and exec (posix_spawn, which does not copy our address space). Being in the group,
+/// it ignores every signal it can: what is sent to the command's group is not for it.
 struct Watchdog {
+    /// Also the command's process group.
     pid: libc::pid_t,
     /// Closed with us; the command does not inherit it (close-on-exec).
     pipe: std::fs::File,
-    armed: bool,
 }
 
 /// What we tell the watchdog: a tag and a number, in one write (atomic on a pipe).
-const GROUP: u8 = b'G';
 const DEADLINE: u8 = b'D';
 const STAND_DOWN: u8 = b'S';
-
-/// One message to the watchdog: a tag and a number. Async-signal-safe (the command's
-/// process sends one between fork and exec).
-fn watchdog_message(tag: u8, value: u64) -> [u8; 9] {
-    let mut message = [tag; 9];
-    message[1..].copy_from_slice(&value.to_ne_bytes());
-    message
-}
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock the watchdog and we share.
 fn monotonic_ns() -> u64 {
@@ -206,9 +202,18 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// `valid_until` on CLOCK_MONOTONIC, in nanoseconds.
+fn monotonic_at(valid_until: Instant) -> u64 {
+    let left = valid_until.saturating_duration_since(Instant::now());
+    monotonic_ns().saturating_add(left.as_nanos().min(u64::MAX as u128) as u64)
+}
+
 impl Watchdog {
-    fn start() -> std::io::Result<Watchdog> {
+    /// Starts it, watching over the lease until `valid_until` (later deadlines come by
+    /// [`deadline`](Self::deadline)).
+    fn start(valid_until: Instant) -> std::io::Result<Watchdog> {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let mut deadline = monotonic_at(valid_until);
         let mut fds = [0; 2];
         // SAFETY: plain syscall filling a local array.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -230,17 +235,12 @@ impl Watchdog {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             unsafe {
-                // Out of our process group and deaf to the signals meant for us or the
-                // command (a terminal's Ctrl-C); it ends when we do. None of our handlers
-                // (the runtime's) may run here. (SIGKILL and SIGSTOP refuse; no matter.)
+                // A group of its own, for the command to join; deaf to every signal sent
+                // to it (SIGKILL and SIGSTOP refuse; no matter). None of our handlers (the
+                // runtime's) may run here.
                 libc::setpgid(0, 0);
-                let deaf = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
-                for signal in 1..libc::SIGRTMIN() {
-                    let action = match deaf.contains(&signal) {
-                        true => libc::SIG_IGN,
-                        false => libc::SIG_DFL,
-                    };
-                    libc::signal(signal, action);
+                for signal in 1..=libc::SIGRTMAX() {
+                    libc::signal(signal, libc::SIG_IGN);
                 }
                 let mut none: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut none);
@@ -262,18 +262,17 @@ impl Watchdog {
                     }
                     got
                 };
-                let (mut pgid, mut deadline) = (0i32, None::<u64>);
+                // Our own group, by its id: never the group we were forked in, should
+                // setpgid have failed.
+                let group = -libc::getpid();
                 loop {
-                    let mut wait_ms = -1;
-                    if let (true, Some(deadline)) = (pgid > 0, deadline) {
-                        let now = monotonic_ns();
-                        if now >= deadline {
-                            // Stuck past the lease: the command must not run on unlocked.
-                            libc::kill(-pgid, libc::SIGKILL);
-                            break;
-                        }
-                        wait_ms = ((deadline - now) / 1_000_000 + 1).min(i32::MAX as u64) as i32;
+                    let now = monotonic_ns();
+                    if now >= deadline {
+                        // Stuck past the lease: the command must not run on unlocked.
+                        libc::kill(group, libc::SIGKILL);
+                        break;
                     }
+                    let wait_ms = ((deadline - now) / 1_000_000 + 1).min(i32::MAX as u64) as i32;
                     let mut poll = libc::pollfd {
                         fd: read_end.as_raw_fd(),
                         events: libc::POLLIN,
@@ -285,15 +284,14 @@ impl Watchdog {
                     let mut message = [0u8; 9];
                     if read(&mut message) < message.len() {
                         // We are gone without standing it down.
-                        if pgid > 0 {
-                            libc::kill(-pgid, libc::SIGKILL);
-                        }
+                        libc::kill(group, libc::SIGKILL);
                         break;
                     }
-                    let value = u64::from_ne_bytes(message[1..].try_into().unwrap_or_default());
                     match message[0] {
-                        GROUP => pgid = value as i32,
-                        DEADLINE => deadline = Some(value),
+                        DEADLINE => {
+                            deadline =
+                                u64::from_ne_bytes(message[1..].try_into().unwrap_or_default())
+                        }
                         _ => break,
                     }
                 }
@@ -302,45 +300,34 @@ impl Watchdog {
         }
         // SAFETY: restores this thread's own mask.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
-        match pid {
-            -1 => Err(std::io::Error::last_os_error()),
-            pid => Ok(Watchdog {
-                pid,
-                pipe: write_end.into(),
-                armed: false,
-            }),
+        if pid == -1 {
+            return Err(std::io::Error::last_os_error());
         }
-    }
-
-    fn tell(&mut self, tag: u8, value: u64) -> std::io::Result<()> {
-        self.pipe.write_all(&watchdog_message(tag, value))
-    }
-
-    /// The pipe, for the command's process to tell its group (see [`spawn`]).
-    fn fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        self.pipe.as_raw_fd()
-    }
-
-    /// The command (which told its group itself) runs: watch over it until `valid_until`.
-    fn arm(&mut self, valid_until: Instant) {
-        self.armed = true;
-        self.deadline(valid_until);
+        let watchdog = Watchdog {
+            pid,
+            pipe: write_end.into(),
+        };
+        // Its group exists before the command joins it, whichever of us runs first.
+        // SAFETY: plain syscall on our own child.
+        if unsafe { libc::setpgid(pid, pid) } != 0 {
+            let e = std::io::Error::last_os_error();
+            watchdog.stand_down();
+            return Err(e);
+        }
+        Ok(watchdog)
     }
 
     /// The lease is provably ours until `valid_until` (a renewal confirmed it).
     fn deadline(&mut self, valid_until: Instant) {
-        let left = valid_until.saturating_duration_since(Instant::now());
-        let at = monotonic_ns().saturating_add(left.as_nanos().min(u64::MAX as u128) as u64);
-        if self.armed {
-            let _ = self.tell(DEADLINE, at);
-        }
+        let at = monotonic_at(valid_until);
+        let mut message = [DEADLINE; 9];
+        message[1..].copy_from_slice(&at.to_ne_bytes());
+        let _ = self.pipe.write_all(&message);
     }
 
     /// We are still here: the watchdog leaves the command's group alone and exits.
     fn stand_down(mut self) {
-        // Also when not armed: the command's process may have told its group already.
-        let _ = self.tell(STAND_DOWN, 0);
+        let _ = self.pipe.write_all(&[STAND_DOWN; 9]);
         drop(self.pipe);
         // Reaped if it has exited already; else it exits at once and, once we are gone,
         // is reaped by init. Never waited for: a stopped watchdog must not hold us.
@@ -349,15 +336,16 @@ impl Watchdog {
     }
 }
 
-/// Starts the command in a process group of its own. With `watchdog` (the pipe to it),
-/// the command's process tells the watchdog its group itself, before it runs anything:
-/// from then on a `leasehold` killed at any moment takes the group with it.
+/// Starts the command: in the watchdog's process group (`group`), else in a group of its
+/// own. Only what posix_spawn cannot do needs code of ours between fork and exec, and
+/// only then is the command forked: handing it the terminal, or, without a watchdog,
+/// having the kernel kill it if we die.
 fn spawn(
     args: &RunArgs,
     store: Option<&str>,
     guard: &LockGuard,
     foreground: bool,
-    watchdog: Option<std::os::fd::RawFd>,
+    group: Option<libc::pid_t>,
 ) -> Result<tokio::process::Child, Failure> {
     let mut cmd = tokio::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
@@ -371,25 +359,21 @@ fn spawn(
     if let Some(store) = store {
         cmd.env("LEASEHOLD_STORE", store);
     }
-    cmd.process_group(0);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Die with us: a killed `leasehold` must not leave its command running unlocked.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if foreground {
-                libc::setpgid(0, 0);
-                libc::tcsetpgrp(0, libc::getpgrp());
-                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
-            }
-            if let Some(fd) = watchdog {
-                // Our pid is the group's id (process_group(0)); one write under PIPE_BUF
-                // reaches the pipe whole.
-                let message = watchdog_message(GROUP, libc::getpid() as u64);
-                libc::write(fd, message.as_ptr().cast(), message.len());
-            }
-            Ok(())
-        });
+    cmd.process_group(group.unwrap_or(0));
+    if foreground || group.is_none() {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Die with us: a killed `leasehold` must not leave its command running
+                // unlocked.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if foreground {
+                    libc::tcsetpgrp(0, libc::getpgrp());
+                    libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
     }
     cmd.spawn().map_err(|e| {
         let what = args.command[0].to_string_lossy();
@@ -497,13 +481,13 @@ async fn run_with(
         // SAFETY: plain call; lets us take the terminal back after the command.
         unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     }
-    let mut watchdog = Watchdog::start()
+    let mut watchdog = Watchdog::start(guard.valid_until())
         .inspect_err(|e| {
             eprintln!("leasehold: warning: cannot start the watchdog ({e}); if leasehold is killed, what the command started may outlive the lock");
         })
         .ok();
-    let watchdog_fd = watchdog.as_ref().map(Watchdog::fd);
-    let mut child = match spawn(&args, store, &guard, foreground, watchdog_fd) {
+    let group = watchdog.as_ref().map(|w| w.pid);
+    let mut child = match spawn(&args, store, &guard, foreground, group) {
         Ok(child) => child,
         Err(failure) => {
             if let Some(watchdog) = watchdog {
@@ -513,10 +497,7 @@ async fn run_with(
             return Err(failure);
         }
     };
-    let pgid = child.id().map(|id| id as i32).unwrap_or(0);
-    if let (Some(watchdog), true) = (&mut watchdog, pgid > 0) {
-        watchdog.arm(guard.valid_until());
-    }
+    let pgid = group.or(child.id().map(|id| id as i32)).unwrap_or(0);
     let mut deadlines = guard.deadlines();
     let mut renewing = true;
     // Stop the command a little before the safe deadline if renewals keep failing, so it
