@@ -51,8 +51,12 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands.
+/// The subcommands. Their flags are defined when one is chosen (`defer`), not all of them
+/// for every invocation.
+// The flag structs have plain comments, not doc comments: clap would read a doc comment
+// as the command's description, and with `defer` it would replace the one given here.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Run COMMAND while holding lock NAME; stop it if the lock is lost
     #[command(after_help = RUN_AFTER_HELP)]
@@ -87,7 +91,7 @@ pub enum Command {
     TortureCommand(torture::command::CommandArgs),
 }
 
-/// Flags of `completions`.
+// Flags of `completions`.
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
     /// The shell to complete for
@@ -95,7 +99,7 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
-/// Flags of `man`.
+// Flags of `man`.
 #[derive(Debug, Args)]
 pub struct ManArgs {
     /// A command's page (leasehold-COMMAND(1)) instead of leasehold(1)
@@ -195,7 +199,7 @@ Exit status:
   76     lock lost while running
   126    command not executable        127 command not found";
 
-/// The lock flags `run`, `hold` share.
+// The lock flags `run`, `hold` share (a plain comment: see `Command`).
 #[derive(Debug, Clone, Args)]
 pub struct LockArgs {
     /// Lock name (1 to 256 bytes, no control characters)

@@ -14,7 +14,7 @@ use crate::exit::{self, Failure};
 use crate::progress::Progress;
 use crate::LockArgs;
 
-/// Flags of `run`.
+// Flags of `run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -29,7 +29,7 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// Flags of `hold`.
+// Flags of `hold`.
 #[derive(Debug, Args)]
 pub struct HoldArgs {
     #[command(flatten)]

@@ -37,7 +37,7 @@ use crate::exit::{self, Failure};
 /// Exit status when the history broke an invariant (or the control stayed clean).
 pub const VIOLATED: u8 = 1;
 
-/// `leasehold torture` flags.
+// `leasehold torture` flags.
 #[derive(Debug, Args)]
 #[command(after_help = TORTURE_AFTER_HELP)]
 pub struct TortureArgs {
