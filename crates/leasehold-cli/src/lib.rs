@@ -409,19 +409,102 @@ pub async fn within_wait<T, E: Into<Failure>>(
 }
 
 fn init_tracing(verbose: u8) {
-    let default = match verbose {
-        0 => "warn",
+    use tracing_subscriber::util::SubscriberInitExt;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let from_env = tracing_subscriber::EnvFilter::try_from_default_env();
+    let default = match (verbose, from_env) {
+        (_, Ok(filter)) => filter,
+        (0, Err(_)) => {
+            let _ = WarningsOnly::new(ansi).try_init();
+            return;
+        }
         // The library logs routine events at debug and trace, leaving info to us.
-        1 => "leasehold=debug,leasehold_cli=info",
-        _ => "leasehold=trace,leasehold_cli=trace",
+        (1, Err(_)) => tracing_subscriber::EnvFilter::new("leasehold=debug,leasehold_cli=info"),
+        (_, Err(_)) => tracing_subscriber::EnvFilter::new("leasehold=trace,leasehold_cli=trace"),
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(default)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(ansi)
         .try_init();
+}
+
+/// The log of a process without `-v` or `RUST_LOG`: warnings and errors, as the
+/// formatting subscriber prints them, which is made when the first of them comes. Most
+/// runs log nothing, and then pay for no span registry and no filter.
+struct WarningsOnly {
+    ansi: bool,
+    inner: std::sync::OnceLock<Box<dyn tracing::Subscriber + Send + Sync>>,
+}
+
+impl WarningsOnly {
+    fn new(ansi: bool) -> Self {
+        WarningsOnly {
+            ansi,
+            inner: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn inner(&self) -> &(dyn tracing::Subscriber + Send + Sync) {
+        &**self.inner.get_or_init(|| {
+            Box::new(
+                tracing_subscriber::fmt()
+                    .with_max_level(tracing::Level::WARN)
+                    .with_writer(std::io::stderr)
+                    .with_ansi(self.ansi)
+                    .finish(),
+            )
+        })
+    }
+}
+
+impl tracing::Subscriber for WarningsOnly {
+    fn register_callsite(&self, meta: &tracing::Metadata<'_>) -> tracing::subscriber::Interest {
+        match self.enabled(meta) {
+            true => tracing::subscriber::Interest::always(),
+            false => tracing::subscriber::Interest::never(),
+        }
+    }
+
+    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
+        *meta.level() <= tracing::Level::WARN
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::WARN)
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        self.inner().new_span(span)
+    }
+
+    fn record(&self, span: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        self.inner().record(span, values)
+    }
+
+    fn record_follows_from(&self, span: &tracing::span::Id, follows: &tracing::span::Id) {
+        self.inner().record_follows_from(span, follows)
+    }
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        self.inner().event(event)
+    }
+
+    fn enter(&self, span: &tracing::span::Id) {
+        self.inner().enter(span)
+    }
+
+    fn exit(&self, span: &tracing::span::Id) {
+        self.inner().exit(span)
+    }
+
+    fn clone_span(&self, span: &tracing::span::Id) -> tracing::span::Id {
+        self.inner().clone_span(span)
+    }
+
+    fn try_close(&self, span: tracing::span::Id) -> bool {
+        self.inner().try_close(span)
+    }
 }
 
 /// `leasehold run NAME COMMAND` (without `--`) fails as an unexpected argument, naming
