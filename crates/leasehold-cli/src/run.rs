@@ -179,7 +179,7 @@ const RELEASE_PATIENCE: Duration = Duration::from_secs(1);
 /// It leads the process group the command then joins, so it knows the group before the
 /// command runs anything, and the command can be started without code of ours between
 /// fork and exec (posix_spawn, which does not copy our address space). Being in the group,
-/// it ignores every signal it can: what is sent to the command's group is not for it.
+/// it keeps every signal blocked: what is sent to the command's group is not for it.
 struct Watchdog {
     /// Also the command's process group.
     pid: libc::pid_t,
@@ -222,8 +222,8 @@ impl Watchdog {
         // SAFETY: both descriptors were just made and are owned here alone.
         let (read_end, write_end) =
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // Signals stay blocked across the fork, so none runs our handlers in the child
-        // before it has set its own.
+        // Blocked across the fork, and in the child for good: none runs our handlers (the
+        // runtime's) there, and none sent to the command's group reaches the watchdog.
         // SAFETY: plain calls on signal sets of this thread, kept on the stack.
         let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
         let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -235,16 +235,10 @@ impl Watchdog {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             unsafe {
-                // A group of its own, for the command to join; deaf to every signal sent
-                // to it (SIGKILL and SIGSTOP refuse; no matter). None of our handlers (the
-                // runtime's) may run here.
+                // A group of its own, for the command to join (we make it too, whichever
+                // of us runs first). Every signal stays blocked (SIGKILL and SIGSTOP
+                // cannot be; no matter).
                 libc::setpgid(0, 0);
-                for signal in 1..=libc::SIGRTMAX() {
-                    libc::signal(signal, libc::SIG_IGN);
-                }
-                let mut none: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut none);
-                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
                 libc::close(write_end.as_raw_fd());
                 let read = |buf: &mut [u8]| -> usize {
                     let mut got = 0;
