@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::process::{ExitCode, ExitStatus};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use clap::Args;
@@ -171,10 +172,11 @@ const RELEASE_PATIENCE: Duration = Duration::from_secs(1);
 /// Kills the command's process group if `leasehold` dies without standing it down
 /// (SIGKILL, the OOM killer), or stalls past the lease (SIGSTOP, a frozen VM):
 /// `PR_SET_PDEATHSIG` reaches the command's first process only, not what it started, and
-/// nothing at all while we are stopped. A forked process reads from a pipe whose only
-/// writer is us: each new safe deadline as renewals confirm it. The end of the pipe
-/// without a word to stand down means we are gone; a deadline passed without a later one
-/// means we are stuck.
+/// nothing at all while we are stopped. A forked process waits on a pipe whose only
+/// writer is us, which ends when we do, and sleeps until the safe deadline we keep in a
+/// page we share, renewal after renewal. The end of the pipe without the page saying we
+/// stood it down means we are gone; a deadline passed without a later one means we are
+/// stuck. Neither the deadlines nor standing down wake it.
 ///
 /// It leads the process group the command then joins, so it knows the group before the
 /// command runs anything, and the command can be started without code of ours between
@@ -185,11 +187,17 @@ struct Watchdog {
     pid: libc::pid_t,
     /// Closed with us; the command does not inherit it (close-on-exec).
     pipe: std::fs::File,
+    shared: &'static Shared,
 }
 
-/// What we tell the watchdog: a tag and a number, in one write (atomic on a pipe).
-const DEADLINE: u8 = b'D';
-const STAND_DOWN: u8 = b'S';
+/// What the watchdog reads of us: in a page mapped shared before the fork, for the life
+/// of the process.
+#[repr(C)]
+struct Shared {
+    /// The safe deadline, on CLOCK_MONOTONIC in nanoseconds.
+    deadline: AtomicU64,
+    stood_down: AtomicBool,
+}
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock the watchdog and we share.
 fn monotonic_ns() -> u64 {
@@ -213,7 +221,26 @@ impl Watchdog {
     /// [`deadline`](Self::deadline)).
     fn start(valid_until: Instant) -> std::io::Result<Watchdog> {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        let mut deadline = monotonic_at(valid_until);
+        // SAFETY: a new anonymous mapping, zeroed: a valid `Shared`, as its fields are
+        // atomics whose zero is a value.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                std::mem::size_of::<Shared>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if page == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: mapped above, never unmapped, aligned (a page).
+        let shared: &'static Shared = unsafe { &*page.cast::<Shared>() };
+        shared
+            .deadline
+            .store(monotonic_at(valid_until), Ordering::Release);
         let mut fds = [0; 2];
         // SAFETY: plain syscall filling a local array.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -240,26 +267,14 @@ impl Watchdog {
                 // cannot be; no matter).
                 libc::setpgid(0, 0);
                 libc::close(write_end.as_raw_fd());
-                let read = |buf: &mut [u8]| -> usize {
-                    let mut got = 0;
-                    while got < buf.len() {
-                        let n = libc::read(
-                            read_end.as_raw_fd(),
-                            buf[got..].as_mut_ptr().cast(),
-                            buf.len() - got,
-                        );
-                        match n {
-                            n if n > 0 => got += n as usize,
-                            -1 if *libc::__errno_location() == libc::EINTR => {}
-                            _ => break,
-                        }
-                    }
-                    got
-                };
                 // Our own group, by its id: never the group we were forked in, should
                 // setpgid have failed.
                 let group = -libc::getpid();
                 loop {
+                    if shared.stood_down.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let deadline = shared.deadline.load(Ordering::Acquire);
                     let now = monotonic_ns();
                     if now >= deadline {
                         // Stuck past the lease: the command must not run on unlocked.
@@ -272,21 +287,16 @@ impl Watchdog {
                         events: libc::POLLIN,
                         revents: 0,
                     };
-                    if libc::poll(&mut poll, 1, wait_ms) <= 0 {
-                        continue; // the deadline, or EINTR: look again
-                    }
-                    let mut message = [0u8; 9];
-                    if read(&mut message) < message.len() {
-                        // We are gone without standing it down.
-                        libc::kill(group, libc::SIGKILL);
-                        break;
-                    }
-                    match message[0] {
-                        DEADLINE => {
-                            deadline =
-                                u64::from_ne_bytes(message[1..].try_into().unwrap_or_default())
+                    // Nothing is ever written: the pipe is readable at its end only.
+                    let mut byte = 0u8;
+                    if libc::poll(&mut poll, 1, wait_ms) > 0
+                        && libc::read(read_end.as_raw_fd(), (&raw mut byte).cast(), 1) == 0
+                    {
+                        if !shared.stood_down.load(Ordering::Acquire) {
+                            // We are gone without standing it down.
+                            libc::kill(group, libc::SIGKILL);
                         }
-                        _ => break,
+                        break;
                     }
                 }
                 libc::_exit(0)
@@ -297,34 +307,36 @@ impl Watchdog {
         if pid == -1 {
             return Err(std::io::Error::last_os_error());
         }
-        let watchdog = Watchdog {
-            pid,
-            pipe: write_end.into(),
-        };
         // Its group exists before the command joins it, whichever of us runs first.
-        // SAFETY: plain syscall on our own child.
+        // SAFETY: plain syscalls on our own child.
         if unsafe { libc::setpgid(pid, pid) } != 0 {
             let e = std::io::Error::last_os_error();
-            watchdog.stand_down();
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
             return Err(e);
         }
-        Ok(watchdog)
+        Ok(Watchdog {
+            pid,
+            pipe: write_end.into(),
+            shared,
+        })
     }
 
     /// The lease is provably ours until `valid_until` (a renewal confirmed it).
-    fn deadline(&mut self, valid_until: Instant) {
-        let at = monotonic_at(valid_until);
-        let mut message = [DEADLINE; 9];
-        message[1..].copy_from_slice(&at.to_ne_bytes());
-        let _ = self.pipe.write_all(&message);
+    fn deadline(&self, valid_until: Instant) {
+        (self.shared.deadline).store(monotonic_at(valid_until), Ordering::Release);
     }
 
-    /// We are still here: the watchdog leaves the command's group alone and exits.
-    fn stand_down(mut self) {
-        let _ = self.pipe.write_all(&[STAND_DOWN; 9]);
-        drop(self.pipe);
-        // Reaped if it has exited already; else it exits at once and, once we are gone,
-        // is reaped by init. Never waited for: a stopped watchdog must not hold us.
+    /// We are still here: the watchdog leaves the command's group alone, and exits when
+    /// we do (or at its deadline), not now: waking it would cost us a CPU now.
+    fn stand_down(self) {
+        self.shared.stood_down.store(true, Ordering::Release);
+        // Open until we exit (close-on-exec: no command gets it).
+        std::mem::forget(self.pipe);
+        // Reaped if it has exited already (killed with the group); else, once we are
+        // gone, by init. Never waited for: a stopped watchdog must not hold us.
         // SAFETY: plain syscall on our own child.
         unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) };
     }
