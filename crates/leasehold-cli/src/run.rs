@@ -172,11 +172,11 @@ const RELEASE_PATIENCE: Duration = Duration::from_secs(1);
 /// Kills the command's process group if `leasehold` dies without standing it down
 /// (SIGKILL, the OOM killer), or stalls past the lease (SIGSTOP, a frozen VM):
 /// `PR_SET_PDEATHSIG` reaches the command's first process only, not what it started, and
-/// nothing at all while we are stopped. A forked process waits on a pipe whose only
-/// writer is us, which ends when we do, and sleeps until the safe deadline we keep in a
-/// page we share, renewal after renewal. The end of the pipe without the page saying we
-/// stood it down means we are gone; a deadline passed without a later one means we are
-/// stuck. Neither the deadlines nor standing down wake it.
+/// nothing at all while we are stopped. A forked process waits on a pipe whose write end
+/// only we hold, so it ends when we do, and until the safe deadline we keep in a page we
+/// share, renewal after renewal. The end of the pipe without the page saying we stood it
+/// down means we are gone; a deadline passed without a later one means we are stuck.
+/// Neither new deadlines nor standing down wake it.
 ///
 /// It leads the process group the command then joins, so it knows the group before the
 /// command runs anything, and the command can be started without code of ours between
