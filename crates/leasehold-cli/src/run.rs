@@ -329,16 +329,16 @@ impl Watchdog {
         (self.shared.deadline).store(monotonic_at(valid_until), Ordering::Release);
     }
 
-    /// We are still here: the watchdog leaves the command's group alone, and exits when
-    /// we do (or at its deadline), not now: waking it would cost us a CPU now.
-    fn stand_down(self) {
+    /// We are still here: the watchdog leaves the command's group alone. It exits when
+    /// the pipe returned is dropped (or at its deadline): keep it until the work left is
+    /// done, as waking the watchdog costs a CPU.
+    fn stand_down(self) -> std::fs::File {
         self.shared.stood_down.store(true, Ordering::Release);
-        // Open until we exit (close-on-exec: no command gets it).
-        std::mem::forget(self.pipe);
         // Reaped if it has exited already (killed with the group); else, once we are
         // gone, by init. Never waited for: a stopped watchdog must not hold us.
         // SAFETY: plain syscall on our own child.
         unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) };
+        self.pipe
     }
 }
 
@@ -496,9 +496,7 @@ async fn run_with(
     let mut child = match spawn(&args, store, &guard, foreground, group) {
         Ok(child) => child,
         Err(failure) => {
-            if let Some(watchdog) = watchdog {
-                watchdog.stand_down();
-            }
+            drop(watchdog.map(Watchdog::stand_down));
             let _ = guard.release().await;
             return Err(failure);
         }
@@ -581,10 +579,9 @@ async fn run_with(
         }
     };
     // The command is reaped (and its group killed if the lock was lost): from here on a
-    // killed leasehold must not touch the group, whose id may even be reused.
-    if let Some(watchdog) = watchdog {
-        watchdog.stand_down();
-    }
+    // killed leasehold must not touch the group, whose id may even be reused. The
+    // watchdog, idle, exits when the release is done.
+    let _watchdog_pipe = watchdog.map(Watchdog::stand_down);
     if foreground {
         take_terminal_back();
     }
