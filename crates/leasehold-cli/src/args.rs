@@ -27,7 +27,7 @@ the LEASEHOLD_STORE environment variable (empty: the default).",
     help
 }
 
-/// The lock flags `run`, `hold` share.
+// The lock flags `run`, `hold` share (a plain comment: see `Command`).
 #[derive(Debug, Clone, Args)]
 pub struct LockArgs {
     /// Lock name (1 to 256 bytes, no control characters)

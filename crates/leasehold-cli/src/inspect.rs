@@ -8,7 +8,7 @@ use leasehold::{humanize, Leasehold, LockKind, LockState};
 
 use crate::exit::{self, Failure};
 
-/// Flags of `status`.
+// Flags of `status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Lock name
@@ -18,7 +18,7 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
-/// Flags of `list`.
+// Flags of `list`.
 #[derive(Debug, Args)]
 pub struct ListArgs {
     /// Only locks whose names start with this
@@ -29,7 +29,7 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-/// Flags of `release`.
+// Flags of `release`.
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
     /// Lock name

@@ -47,8 +47,12 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The subcommands.
+/// The subcommands. Their flags are defined when one is chosen (`defer`), not all of them
+/// for every invocation.
+// The flag structs have plain comments, not doc comments: clap would read a doc comment
+// as the command's description, and with `defer` it would replace the one given here.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Run COMMAND while holding lock NAME; stop it if the lock is lost
     #[command(after_help = run_after_help())]
@@ -85,7 +89,7 @@ pub enum Command {
     TortureCommand(torture::command::CommandArgs),
 }
 
-/// Flags of `completions`.
+// Flags of `completions`.
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
     /// The shell to complete for
@@ -93,7 +97,7 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
-/// Flags of `man`.
+// Flags of `man`.
 #[derive(Debug, Args)]
 pub struct ManArgs {
     /// A command's page (leasehold-COMMAND(1)) instead of leasehold(1)
@@ -192,21 +196,109 @@ Examples:
 ";
 
 fn init_tracing(verbose: u8, json: bool) {
-    let default = match verbose {
-        0 => "warn",
+    use tracing_subscriber::util::SubscriberInitExt;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let filter = match (
+        verbose,
+        tracing_subscriber::EnvFilter::try_from_default_env(),
+    ) {
+        (_, Ok(filter)) => filter,
+        (0, Err(_)) => {
+            let _ = WarningsOnly::new(ansi, json).try_init();
+            return;
+        }
         // The library logs routine events at debug and trace, leaving info to us.
-        1 => "leasehold=debug,leasehold_cli=info",
-        _ => "leasehold=trace,leasehold_cli=trace",
+        (1, Err(_)) => tracing_subscriber::EnvFilter::new("leasehold=debug,leasehold_cli=info"),
+        (_, Err(_)) => tracing_subscriber::EnvFilter::new("leasehold=trace,leasehold_cli=trace"),
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let _ = match json {
         true => log.event_format(json::JsonLog).try_init(),
-        false => (log.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))).try_init(),
+        false => log.with_ansi(ansi).try_init(),
     };
+}
+
+/// The log of a process without `-v` or `RUST_LOG`: warnings and errors, as the
+/// formatting subscriber prints them, which is made when the first of them comes. Most
+/// runs log nothing, and then pay for no span registry and no filter.
+struct WarningsOnly {
+    ansi: bool,
+    /// `--json`: log lines as JSON objects.
+    json: bool,
+    inner: std::sync::OnceLock<Box<dyn tracing::Subscriber + Send + Sync>>,
+}
+
+impl WarningsOnly {
+    fn new(ansi: bool, json: bool) -> Self {
+        WarningsOnly {
+            ansi,
+            json,
+            inner: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn inner(&self) -> &(dyn tracing::Subscriber + Send + Sync) {
+        &**self.inner.get_or_init(|| {
+            let log = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_writer(std::io::stderr);
+            match self.json {
+                true => Box::new(log.event_format(json::JsonLog).finish()),
+                false => Box::new(log.with_ansi(self.ansi).finish()),
+            }
+        })
+    }
+}
+
+impl tracing::Subscriber for WarningsOnly {
+    fn register_callsite(&self, meta: &tracing::Metadata<'_>) -> tracing::subscriber::Interest {
+        match self.enabled(meta) {
+            true => tracing::subscriber::Interest::always(),
+            false => tracing::subscriber::Interest::never(),
+        }
+    }
+
+    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
+        *meta.level() <= tracing::Level::WARN
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::WARN)
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        self.inner().new_span(span)
+    }
+
+    fn record(&self, span: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        self.inner().record(span, values)
+    }
+
+    fn record_follows_from(&self, span: &tracing::span::Id, follows: &tracing::span::Id) {
+        self.inner().record_follows_from(span, follows)
+    }
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        self.inner().event(event)
+    }
+
+    fn enter(&self, span: &tracing::span::Id) {
+        self.inner().enter(span)
+    }
+
+    fn exit(&self, span: &tracing::span::Id) {
+        self.inner().exit(span)
+    }
+
+    fn clone_span(&self, span: &tracing::span::Id) -> tracing::span::Id {
+        self.inner().clone_span(span)
+    }
+
+    fn try_close(&self, span: tracing::span::Id) -> bool {
+        self.inner().try_close(span)
+    }
 }
 
 /// `leasehold run NAME COMMAND` (without `--`) fails as an unexpected argument, naming

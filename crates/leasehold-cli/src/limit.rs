@@ -10,7 +10,7 @@ use leasehold::{humanize, Leasehold, Rate, RateDecision, RateLimiter};
 
 use crate::exit::{self, Failure};
 
-/// Flags of `limit`.
+// Flags of `limit`.
 #[derive(Debug, Args)]
 pub struct LimitArgs {
     /// Limiter name (1 to 256 bytes, no control characters); limiters and locks have

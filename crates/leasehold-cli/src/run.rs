@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::process::{ExitCode, ExitStatus};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use clap::Args;
@@ -14,7 +15,7 @@ use crate::exit::{self, Failure};
 use crate::progress::Progress;
 use crate::LockArgs;
 
-/// Flags of `run`.
+// Flags of `run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -29,7 +30,7 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// Flags of `hold`.
+// Flags of `hold`.
 #[derive(Debug, Args)]
 pub struct HoldArgs {
     #[command(flatten)]
@@ -177,28 +178,31 @@ const RELEASE_PATIENCE: Duration = Duration::from_secs(1);
 /// Kills the command's process group if `leasehold` dies without standing it down
 /// (SIGKILL, the OOM killer), or stalls past the lease (SIGSTOP, a frozen VM):
 /// `PR_SET_PDEATHSIG` reaches the command's first process only, not what it started, and
-/// nothing at all while we are stopped. A forked process, in a process group of its own,
-/// reads from a pipe whose only writer is us: the command's group, then each new safe
-/// deadline as renewals confirm it. The end of the pipe without a word to stand down
-/// means we are gone; a deadline passed without a later one means we are stuck.
+/// nothing at all while we are stopped. A forked process waits on a pipe whose write end
+/// only we hold, so it ends when we do, and until the safe deadline we keep in a page we
+/// share, renewal after renewal. The end of the pipe without the page saying we stood it
+/// down means we are gone; a deadline passed without a later one means we are stuck.
+/// Neither new deadlines nor standing down wake it.
+///
+/// It leads the process group the command then joins, so it knows the group before the
+/// command runs anything, and the command can be started without code of ours between
+/// fork and exec (posix_spawn, which does not copy our address space). Being in the group,
+/// it keeps every signal blocked: what is sent to the command's group is not for it.
 struct Watchdog {
+    /// Also the command's process group.
     pid: libc::pid_t,
     /// Closed with us; the command does not inherit it (close-on-exec).
     pipe: std::fs::File,
-    armed: bool,
+    shared: &'static Shared,
 }
 
-/// What we tell the watchdog: a tag and a number, in one write (atomic on a pipe).
-const GROUP: u8 = b'G';
-const DEADLINE: u8 = b'D';
-const STAND_DOWN: u8 = b'S';
-
-/// One message to the watchdog: a tag and a number. Async-signal-safe (the command's
-/// process sends one between fork and exec).
-fn watchdog_message(tag: u8, value: u64) -> [u8; 9] {
-    let mut message = [tag; 9];
-    message[1..].copy_from_slice(&value.to_ne_bytes());
-    message
+/// What the watchdog reads of us: in a page mapped shared before the fork, for the life
+/// of the process.
+#[repr(C)]
+struct Shared {
+    /// The safe deadline, on CLOCK_MONOTONIC in nanoseconds.
+    deadline: AtomicU64,
+    stood_down: AtomicBool,
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock the watchdog and we share.
@@ -212,9 +216,37 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// `valid_until` on CLOCK_MONOTONIC, in nanoseconds.
+fn monotonic_at(valid_until: Instant) -> u64 {
+    let left = valid_until.saturating_duration_since(Instant::now());
+    monotonic_ns().saturating_add(left.as_nanos().min(u64::MAX as u128) as u64)
+}
+
 impl Watchdog {
-    fn start() -> std::io::Result<Watchdog> {
+    /// Starts it, watching over the lease until `valid_until` (later deadlines come by
+    /// [`deadline`](Self::deadline)).
+    fn start(valid_until: Instant) -> std::io::Result<Watchdog> {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        // SAFETY: a new anonymous mapping, zeroed: a valid `Shared`, as its fields are
+        // atomics whose zero is a value.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                std::mem::size_of::<Shared>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if page == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: mapped above, never unmapped, aligned (a page).
+        let shared: &'static Shared = unsafe { &*page.cast::<Shared>() };
+        shared
+            .deadline
+            .store(monotonic_at(valid_until), Ordering::Release);
         let mut fds = [0; 2];
         // SAFETY: plain syscall filling a local array.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -223,8 +255,8 @@ impl Watchdog {
         // SAFETY: both descriptors were just made and are owned here alone.
         let (read_end, write_end) =
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // Signals stay blocked across the fork, so none runs our handlers in the child
-        // before it has set its own.
+        // Blocked across the fork, and in the child for good: none runs our handlers (the
+        // runtime's) there, and none sent to the command's group reaches the watchdog.
         // SAFETY: plain calls on signal sets of this thread, kept on the stack.
         let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
         let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -236,71 +268,41 @@ impl Watchdog {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             unsafe {
-                // Out of our process group and deaf to the signals meant for us or the
-                // command (a terminal's Ctrl-C); it ends when we do. None of our handlers
-                // (the runtime's) may run here. (SIGKILL and SIGSTOP refuse; no matter.)
+                // A group of its own, for the command to join (we make it too, whichever
+                // of us runs first). Every signal stays blocked (SIGKILL and SIGSTOP
+                // cannot be; no matter).
                 libc::setpgid(0, 0);
-                let deaf = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
-                for signal in 1..libc::SIGRTMIN() {
-                    let action = match deaf.contains(&signal) {
-                        true => libc::SIG_IGN,
-                        false => libc::SIG_DFL,
-                    };
-                    libc::signal(signal, action);
-                }
-                let mut none: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut none);
-                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
                 libc::close(write_end.as_raw_fd());
-                let read = |buf: &mut [u8]| -> usize {
-                    let mut got = 0;
-                    while got < buf.len() {
-                        let n = libc::read(
-                            read_end.as_raw_fd(),
-                            buf[got..].as_mut_ptr().cast(),
-                            buf.len() - got,
-                        );
-                        match n {
-                            n if n > 0 => got += n as usize,
-                            -1 if *libc::__errno_location() == libc::EINTR => {}
-                            _ => break,
-                        }
-                    }
-                    got
-                };
-                let (mut pgid, mut deadline) = (0i32, None::<u64>);
+                // Our own group, by its id: never the group we were forked in, should
+                // setpgid have failed.
+                let group = -libc::getpid();
                 loop {
-                    let mut wait_ms = -1;
-                    if let (true, Some(deadline)) = (pgid > 0, deadline) {
-                        let now = monotonic_ns();
-                        if now >= deadline {
-                            // Stuck past the lease: the command must not run on unlocked.
-                            libc::kill(-pgid, libc::SIGKILL);
-                            break;
-                        }
-                        wait_ms = ((deadline - now) / 1_000_000 + 1).min(i32::MAX as u64) as i32;
+                    if shared.stood_down.load(Ordering::Acquire) {
+                        break;
                     }
+                    let deadline = shared.deadline.load(Ordering::Acquire);
+                    let now = monotonic_ns();
+                    if now >= deadline {
+                        // Stuck past the lease: the command must not run on unlocked.
+                        libc::kill(group, libc::SIGKILL);
+                        break;
+                    }
+                    let wait_ms = ((deadline - now) / 1_000_000 + 1).min(i32::MAX as u64) as i32;
                     let mut poll = libc::pollfd {
                         fd: read_end.as_raw_fd(),
                         events: libc::POLLIN,
                         revents: 0,
                     };
-                    if libc::poll(&mut poll, 1, wait_ms) <= 0 {
-                        continue; // the deadline, or EINTR: look again
-                    }
-                    let mut message = [0u8; 9];
-                    if read(&mut message) < message.len() {
-                        // We are gone without standing it down.
-                        if pgid > 0 {
-                            libc::kill(-pgid, libc::SIGKILL);
+                    // Nothing is ever written: the pipe is readable at its end only.
+                    let mut byte = 0u8;
+                    if libc::poll(&mut poll, 1, wait_ms) > 0
+                        && libc::read(read_end.as_raw_fd(), (&raw mut byte).cast(), 1) == 0
+                    {
+                        if !shared.stood_down.load(Ordering::Acquire) {
+                            // We are gone without standing it down.
+                            libc::kill(group, libc::SIGKILL);
                         }
                         break;
-                    }
-                    let value = u64::from_ne_bytes(message[1..].try_into().unwrap_or_default());
-                    match message[0] {
-                        GROUP => pgid = value as i32,
-                        DEADLINE => deadline = Some(value),
-                        _ => break,
                     }
                 }
                 libc::_exit(0)
@@ -308,62 +310,54 @@ impl Watchdog {
         }
         // SAFETY: restores this thread's own mask.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
-        match pid {
-            -1 => Err(std::io::Error::last_os_error()),
-            pid => Ok(Watchdog {
-                pid,
-                pipe: write_end.into(),
-                armed: false,
-            }),
+        if pid == -1 {
+            return Err(std::io::Error::last_os_error());
         }
-    }
-
-    fn tell(&mut self, tag: u8, value: u64) -> std::io::Result<()> {
-        self.pipe.write_all(&watchdog_message(tag, value))
-    }
-
-    /// The pipe, for the command's process to tell its group (see [`spawn`]).
-    fn fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        self.pipe.as_raw_fd()
-    }
-
-    /// The command (which told its group itself) runs: watch over it until `valid_until`.
-    fn arm(&mut self, valid_until: Instant) {
-        self.armed = true;
-        self.deadline(valid_until);
+        // Its group exists before the command joins it, whichever of us runs first.
+        // SAFETY: plain syscalls on our own child.
+        if unsafe { libc::setpgid(pid, pid) } != 0 {
+            let e = std::io::Error::last_os_error();
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            return Err(e);
+        }
+        Ok(Watchdog {
+            pid,
+            pipe: write_end.into(),
+            shared,
+        })
     }
 
     /// The lease is provably ours until `valid_until` (a renewal confirmed it).
-    fn deadline(&mut self, valid_until: Instant) {
-        let left = valid_until.saturating_duration_since(Instant::now());
-        let at = monotonic_ns().saturating_add(left.as_nanos().min(u64::MAX as u128) as u64);
-        if self.armed {
-            let _ = self.tell(DEADLINE, at);
-        }
+    fn deadline(&self, valid_until: Instant) {
+        (self.shared.deadline).store(monotonic_at(valid_until), Ordering::Release);
     }
 
-    /// We are still here: the watchdog leaves the command's group alone and exits.
-    fn stand_down(mut self) {
-        // Also when not armed: the command's process may have told its group already.
-        let _ = self.tell(STAND_DOWN, 0);
-        drop(self.pipe);
-        // Reaped if it has exited already; else it exits at once and, once we are gone,
-        // is reaped by init. Never waited for: a stopped watchdog must not hold us.
+    /// We are still here: the watchdog leaves the command's group alone. It exits when
+    /// the pipe returned is dropped (or at its deadline): keep it until the work left is
+    /// done, as waking the watchdog costs a CPU.
+    fn stand_down(self) -> std::fs::File {
+        self.shared.stood_down.store(true, Ordering::Release);
+        // Reaped if it has exited already (killed with the group); else, once we are
+        // gone, by init. Never waited for: a stopped watchdog must not hold us.
         // SAFETY: plain syscall on our own child.
         unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) };
+        self.pipe
     }
 }
 
-/// Starts the command in a process group of its own. With `watchdog` (the pipe to it),
-/// the command's process tells the watchdog its group itself, before it runs anything:
-/// from then on a `leasehold` killed at any moment takes the group with it.
+/// Starts the command: in the watchdog's process group (`group`), else in a group of its
+/// own. Only what posix_spawn cannot do needs code of ours between fork and exec, and
+/// only then is the command forked: handing it the terminal, or, without a watchdog,
+/// having the kernel kill it if we die.
 fn spawn(
     args: &RunArgs,
     store: Option<&str>,
     guard: &LockGuard,
     foreground: bool,
-    watchdog: Option<std::os::fd::RawFd>,
+    group: Option<libc::pid_t>,
 ) -> Result<tokio::process::Child, Failure> {
     let mut cmd = tokio::process::Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
@@ -377,25 +371,21 @@ fn spawn(
     if let Some(store) = store {
         cmd.env("LEASEHOLD_STORE", store);
     }
-    cmd.process_group(0);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Die with us: a killed `leasehold` must not leave its command running unlocked.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if foreground {
-                libc::setpgid(0, 0);
-                libc::tcsetpgrp(0, libc::getpgrp());
-                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
-            }
-            if let Some(fd) = watchdog {
-                // Our pid is the group's id (process_group(0)); one write under PIPE_BUF
-                // reaches the pipe whole.
-                let message = watchdog_message(GROUP, libc::getpid() as u64);
-                libc::write(fd, message.as_ptr().cast(), message.len());
-            }
-            Ok(())
-        });
+    cmd.process_group(group.unwrap_or(0));
+    if foreground || group.is_none() {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Die with us: a killed `leasehold` must not leave its command running
+                // unlocked.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if foreground {
+                    libc::tcsetpgrp(0, libc::getpgrp());
+                    libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
     }
     cmd.spawn().map_err(|e| {
         let what = args.command[0].to_string_lossy();
@@ -503,26 +493,21 @@ async fn run_with(
         // SAFETY: plain call; lets us take the terminal back after the command.
         unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
     }
-    let mut watchdog = Watchdog::start()
+    let mut watchdog = Watchdog::start(guard.valid_until())
         .inspect_err(|e| {
             eprintln!("leasehold: warning: cannot start the watchdog ({e}); if leasehold is killed, what the command started may outlive the lock");
         })
         .ok();
-    let watchdog_fd = watchdog.as_ref().map(Watchdog::fd);
-    let mut child = match spawn(&args, store, &guard, foreground, watchdog_fd) {
+    let group = watchdog.as_ref().map(|w| w.pid);
+    let mut child = match spawn(&args, store, &guard, foreground, group) {
         Ok(child) => child,
         Err(failure) => {
-            if let Some(watchdog) = watchdog {
-                watchdog.stand_down();
-            }
+            drop(watchdog.map(Watchdog::stand_down));
             let _ = guard.release().await;
             return Err(failure);
         }
     };
-    let pgid = child.id().map(|id| id as i32).unwrap_or(0);
-    if let (Some(watchdog), true) = (&mut watchdog, pgid > 0) {
-        watchdog.arm(guard.valid_until());
-    }
+    let pgid = group.or(child.id().map(|id| id as i32)).unwrap_or(0);
     let mut deadlines = guard.deadlines();
     let mut renewing = true;
     // Stop the command a little before the safe deadline if renewals keep failing, so it
@@ -600,10 +585,9 @@ async fn run_with(
         }
     };
     // The command is reaped (and its group killed if the lock was lost): from here on a
-    // killed leasehold must not touch the group, whose id may even be reused.
-    if let Some(watchdog) = watchdog {
-        watchdog.stand_down();
-    }
+    // killed leasehold must not touch the group, whose id may even be reused. The
+    // watchdog, idle, exits when the release is done.
+    let _watchdog_pipe = watchdog.map(Watchdog::stand_down);
     if foreground {
         take_terminal_back();
     }

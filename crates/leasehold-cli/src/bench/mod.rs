@@ -16,10 +16,10 @@ use leasehold::StoreUrl;
 
 use crate::exit::{Failure, USAGE};
 
-/// Flags of `leasehold bench` (the lockbench.v1 driver contract plus `--store`, `--fair`).
-///
-/// Durations are read as `run`'s are: `500ms`, `15s`, `1m30s`, or a bare number of
-/// seconds (fractions allowed, e.g. `2.5`, as lockbench.v1 drivers pass them).
+// Flags of `leasehold bench` (the lockbench.v1 driver contract plus `--store`, `--fair`).
+//
+// Durations are read as `run`'s are: `500ms`, `15s`, `1m30s`, or a bare number of
+// seconds (fractions allowed, e.g. `2.5`, as lockbench.v1 drivers pass them).
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Locks (lockbench.v1): W1: one worker, N acquire+release cycles on one key; W2: K

@@ -21,7 +21,7 @@ use crate::exit::{self, Failure};
 /// Exit status of a command whose access the resource refused (a stale token).
 pub const REFUSED: u8 = 3;
 
-/// Arguments of the hidden `torture-command` command.
+// Arguments of the hidden `torture-command` command.
 #[derive(Debug, Clone, Args)]
 pub struct CommandArgs {
     /// The resource's address.

@@ -14,7 +14,7 @@ use super::proxy::{self, Link};
 use super::spawn::Keeper;
 use crate::exit::{self, Failure};
 
-/// `leasehold torture` flags.
+// `leasehold torture` flags.
 #[derive(Debug, Args)]
 #[command(after_help = TORTURE_AFTER_HELP)]
 pub struct TortureArgs {

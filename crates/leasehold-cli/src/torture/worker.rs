@@ -23,7 +23,7 @@ use super::history::{instant_ns, Event, Log, Role};
 use super::resource::{Client, Reply};
 use crate::exit::{self, Failure};
 
-/// Arguments of the hidden `torture-worker` command the coordinator spawns.
+// Arguments of the hidden `torture-worker` command the coordinator spawns.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerArgs {
     /// Lock name.
