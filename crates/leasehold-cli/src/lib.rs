@@ -4,6 +4,7 @@
 
 mod args;
 pub mod bench;
+mod child;
 pub mod exit;
 mod inspect;
 mod json;
