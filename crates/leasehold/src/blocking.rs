@@ -270,25 +270,25 @@ impl Lock {
         self.inner.name()
     }
 
-    fn guard(&self, guard: Option<crate::LockGuard>) -> Option<LockGuard> {
-        guard.map(|guard| LockGuard {
+    fn guard(&self, guard: crate::LockGuard) -> LockGuard {
+        LockGuard {
             inner: Some(guard),
             client: self.client.clone(),
-        })
+        }
     }
 
     /// One attempt; `None` if someone else holds it.
     pub fn try_lock(&self) -> Result<Option<LockGuard>> {
         let lock = self.inner.clone();
         let guard = self.client.wait(async move { lock.try_lock().await })?;
-        Ok(self.guard(guard))
+        Ok(guard.map(|g| self.guard(g)))
     }
 
     /// Waits as long as it takes.
     pub fn lock(&self) -> Result<LockGuard> {
         let lock = self.inner.clone();
         let guard = self.client.wait(async move { lock.lock().await })?;
-        Ok(self.guard(Some(guard)).expect("a guard"))
+        Ok(self.guard(guard))
     }
 
     /// Waits at most `wait`; `None` if it ran out.
@@ -297,7 +297,7 @@ impl Lock {
         let guard = self
             .client
             .wait(async move { lock.try_lock_for(wait).await })?;
-        Ok(self.guard(guard))
+        Ok(guard.map(|g| self.guard(g)))
     }
 
     /// Waits until `deadline` at most; `None` if it passed.
@@ -306,7 +306,7 @@ impl Lock {
         let guard = self
             .client
             .wait(async move { lock.try_lock_until(deadline).await })?;
-        Ok(self.guard(guard))
+        Ok(guard.map(|g| self.guard(g)))
     }
 }
 

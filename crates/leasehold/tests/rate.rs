@@ -14,34 +14,28 @@ use leasehold::{Leasehold, MemoryStore, Rate, Store};
 
 const RUN: Duration = Duration::from_secs(3);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_keeps_the_window_bound_under_contention() {
+/// Clients of one memory store (every client of a run shares it).
+fn memory() -> leasehold::conformance::Open {
     let store = MemoryStore::new();
-    let open = opener(move || {
+    opener(move || {
         let store = store.clone();
         async move { Ok(store) }
-    });
-    bound_holds_under_contention(open, 3, 4, RUN).await;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_keeps_the_window_bound_under_contention() {
+    bound_holds_under_contention(memory(), 3, 4, RUN).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_serves_waits_in_turn() {
-    let store = MemoryStore::new();
-    acquire_waits_for_its_turn(opener(move || {
-        let store = store.clone();
-        async move { Ok(store) }
-    }))
-    .await;
+    acquire_waits_for_its_turn(memory()).await;
 }
 
 #[tokio::test]
 async fn memory_lets_exactly_the_burst_through_from_idle() {
-    let store = MemoryStore::new();
-    burst_from_idle_is_exact(opener(move || {
-        let store = store.clone();
-        async move { Ok(store) }
-    }))
-    .await;
+    burst_from_idle_is_exact(memory()).await;
 }
 
 #[tokio::test]
