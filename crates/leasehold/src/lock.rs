@@ -178,6 +178,7 @@ impl Leasehold {
             fair: self.store.capabilities().fair_by_default,
             owner: None,
             on_wait: None,
+            value: None,
         })
     }
 
@@ -289,6 +290,8 @@ pub struct Lock {
     owner: Option<String>,
     on_wait: Option<OnWait>,
     meter: Meter,
+    /// Published with each hold ([`AcquireRequest::value`]): an election's.
+    value: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Lock {
@@ -336,6 +339,12 @@ impl Lock {
     /// queue position), e.g. to show progress.
     pub fn on_wait(mut self, f: impl Fn(&Busy) + Send + Sync + 'static) -> Self {
         self.on_wait = Some(Arc::new(f));
+        self
+    }
+
+    /// Publishes `value` with each hold this lock takes (an election candidate's).
+    pub(crate) fn with_value(mut self, value: Option<Arc<str>>) -> Self {
+        self.value = value;
         self
     }
 
@@ -412,6 +421,7 @@ impl Lock {
             enqueue,
             waited: Duration::ZERO,
             requester: self.requester.clone(),
+            value: self.value.clone(),
         })
     }
 

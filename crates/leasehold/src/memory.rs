@@ -96,11 +96,13 @@ impl MemoryStore {
             record: Record::new(name.as_str(), ""),
             changed: Arc::default(),
         });
-        let before = entry.record.version;
+        let before = (entry.record.version, entry.record.last_token);
         entry.record.prune(now, &alive);
         let out = f(entry, now);
-        if entry.record.version != before {
+        if entry.record.version != before.0 {
             entry.changed.changed();
+        } else if entry.record.last_token != before.1 {
+            entry.changed.holders_changed();
         }
         Ok(out)
     }
@@ -151,6 +153,27 @@ impl Store for MemoryStore {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if !self.with(&lease.name, |r, _| r.holds(lease))? {
+                return Ok(());
+            }
+            notified.await;
+        }
+    }
+
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<Renewal> {
+        self.with_entry(&lease.name, |e, _| {
+            let renewal = e.record.proclaim(lease, value);
+            e.changed.holders_changed();
+            renewal
+        })
+    }
+
+    async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
+        let wake = self.with_entry(name, |e, _| e.changed.clone())?;
+        loop {
+            let notified = wake.notified_holders();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.describe(name).await?.same_holders(seen) {
                 return Ok(());
             }
             notified.await;

@@ -72,12 +72,24 @@ pub(crate) enum Look {
 pub(crate) struct Wake {
     all: Notify,
     one: Notify,
+    /// [`Store::watch`](crate::store::Store::watch)ers: any change of the holders.
+    holders: Notify,
 }
 
 impl Wake {
     pub fn changed(&self) {
         self.all.notify_waiters();
         self.one.notify_one();
+        self.holders.notify_waiters();
+    }
+
+    /// A holder came or published a value: only watchers can care.
+    pub fn holders_changed(&self) {
+        self.holders.notify_waiters();
+    }
+
+    pub fn notified_holders(&self) -> Notified<'_> {
+        self.holders.notified()
     }
 
     /// Any one non-fair exclusive waiter can use a change (only one can win it); fair
@@ -124,6 +136,9 @@ pub(crate) struct Holder {
     pub since_ms: u64,
     /// One per acquisition by this owner (re-entry adds one).
     pub holds: Vec<Hold>,
+    /// What the holder published ([`AcquireRequest::value`], [`Record::proclaim`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
 
 impl Holder {
@@ -304,6 +319,7 @@ impl Record {
             token: self.last_token,
             since_ms: now.wall_ms,
             holds: vec![hold],
+            value: req.value.as_deref().map(str::to_string),
         });
         self.waiters.retain(|w| w.lease != req.lease.as_str());
         self.holders[self.holders.len() - 1].granted()
@@ -372,6 +388,18 @@ impl Record {
         released
     }
 
+    /// Replaces the value of the holder that has `lease` among its holds.
+    pub fn proclaim(&mut self, lease: &Lease, value: &str) -> Renewal {
+        let mine = |h: &&mut Holder| h.holds.iter().any(|x| x.lease == lease.id.as_str());
+        match self.holders.iter_mut().find(mine) {
+            Some(holder) => {
+                holder.value = Some(value.to_string());
+                Renewal::Renewed
+            }
+            None => Renewal::Lost,
+        }
+    }
+
     /// Whether `lease` is one of the holds.
     pub fn holds(&self, lease: &Lease) -> bool {
         self.holders
@@ -398,6 +426,7 @@ impl Record {
             since: UNIX_EPOCH + Duration::from_millis(h.since_ms),
             lease_left: Duration::from_nanos(expires.saturating_sub(now.mono)),
             holds: h.holds.len() as u32,
+            value: h.value.clone(),
         }
     }
 

@@ -137,6 +137,9 @@ pub struct AcquireRequest {
     pub waited: Duration,
     /// Shown to others (shared by every request of a [`Leasehold`](crate::Leasehold)).
     pub requester: Arc<Requester>,
+    /// Shown with the hold to others, until [`Store::proclaim`] replaces it: an election
+    /// leader's value (its address, say). `None` for plain locks.
+    pub value: Option<Arc<str>>,
 }
 
 impl AcquireRequest {
@@ -261,6 +264,10 @@ pub struct HolderInfo {
     pub lease_left: Duration,
     /// Hold count (re-entries + 1).
     pub holds: u32,
+    /// The value the holder published ([`AcquireRequest::value`], [`Store::proclaim`]):
+    /// an election leader's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
 
 /// One waiter, as `describe` shows it.
@@ -292,6 +299,16 @@ pub struct LockState {
     pub holders: Vec<HolderInfo>,
     /// Waiters in queue order.
     pub waiters: Vec<WaiterInfo>,
+}
+
+impl LockState {
+    /// Whether `other` shows the same holders (owner, token) with the same values: what a
+    /// [`Store::watch`] waits to change. Leases left and hold counts are not compared.
+    pub fn same_holders(&self, other: &LockState) -> bool {
+        let key = |h: &HolderInfo| (h.token, h.value.clone(), h.owner.clone());
+        self.holders.len() == other.holders.len()
+            && self.holders.iter().map(key).eq(other.holders.iter().map(key))
+    }
 }
 
 /// What a store can do, for the library, the CLI and the conformance suite. A store of
@@ -368,6 +385,32 @@ pub trait Store: Debug + Send + Sync + 'static {
     /// to be at risk. Shown by `leasehold status`.
     fn caveat(&self) -> Option<String>;
 
+    /// Replaces the value shown with `lease`'s hold ([`HolderInfo::value`]) if the hold
+    /// still exists, as one atomic step, and wakes [`watch`](Self::watch)ers: how an
+    /// election leader proclaims. Ownership-checked like [`renew`](Self::renew); the lease
+    /// itself is left as it is.
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<Renewal> {
+        let _ = (lease, value);
+        Err(crate::Error::Unsupported {
+            store: self.describe_store(),
+            what: "proclaimed values (elections)".into(),
+        })
+    }
+
+    /// Resolves once the holders of `name` may differ from `seen` (a [`describe`] of it,
+    /// compared with [`LockState::same_holders`]): a grant, a release, a force-release, a
+    /// proclamation. Checks first, so a change made after `seen` was read and before this
+    /// call is not missed. May resolve early; callers describe again. A lease running
+    /// out need not wake it: callers also wake at the end of the leases they saw.
+    ///
+    /// The default describes again every 100 ms; every store in this crate is woken by
+    /// the store itself instead.
+    ///
+    /// [`describe`]: Self::describe
+    async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
+        poll_holders(self, name, seen).await
+    }
+
     /// One rate-limiter decision ([`RateRequest`]), as one atomic step on the store's
     /// own clock: the arithmetic of [`gcra`] on the limiter's stored theoretical
     /// arrival time. Optional: a store that has no clock every client can trust (etcd)
@@ -422,6 +465,20 @@ mod millis {
     }
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+/// [`Store::watch`] by describing again every 100 ms: for stores that cannot be told.
+pub(crate) async fn poll_holders<S: Store + ?Sized>(
+    store: &S,
+    name: &LockName,
+    seen: &LockState,
+) -> Result<()> {
+    loop {
+        if !store.describe(name).await?.same_holders(seen) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -350,6 +350,7 @@ async fn separators_in_a_requester_s_text_are_replaced_in_every_form() {
             host: "a\x1fb\x1ec\x1dd".into(),
             pid,
         }),
+        value: None,
     };
     let (first, second) = (request("first", 7), request("second", 8));
     let Attempt::Granted(grant) = store.acquire(&first).await.unwrap() else {

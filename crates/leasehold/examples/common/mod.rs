@@ -30,6 +30,7 @@ pub async fn store_cycle(
         enqueue: true,
         waited: Duration::ZERO,
         requester: requester.clone(),
+        value: None,
     };
     let store = locks.store();
     match store.acquire(&req).await? {

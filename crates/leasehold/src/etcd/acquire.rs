@@ -640,6 +640,7 @@ pub(super) mod tests {
             enqueue: true,
             waited: Duration::ZERO,
             requester: Arc::new(crate::store::Requester::this_process()),
+            value: None,
         }
     }
 

@@ -310,6 +310,7 @@ pub(super) fn holder_info(member: &Member, lease_left: Duration) -> HolderInfo {
         since: UNIX_EPOCH + Duration::from_millis(member.entry.since),
         lease_left,
         holds: member.entry.holds.len() as u32,
+        value: None, // TODO(election): the hold's value
     }
 }
 

@@ -729,6 +729,31 @@ impl Store for LocalStore {
         }
     }
 
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<Renewal> {
+        (self.with(&lease.name, |r, _| r.proclaim(lease, value))).await
+    }
+
+    async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
+        let watching = self
+            .inner
+            .watcher
+            .get_or_init(|| self.start_watcher())
+            .is_some();
+        if !watching {
+            return crate::store::poll_holders(self, name, seen).await;
+        }
+        let watched = self.inner.wakers.get(&file_name(name));
+        loop {
+            let notified = watched.wake.notified_holders();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.describe(name).await?.same_holders(seen) {
+                return Ok(());
+            }
+            notified.await;
+        }
+    }
+
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         let alive = self.alive();
         self.with(name, |r, now| {

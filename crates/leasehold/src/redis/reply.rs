@@ -270,6 +270,7 @@ fn busy(fields: &Fields<'_>) -> Result<Busy> {
             holds: fields.int("holds")? as u32,
             kind: kind(&fields.text("kind")?, fields.int("permits")?)
                 .ok_or_else(|| fields.not("kind", "a kind"))?,
+            value: None, // TODO(election): the hold's value
         }),
     };
     let (position, retry_in) = (fields.int("position")?, fields.int("retry_in")?);

@@ -127,6 +127,7 @@ impl State {
                             (expires.unwrap_or(0) - now).max(0) as u64
                         ),
                         holds: h.holds.len() as u32,
+                        value: None, // TODO(election): the hold's value
                     })
                 })
                 .collect(),
