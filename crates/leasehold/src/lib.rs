@@ -134,6 +134,7 @@
 
 pub mod blocking;
 mod builder;
+mod election;
 mod error;
 mod fence;
 mod gate;
@@ -164,6 +165,7 @@ pub mod etcd;
 pub mod conformance;
 
 pub use builder::{LeaseholdBuilder, MAX_CLIENT_TIMEOUT, MAX_KEY_PREFIX_LEN};
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;

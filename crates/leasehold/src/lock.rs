@@ -230,6 +230,15 @@ impl Leasehold {
         crate::RateLimiter::new(self.store.clone(), name, rate, burst)
     }
 
+    /// A leader election: candidates [`campaign`](crate::Election::campaign), anyone
+    /// asks for the [`leader`](crate::Election::leader) or
+    /// [`observe`](crate::Election::observe)s it. The election is the mutex of the same
+    /// name, fair, whose holder publishes a value.
+    pub fn election<N: IntoLockName>(&self, name: N) -> Result<crate::Election> {
+        let lock = self.mutex(name)?;
+        Ok(crate::Election::new(lock, self.store.clone()))
+    }
+
     /// Holders and waiters of one lock. Tasks of this process that wait behind another
     /// of its tasks (see [`Lock::lock`]) are listed after the store's waiters; other
     /// processes see only the one of them that the store queues.

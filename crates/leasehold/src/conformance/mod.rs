@@ -25,6 +25,10 @@ pub use cases::blocking::{
     blocking_rwlock_readers_and_writer, blocking_semaphore_limit, blocking_tokens_increase,
     blocking_try_and_bounded_wait,
 };
+pub use cases::election::{
+    election_bounded_campaigns, election_dead_leader_is_replaced, election_observe_proclaim_resign,
+    election_one_leader_at_a_time, election_paused_leader_knows_first,
+};
 pub use cases::exclusion::{
     bad_input_rejected, drop_releases, mutual_exclusion, tokens_and_reentry, try_and_bounded_waits,
 };
@@ -110,7 +114,10 @@ macro_rules! conformance_suite {
             fifo_when_fair, hand_over_renews_to_the_full_ttl, hand_over_to_a_dropped_waiter_is_not_lost,
             semaphore_limit, read_write_rules, lock_rules, release_is_idempotent,
             force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace,
-            timed_out_wait_leaves_the_queue, bad_input_rejected, model_based);
+            timed_out_wait_leaves_the_queue, bad_input_rejected, model_based,
+            election_one_leader_at_a_time, election_observe_proclaim_resign,
+            election_dead_leader_is_replaced, election_paused_leader_knows_first,
+            election_bounded_campaigns);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(

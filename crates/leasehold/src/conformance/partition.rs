@@ -96,6 +96,13 @@ impl Store for Partition {
     async fn ended(&self, lease: &Lease) -> Result<()> {
         self.inner.ended(lease).await
     }
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<Renewal> {
+        self.pass(&self.renewals)?;
+        self.inner.proclaim(lease, value).await
+    }
+    async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
+        self.inner.watch(name, seen).await
+    }
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         self.inner.describe(name).await
     }

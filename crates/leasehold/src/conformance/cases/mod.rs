@@ -1,6 +1,7 @@
 //! The conformance cases, a room per concern; [`super`] re-exports them.
 
 pub(super) mod blocking;
+pub(super) mod election;
 pub(super) mod exclusion;
 pub(super) mod leases;
 pub(super) mod primitives;
