@@ -85,6 +85,10 @@ pub struct LockArgs {
     /// 127.0.0.1:9185) while it runs: acquisitions, waits, renewals, losses, releases
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+
+    /// Set by `elect`: campaign for the election of NAME, publishing this value.
+    #[arg(skip)]
+    pub value: Option<String>,
 }
 
 /// The locks that enclosing `leasehold run`s hold for the command, one `NAME\tOWNER`
@@ -123,6 +127,8 @@ impl LockArgs {
     /// The lock handle these flags describe.
     pub fn lock(&self, locks: &Leasehold) -> Result<Lock, Failure> {
         let lock = match (self.permits, self.shared) {
+            _ if self.value.is_some() => (locks.election(self.name.as_str())?)
+                .candidate(self.value.clone().unwrap_or_default()),
             (Some(permits), _) => locks.semaphore(self.name.as_str(), permits)?,
             (None, true) => locks.read(self.name.as_str())?,
             (None, false) => locks.write(self.name.as_str())?,

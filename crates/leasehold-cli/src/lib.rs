@@ -5,6 +5,7 @@
 mod args;
 pub mod bench;
 mod child;
+mod elect;
 pub mod exit;
 mod inspect;
 mod json;
@@ -61,6 +62,12 @@ pub enum Command {
     /// Acquire NAME, print its fencing token, hold it until SIGINT, SIGTERM or SIGHUP
     #[command(after_help = json::HOLD_AFTER_HELP)]
     Hold(run::HoldArgs),
+    /// Campaign to lead election NAME; run COMMAND while leading; stop it if
+    /// leadership is lost
+    #[command(after_help = elect_after_help())]
+    Elect(elect::ElectArgs),
+    /// Show the leader of election NAME; --watch prints each change
+    Leader(elect::LeaderArgs),
     /// Show who holds NAME and who waits
     Status(inspect::StatusArgs),
     /// List held or awaited locks
@@ -168,6 +175,10 @@ fn man(args: &ManArgs) -> Result<ExitCode, Failure> {
 }
 
 /// `run --help`'s closing text, with the exit status table.
+fn elect_after_help() -> String {
+    format!("{}\n\n{}", elect::ELECT_AFTER_HELP, exit::table())
+}
+
 fn run_after_help() -> String {
     format!("{RUN_AFTER_HELP}\n{}", exit::table())
 }
@@ -382,6 +393,7 @@ impl Cli {
         match &self.command {
             Command::Hold(args) => args.json,
             Command::Status(args) => args.json,
+            Command::Leader(args) => args.json,
             Command::List(args) => args.json,
             Command::Release(args) => args.json,
             Command::Limit(args) => args.json,
@@ -416,6 +428,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
             metrics::serve(args.lock.metrics)?;
             run::hold(store, args).await
         }
+        Command::Elect(args) => {
+            metrics::serve(args.metrics)?;
+            elect::elect(store, args).await
+        }
+        Command::Leader(args) => elect::leader(store, args).await,
         Command::Status(args) => inspect::status(store, args).await,
         Command::List(args) => inspect::list(store, args).await,
         Command::Release(args) => inspect::release(store, args).await,

@@ -75,9 +75,13 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
     }
     let state = locks.describe(args.name.as_str()).await.ok();
     let holder = state.as_ref().and_then(|s| s.holders.first());
+    let (what, held) = match args.value {
+        Some(_) => ("election", "is led by"),
+        None => ("lock", "is held by"),
+    };
     let held_by = match holder {
         Some(h) => format!(
-            "is held by {} ({}, pid {}) for {}",
+            "{held} {} ({}, pid {}) for {}",
             h.owner,
             h.host,
             h.pid,
@@ -95,7 +99,7 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
     };
     Err(Failure::new(
         args.conflict_exit_code,
-        format!("lock \"{}\" {held_by}; {gave_up}", args.name),
+        format!("{what} \"{}\" {held_by}; {gave_up}", args.name),
     )
     .named(exit::NOT_ACQUIRED))
 }
@@ -177,6 +181,10 @@ fn command_env(
     ];
     if let Some(store) = store {
         env.push(("LEASEHOLD_STORE", store.to_string()));
+    }
+    if let Some(value) = &args.lock.value {
+        env.push(("LEASEHOLD_TERM", guard.token().to_string()));
+        env.push(("LEASEHOLD_VALUE", value.clone()));
     }
     env
 }

@@ -602,3 +602,9 @@ fn a_paused_redis_cannot_stretch_a_bounded_wait_by_its_connect() {
     server.resume();
     assert!(!cli.exists("ran"));
 }
+
+#[test]
+fn redis_elect_candidates_take_over_from_killed_leaders_and_the_watcher_sees_each() {
+    let server = RedisServer::start();
+    candidates_take_over_from_killed_leaders(&world("redis-elect", &server), "2s");
+}

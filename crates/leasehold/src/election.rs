@@ -139,7 +139,12 @@ impl Election {
         self.lock.name()
     }
 
-    fn candidate(&self, value: String) -> Lock {
+    /// The lock a campaign for `value` takes: its guard is this candidate's leadership
+    /// (its token the term). For code that drives locks generically, as the CLI's
+    /// `elect` runs a command under it as `run` does under a lock; otherwise
+    /// [`campaign`](Self::campaign) says more.
+    pub fn candidate(&self, value: impl Into<String>) -> Lock {
+        let value: String = value.into();
         self.lock.clone().with_value(Some(value.into()))
     }
 

@@ -403,3 +403,86 @@ pub fn interrupted_waiter_leaves_the_queue(cli: &Cli, signal: i32, flags: &[&str
     assert!(!cli.exists("w1-ran"));
     cli.assert_all_free("k");
 }
+
+/// Three `elect` candidates of election `e` (lease `ttl`), their commands recording
+/// `LEASEHOLD_TERM` and `LEASEHOLD_VALUE` and then running until stopped, and a
+/// `leader e --watch --json`: one candidate leads at a time; a leader killed with
+/// SIGKILL is replaced by the next with a higher term (its command stopped by the
+/// watchdog); the watcher prints each leader, in order, terms increasing.
+pub fn candidates_take_over_from_killed_leaders(cli: &Cli, ttl: &str) {
+    let mut watch = cli.spawn("watch", &["leader", "e", "--watch", "--json"]);
+    let first = watch.wait_for_line("the watcher's first line");
+    assert_eq!(
+        serde_json::from_str::<Value>(&first).unwrap()["leader"],
+        Value::Null,
+        "{first}"
+    );
+    let script = "echo $LEASEHOLD_TERM > term-$LEASEHOLD_VALUE.tmp && \
+                  mv term-$LEASEHOLD_VALUE.tmp term-$LEASEHOLD_VALUE && exec sleep 3600";
+    let mut candidates: Vec<Proc> = ["a", "b", "c"]
+        .iter()
+        .map(|value| {
+            let args = [
+                "elect", "--ttl", ttl, "--value", value, "e", "--", "sh", "-c", script,
+            ];
+            cli.spawn(value, &args)
+        })
+        .collect();
+    let leading = |cli: &Cli| -> Vec<&str> {
+        ["a", "b", "c"]
+            .into_iter()
+            .filter(|v| cli.exists(&format!("term-{v}")))
+            .collect()
+    };
+    let mut order: Vec<(String, u64)> = Vec::new();
+    for round in 0..3 {
+        let now = wait_until("the next leader", PATIENCE, || {
+            let leading = leading(cli);
+            (leading.len() == round + 1).then_some(leading)
+        });
+        let value = (now.iter())
+            .find(|v| !order.iter().any(|(o, _)| o == *v))
+            .unwrap()
+            .to_string();
+        let term: u64 = cli.read(&format!("term-{value}")).trim().parse().unwrap();
+        if let Some((_, last)) = order.last() {
+            assert!(term > *last, "term {term} after {last}");
+        }
+        let shown = cli.run(&["leader", "e", "--json"]).expect(0).stdout;
+        let shown: Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(shown["leader"]["value"], value.as_str(), "{shown}");
+        assert_eq!(shown["leader"]["term"], term, "{shown}");
+        order.push((value.clone(), term));
+        let seen = format!("\"term\":{term},\"value\":\"{value}\"");
+        wait_until("the watcher to show the leader", PATIENCE, || {
+            watch.stdout().contains(&seen).then_some(())
+        });
+        let i = ["a", "b", "c"].iter().position(|v| *v == value).unwrap();
+        let signal = if round < 2 {
+            libc::SIGKILL
+        } else {
+            libc::SIGTERM
+        };
+        candidates[i].signal(signal);
+        let what = format!("candidate {value} to end");
+        wait_until(&what, PATIENCE, || candidates[i].child.try_wait().unwrap());
+    }
+    wait_until("the watcher to see no leader", PATIENCE, || {
+        watch
+            .stdout()
+            .ends_with("\"leader\":null,\"name\":\"e\"}\n")
+            .then_some(())
+    });
+    watch.signal(libc::SIGINT);
+    watch.expect_exit(0);
+    let shown: Vec<(String, u64)> = (watch.stdout().lines())
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|line| !line["leader"].is_null())
+        .map(|line| {
+            let leader = &line["leader"];
+            let value = leader["value"].as_str().unwrap().to_string();
+            (value, leader["term"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(shown, order, "the watcher's leaders, in order");
+}

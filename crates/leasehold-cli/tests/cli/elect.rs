@@ -1,0 +1,63 @@
+//! `elect` and `leader` on the default (local) store.
+
+use super::*;
+
+#[test]
+fn elect_candidates_take_over_from_killed_leaders_and_the_watcher_sees_each() {
+    candidates_take_over_from_killed_leaders(&Cli::new("elect"), "15s");
+}
+
+#[test]
+fn elect_without_a_wait_exits_75_naming_the_leader_and_leader_shows_it() {
+    let cli = Cli::new("elect-no-wait");
+    let out = cli.run(&["leader", "e"]).expect(0);
+    assert_eq!(out.stdout.trim(), "election \"e\": no leader");
+    let mut leader = cli.spawn(
+        "leader",
+        &[
+            "elect",
+            "--value",
+            "10.0.0.7:80",
+            "e",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASEHOLD_TERM; exec sleep 3600",
+        ],
+    );
+    let term = leader.wait_for_line("the leader's term");
+    let out = cli
+        .run(&["elect", "--no-wait", "e", "--", "touch", "ran"])
+        .expect(75);
+    assert!(
+        out.stderr.contains("election \"e\" is led by"),
+        "{}",
+        out.stderr
+    );
+    assert!(!cli.exists("ran"));
+    let out = cli.run(&["leader", "e"]).expect(0);
+    assert!(
+        out.stdout
+            .contains(&format!("term {term}, value \"10.0.0.7:80\"")),
+        "{}",
+        out.stdout
+    );
+    let out = cli
+        .run(&["elect", "--no-wait", "-E", "0", "e", "--", "touch", "ran"])
+        .expect(0);
+    assert!(!cli.exists("ran"), "{}", out.stderr);
+    // The election is the lock of its name: status shows the leader holding it.
+    assert_eq!(cli.holders("e")[0]["value"], "10.0.0.7:80");
+    leader.signal(libc::SIGTERM);
+    leader.exit_code();
+    cli.assert_all_free("e");
+}
+
+#[test]
+fn elect_refuses_flags_of_other_lock_kinds() {
+    let cli = Cli::new("elect-flags");
+    for flag in ["--permits", "--shared", "--no-fair"] {
+        let out = cli.run(&["elect", flag, "e", "--", "true"]).expect(64);
+        assert!(out.stderr.contains(flag), "{flag}: {}", out.stderr);
+    }
+}
