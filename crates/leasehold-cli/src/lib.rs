@@ -7,6 +7,7 @@ pub mod bench;
 mod child;
 mod elect;
 pub mod exit;
+mod fence;
 mod inspect;
 mod json;
 mod limit;
@@ -68,6 +69,10 @@ pub enum Command {
     Elect(elect::ElectArgs),
     /// Show the leader of election NAME; --watch prints each change
     Leader(elect::LeaderArgs),
+    /// Admit a fencing token against a token file (or refuse a stale one, exit 76);
+    /// with COMMAND, run it holding the file
+    #[command(after_help = fence::FENCE_AFTER_HELP)]
+    Fence(fence::FenceArgs),
     /// Show who holds NAME and who waits
     Status(inspect::StatusArgs),
     /// List held or awaited locks
@@ -433,6 +438,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
             elect::elect(store, args).await
         }
         Command::Leader(args) => elect::leader(store, args).await,
+        Command::Fence(args) => fence::fence(args),
         Command::Status(args) => inspect::status(store, args).await,
         Command::List(args) => inspect::list(store, args).await,
         Command::Release(args) => inspect::release(store, args).await,

@@ -174,7 +174,7 @@ pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;
-pub use fence::{FenceGate, FencingToken};
+pub use fence::{FenceGate, FencingToken, FileFence};
 pub use guard::{Deadlines, LockGuard, LostSignal};
 #[cfg(feature = "local")]
 pub use local::LocalStore;
