@@ -63,6 +63,13 @@ pub enum Command {
     /// Acquire NAME, print its fencing token, hold it until SIGINT, SIGTERM or SIGHUP
     #[command(after_help = json::HOLD_AFTER_HELP)]
     Hold(run::HoldArgs),
+    /// Show who holds NAME and who waits
+    Status(inspect::StatusArgs),
+    /// List held or awaited locks
+    List(inspect::ListArgs),
+    /// Free a lock whoever holds it (needs --force); its holder sees the loss
+    #[command(after_help = json::RELEASE_AFTER_HELP)]
+    Release(inspect::ReleaseArgs),
     /// Campaign to lead election NAME; run COMMAND while leading; stop it if
     /// leadership is lost
     #[command(after_help = elect_after_help())]
@@ -73,13 +80,6 @@ pub enum Command {
     /// with COMMAND, run it holding the file
     #[command(after_help = fence::FENCE_AFTER_HELP)]
     Fence(fence::FenceArgs),
-    /// Show who holds NAME and who waits
-    Status(inspect::StatusArgs),
-    /// List held or awaited locks
-    List(inspect::ListArgs),
-    /// Free a lock whoever holds it (needs --force); its holder sees the loss
-    #[command(after_help = json::RELEASE_AFTER_HELP)]
-    Release(inspect::ReleaseArgs),
     /// Run COMMAND when rate limiter NAME lets it through (GCRA), or print one decision
     #[command(after_help = limit::LIMIT_AFTER_HELP)]
     Limit(limit::LimitArgs),
