@@ -307,7 +307,11 @@ impl LockState {
     pub fn same_holders(&self, other: &LockState) -> bool {
         let key = |h: &HolderInfo| (h.token, h.value.clone(), h.owner.clone());
         self.holders.len() == other.holders.len()
-            && self.holders.iter().map(key).eq(other.holders.iter().map(key))
+            && self
+                .holders
+                .iter()
+                .map(key)
+                .eq(other.holders.iter().map(key))
     }
 }
 
