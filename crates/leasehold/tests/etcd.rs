@@ -635,6 +635,20 @@ async fn granted(store: &dyn Store, req: &AcquireRequest) -> Grant {
     .await
 }
 
+/// `req` waiting in the queue through `store` (the only waiter), its grant to come.
+async fn queued(store: &Arc<dyn Store>, req: &AcquireRequest) -> JoinHandle<Grant> {
+    let waiting = tokio::spawn({
+        let (store, req) = (store.clone(), req.clone());
+        async move { granted(&*store, &req).await }
+    });
+    eventually("the waiter to queue", || async {
+        let state = store.describe(&req.name).await.unwrap();
+        state.waiters.len() == 1
+    })
+    .await;
+    waiting
+}
+
 /// The value `describe` shows for the first holder of `name`.
 async fn shown_value(store: &dyn Store, name: &str) -> Option<String> {
     let state = store.describe(&LockName::new(name).unwrap()).await.unwrap();
@@ -697,14 +711,7 @@ async fn a_queued_waiter_holds_with_its_value() {
     granted(&*store, &first).await;
     let other: Arc<dyn Store> = Arc::new(EtcdStore::connect(&server.url()).await.unwrap());
     let second = candidate("q", "b", Some("b:2"));
-    let waiting = tokio::spawn({
-        let (other, second) = (other.clone(), second.clone());
-        async move { granted(&*other, &second).await }
-    });
-    eventually("the waiter to queue", || async {
-        locks.describe("q").await.unwrap().waiters.len() == 1
-    })
-    .await;
+    let waiting = queued(&other, &second).await;
     assert_eq!(shown_value(&*store, "q").await.as_deref(), Some("a:1"));
     assert_eq!(
         store.release(&first.lease()).await.unwrap(),
@@ -725,79 +732,47 @@ async fn proclaim_replaces_the_holders_value_and_keeps_its_token() {
     let store = locks.store().clone();
     let first = candidate("p", "me", Some("old"));
     let grant = granted(&*store, &first).await;
-    let proclaim = |store: Arc<dyn Store>, req: AcquireRequest, value: &'static str| async move {
-        store.proclaim(&req.lease(), value).await.unwrap()
-    };
-    assert_eq!(
-        proclaim(store.clone(), first.clone(), "new").await,
-        Renewal::Renewed
-    );
-    let state = locks.describe("p").await.unwrap();
-    assert_eq!(state.holders[0].value.as_deref(), Some("new"));
-    assert_eq!(state.holders[0].token, grant.token);
-
+    let renewed = |value: &str| (Renewal::Renewed, Some(value.to_string()));
+    assert_eq!(proclaimed(&store, &first, "new").await, renewed("new"));
     let reentry = candidate("p", "me", None);
     granted(&*store, &reentry).await;
-    assert_eq!(
-        proclaim(store.clone(), reentry.clone(), "by the re-entry").await,
-        Renewal::Renewed
-    );
-    assert_eq!(
-        shown_value(&*store, "p").await.as_deref(),
-        Some("by the re-entry")
-    );
+    let by_reentry = proclaimed(&store, &reentry, "by the re-entry").await;
+    assert_eq!(by_reentry, renewed("by the re-entry"));
     let other: Arc<dyn Store> = Arc::new(EtcdStore::connect(&server.url()).await.unwrap());
-    assert_eq!(
-        proclaim(other.clone(), first.clone(), "from afar").await,
-        Renewal::Renewed
-    );
-    assert_eq!(
-        shown_value(&*store, "p").await.as_deref(),
-        Some("from afar")
-    );
+    let from_afar = proclaimed(&other, &first, "from afar").await;
+    assert_eq!(from_afar, renewed("from afar"));
 
     // A waiter does not hold: neither its own client nor another may proclaim with it.
     let waiter = candidate("p", "w", Some("w"));
-    let waiting = tokio::spawn({
-        let (other, waiter) = (other.clone(), waiter.clone());
-        async move { granted(&*other, &waiter).await }
-    });
-    eventually("the waiter to queue", || async {
-        locks.describe("p").await.unwrap().waiters.len() == 1
-    })
-    .await;
-    assert_eq!(
-        proclaim(other.clone(), waiter.clone(), "x").await,
-        Renewal::Lost
-    );
-    assert_eq!(
-        proclaim(store.clone(), waiter.clone(), "x").await,
-        Renewal::Lost
-    );
+    let waiting = queued(&other, &waiter).await;
+    let lost = (Renewal::Lost, Some("from afar".to_string()));
+    assert_eq!(proclaimed(&other, &waiter, "x").await, lost);
+    assert_eq!(proclaimed(&store, &waiter, "x").await, lost);
     let never = candidate("p", "me", None);
-    assert_eq!(proclaim(store.clone(), never, "x").await, Renewal::Lost);
-    assert_eq!(
-        shown_value(&*store, "p").await.as_deref(),
-        Some("from afar")
-    );
-    assert_eq!(
-        locks.describe("p").await.unwrap().holders[0].token,
-        grant.token
-    );
+    assert_eq!(proclaimed(&store, &never, "x").await, lost);
+    let state = locks.describe("p").await.unwrap();
+    assert_eq!(state.holders[0].token, grant.token);
 
     // Releases find the key they hold, rewritten or not.
     for hold in [&reentry, &first] {
-        assert_eq!(
-            store.release(&hold.lease()).await.unwrap(),
-            Released::Released
-        );
+        let released = store.release(&hold.lease()).await.unwrap();
+        assert_eq!(released, Released::Released);
     }
-    assert_eq!(
-        proclaim(store.clone(), first.clone(), "x").await,
-        Renewal::Lost
-    );
+    let after = proclaimed(&store, &first, "x").await;
+    assert_eq!(after.0, Renewal::Lost, "proclaimed after its release");
     within("the waiter to hold", waiting).await.unwrap();
     assert_eq!(shown_value(&*store, "p").await.as_deref(), Some("w"));
+}
+
+/// `value` proclaimed through `req`'s lease on `store`: the answer, and the value then
+/// shown.
+async fn proclaimed(
+    store: &Arc<dyn Store>,
+    req: &AcquireRequest,
+    value: &str,
+) -> (Renewal, Option<String>) {
+    let renewal = store.proclaim(&req.lease(), value).await.unwrap();
+    (renewal, shown_value(&**store, req.name.as_str()).await)
 }
 
 /// A watch of `name` from what `store` describes now, running.
@@ -834,14 +809,7 @@ async fn watch_wakes_when_another_client_changes_the_holders() {
     let mut watch = watching(&watcher, &name).await;
     still_watching(&mut watch, "the waiter joined").await;
     let second = candidate("w", "b", Some("b"));
-    let waiting = tokio::spawn({
-        let (other, second) = (other.clone(), second.clone());
-        async move { granted(&*other, &second).await }
-    });
-    eventually("the waiter to queue", || async {
-        locks.describe("w").await.unwrap().waiters.len() == 1
-    })
-    .await;
+    let waiting = queued(&other, &second).await;
     still_watching(&mut watch, "the proclamation (a waiter joined)").await;
     let proclaimed = other.proclaim(&first.lease(), "a:2").await.unwrap();
     assert_eq!(proclaimed, Renewal::Renewed);

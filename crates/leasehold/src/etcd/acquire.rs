@@ -103,7 +103,7 @@ impl EtcdStore {
                 attempted: started,
             };
             if !waiting.second && self.line_covers(req, &ours.key, seen) {
-                return self.recheck_in_line(req, ours, waiting, busy).await;
+                return self.recheck_in_line(req, ours, waiting, *busy).await;
             }
             return self.recheck(req, ours, waiting.second).await;
         }
