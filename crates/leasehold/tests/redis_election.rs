@@ -136,7 +136,10 @@ async fn proclaim_replaces_the_holder_s_value(url: &str) {
         other.proclaim(&never.lease(), "mine").await.unwrap(),
         Renewal::Lost
     );
-    assert_eq!(values(&other, "proclaimed").await, shown("leader", Some("new")));
+    assert_eq!(
+        values(&other, "proclaimed").await,
+        shown("leader", Some("new"))
+    );
 
     let _ = leader.release(&lease).await.unwrap();
     assert_eq!(
@@ -191,7 +194,10 @@ async fn watch_is_woken_by_each_change_of_the_holders(url: &str) {
 
     let watch = watching(&watcher, lock).await;
     assert_eq!(
-        actor.renew(&req.lease(), Duration::from_secs(30)).await.unwrap(),
+        actor
+            .renew(&req.lease(), Duration::from_secs(30))
+            .await
+            .unwrap(),
         Renewal::Renewed
     );
     let mut watch = watch;
