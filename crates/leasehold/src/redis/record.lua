@@ -33,24 +33,19 @@
 -- strings and converts only the numbers it computes with.
 -- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them.
 
--- An entry's value, packed after its last field: nothing when it has none.
-local function packed_value(v)
-  if v then return '\31' .. v end
-  return ''
-end
-
 local function pack_hold(h)
   return '\30' .. h.l .. '\31' .. h.o .. '\31' .. h.k .. '\31' .. h.p .. '\31' .. h.t .. '\31' ..
-    h.a .. '\31' .. h.n .. '\31' .. h.i .. '\31' .. h.e .. '\31' .. h.c .. packed_value(h.v)
+    h.a .. '\31' .. h.n .. '\31' .. h.i .. '\31' .. h.e .. '\31' .. h.c .. (h.v and '\31' .. h.v or '')
 end
 
 local function pack_waiter(w)
   return '\30' .. w.l .. '\31' .. w.k .. '\31' .. w.f .. '\31' .. w.o .. '\31' .. w.p .. '\31' ..
     w.n .. '\31' .. w.i .. '\31' .. w.a .. '\31' .. w.c .. '\31' .. w.x .. '\31' .. w.y .. '\31' .. w.e ..
-    packed_value(w.v)
+    (w.v and '\31' .. w.v or '')
 end
 
--- An entry's last field as matched, split from the value after it (nil: none).
+-- An entry's last field as matched, split from the value after it (nil: none), which
+-- pack_hold and pack_waiter write only when there is one.
 local function unpack_value(last)
   local s = last and string.find(last, '\31', 1, true)
   if not s then return last, nil end
