@@ -296,3 +296,16 @@ async fn watch_fails_rather_than_hangs_once_the_server_is_killed() {
     let error = outcome.expect_err("a watch of a server that is gone succeeded");
     assert!(error.is_retryable(), "{error}");
 }
+
+/// A change made while the watcher's subscription is cut is not missed: once its client
+/// subscribes again, the watch looks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_a_change_made_while_its_subscription_was_cut() {
+    let server = RedisServer::start();
+    let (watcher, actor) = (store(&server.url()).await, store(&server.url()).await);
+    let watch = watching(&watcher, "cut").await;
+    let killed = server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert_eq!(killed.trim(), "2", "both clients' subscriptions cut");
+    granted(&actor, &request("cut", "actor", false, Some("a"))).await;
+    woken("a grant made while it was unsubscribed", watch).await;
+}
