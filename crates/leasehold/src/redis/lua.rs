@@ -239,7 +239,7 @@ mod tests {
     fn the_lua_names_every_field_once_in_the_packing_order() {
         let fields = Acquire::default().fields();
         let arguments = request_arguments(&fields);
-        assert!(arguments.contains("local req_hold, req_ttl, req_rest, req_released, req_waited = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]\n"), "{arguments}");
+        assert!(arguments.contains("local req_hold, req_ttl, req_rest, req_released, req_waited, req_value = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]\n"), "{arguments}");
         let packed = request_fields(&fields);
         let six = r"'^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(.*)$'";
         let hold = "local req_lease, req_owner, req_wall, req_host, req_pid, req_channel = string.match(req_hold, ";
@@ -257,6 +257,7 @@ mod tests {
             "rest",
             "released",
             "waited",
+            "value",
             "lease",
             "owner",
             "wall",
@@ -295,7 +296,7 @@ mod tests {
             if a then return reply.granted{holds = n, released = 0, token = t} end\n\
             return reply.busy{position = q, retry_in = f(a, {1, 2}), watermark = 0, owner = h.o,\n  \
               host = '}, x = y', pid = h.i, token = h.t, acquired = h.a, lease_left = x == y,\n  \
-              holds = 1, kind = h.k, permits = h.p, released = r} -- done\n\
+              holds = 1, kind = h.k, permits = h.p, value = h.v or false, released = r} -- done\n\
             return reply.conflict{code = c, kind = a or b, permits = p}";
         let shapes = [&GRANTED, &BUSY, &CONFLICT];
         assert_eq!(
@@ -303,7 +304,7 @@ mod tests {
             "-- reply.granted{token = 1} is not code\n\
             local x = holder_reply(h)\n\
             if a then return {1, t, n, 0} end\n\
-            return {0, q, f(a, {1, 2}), 0, h.o, '}, x = y', h.i, h.t, h.a, x == y, 1, h.k, h.p, r} -- done\n\
+            return {0, q, f(a, {1, 2}), 0, h.o, '}, x = y', h.i, h.t, h.a, x == y, 1, h.k, h.p, h.v or false, r} -- done\n\
             return redis.error_reply('LHCONFLICT ' .. (c) .. ' ' .. (a or b) .. ' ' .. (p))"
         );
         let release = "return reply.release{own = own, released = 1}";
@@ -350,6 +351,7 @@ mod tests {
             fresh: true,
             released: Some("F"),
             waited: Some(250),
+            value: Some("v"),
         };
         let fields = acquire.fields();
         // Each field's local, back under the field's name.
