@@ -98,6 +98,7 @@ mod durability;
 mod errors;
 mod keys;
 mod lua;
+mod rate;
 mod reply;
 mod request;
 mod scripts;
@@ -151,6 +152,8 @@ struct Inner {
     caveat: Option<String>,
     channel: String,
     waiters: Arc<Waiters>,
+    /// Rate-limiter decisions waiting for a round trip.
+    rates: rate::RateCalls,
     _subscriber: AbortOnDropHandle<()>,
 }
 
@@ -277,6 +280,7 @@ impl RedisStore {
                 caveat: caveat_found,
                 channel,
                 waiters,
+                rates: Default::default(),
                 _subscriber: subscriber,
             }),
         })

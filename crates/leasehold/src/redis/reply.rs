@@ -362,16 +362,27 @@ impl StateReply {
     }
 }
 
-/// What rate.lua answered ([`DECISION`]).
-pub(super) fn decision(reply: &Value) -> Result<RateDecision> {
+/// What rate.lua answered: a decision per request, in the order asked ([`DECISION`]
+/// each), `None` for one whose key does not hold a time.
+pub(super) fn decisions(reply: &Value) -> Result<Vec<Option<RateDecision>>> {
+    let Value::Array(items) = reply else {
+        return Err(malformed(&DECISION, reply, "not a list of decisions"));
+    };
+    items.iter().map(decision).collect()
+}
+
+fn decision(reply: &Value) -> Result<Option<RateDecision>> {
     let fields = Fields::read(&DECISION, reply)?;
+    if fields.int("allowed")? == -1 {
+        return Ok(None);
+    }
     let us = |v: i64| Duration::from_micros(v.max(0) as u64);
-    Ok(RateDecision {
+    Ok(Some(RateDecision {
         allowed: fields.flag("allowed")?,
         wait: us(fields.int("wait_us")?),
         remaining: fields.int("remaining")?.max(0) as u64,
         reset_after: us(fields.int("reset_after_us")?),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -561,7 +572,12 @@ mod tests {
             remaining: 99,
             reset_after: Duration::from_millis(10),
         };
-        assert_eq!(decision(&sent(&DECISION, &numbers)).unwrap(), expected);
-        assert!(decision(&Value::Array(vec![Value::Int(1)])).is_err());
+        let one = sent(&DECISION, &numbers);
+        let mut corrupt = numbers.clone();
+        corrupt[0].1 = Value::Int(-1);
+        let both = Value::Array(vec![one, sent(&DECISION, &corrupt)]);
+        assert_eq!(decisions(&both).unwrap(), [Some(expected), None]);
+        assert!(decisions(&Value::Array(vec![Value::Int(1)])).is_err());
+        assert!(decisions(&Value::Int(1)).is_err());
     }
 }

@@ -226,6 +226,8 @@ impl<'a> Held<'a> {
 /// One rate-limiter decision (rate.lua): whole numbers, in µs where they are times.
 #[derive(Debug, Default)]
 pub(super) struct Rate {
+    /// The limiter's key: its index in the call's KEYS (1-based).
+    pub(super) key: u64,
     pub(super) interval_us: u64,
     pub(super) burst: u64,
     pub(super) units: u64,
@@ -234,9 +236,10 @@ pub(super) struct Rate {
 
 impl Rate {
     /// The fields in the order they are sent.
-    pub(super) fn fields(&self) -> [Field<'static>; 4] {
+    pub(super) fn fields(&self) -> [Field<'static>; 5] {
         use Value::Num;
         [
+            Field::own("key", Num(self.key)),
             Field::own("interval_us", Num(self.interval_us)),
             Field::own("burst", Num(self.burst)),
             Field::own("units", Num(self.units)),

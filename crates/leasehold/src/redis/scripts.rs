@@ -140,7 +140,7 @@ pub(super) fn scripts() -> &'static Scripts {
             .script(),
             // Alone: a limiter's decision needs none of the locks' code.
             rate: Script::new(&lua::replies(
-                &(lua::request_arguments(&Rate::default().fields()) + include_str!("rate.lua")),
+                &(lua::repeated_request(&Rate::default().fields()) + include_str!("rate.lua")),
                 &[&DECISION],
             )),
         }

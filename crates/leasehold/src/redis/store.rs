@@ -8,9 +8,9 @@ use redis::Value;
 
 use super::durability::cluster_masters;
 use super::errors::failed;
-use super::keys::{key, key_escape, key_unescape, push_rate_key};
-use super::reply::{self, ReleaseReply, StateReply};
-use super::request::{self, Held, Proclaim, Release, Renew, Watch};
+use super::keys::{key, key_escape, key_unescape};
+use super::reply::{ReleaseReply, StateReply};
+use super::request::{Held, Proclaim, Release, Renew, Watch};
 use super::scripts::scripts;
 use super::state::State;
 use super::{Conn, RedisStore};
@@ -189,40 +189,7 @@ impl Store for RedisStore {
 
     /// `rate.lua`: one EVALSHA, one round trip, on the server's clock.
     async fn rate(&self, req: &RateRequest) -> Result<RateDecision> {
-        let mut key = String::with_capacity(req.name.as_str().len() + 12);
-        push_rate_key(&mut key, &req.name);
-        let script = &scripts().rate;
-        let request = request::Rate {
-            interval_us: req.limit.interval_us(),
-            burst: req.limit.burst(),
-            units: req.units,
-            max_wait_us: req.max_wait_us,
-        };
-        let command = |resent| {
-            let mut cmd = redis::Cmd::with_capacity(8, 128);
-            cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(&key);
-            request::pack(&request.fields(), &mut cmd, &mut String::new(), resent);
-            cmd
-        };
-        // A call sent again after a dropped connection whose first send took effect too
-        // counts its units twice: the limiter lets fewer through, never more.
-        let reply: Value = match self.send(script, command).await {
-            Ok(reply) => reply,
-            Err(e) => {
-                let text = e.to_string();
-                if text.contains("LHCORRUPT") || text.contains("WRONGTYPE") {
-                    return Err(Error::Corrupt {
-                        store: self.inner.shown.clone(),
-                        name: req.name.to_string(),
-                        reason: format!(
-                            "{key} does not hold a rate limiter's time ({text}); delete it to start the limiter afresh (at full burst)"
-                        ),
-                    });
-                }
-                return Err(failed(&self.inner.shown, e));
-            }
-        };
-        reply::decision(&reply)
+        self.rate_decision(req).await
     }
 }
 
