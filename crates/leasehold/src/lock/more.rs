@@ -1,13 +1,13 @@
-//! What users of tokio's semaphore and `RwLock` reach for, on top of single acquisitions:
-//! several permits at once, the free permits, a write lock downgraded to a read lock.
+//! What users of tokio's semaphore reach for, on top of single acquisitions: several
+//! permits at once, and the free permits.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::Lock;
-use crate::store::{Attempt, LockKind};
-use crate::{Error, LockGuard, Released, Result};
+use crate::store::LockKind;
+use crate::{Error, LockGuard, Result};
 
 impl Lock {
     /// How many of this semaphore's permits nobody holds now (a snapshot: it may change
@@ -26,7 +26,7 @@ impl Lock {
 
     /// `n` permits of this semaphore, each its own guard (its own lease and token),
     /// waiting as long as it takes. Acquirers of several permits take them one at a time,
-    /// one acquirer after another (behind a lock of the name with `#many` appended), so
+    /// one acquirer after another (behind the lock `NAME#many`; do not use that name), so
     /// two of them never each hold part of what both wait for; single permits are not
     /// held up by it. With an owner id, permit `i` is held as `OWNER#i`.
     ///
@@ -57,7 +57,7 @@ impl Lock {
             let why = format!("asked for {n} of a semaphore of {permits}: ask for 1 to {permits}");
             return Err(Error::option("permits", why));
         }
-        let turn_name = crate::LockName::new(format!("{}#many", self.name))?;
+        let turn_name = turn_name(&self.name)?;
         let turn = Lock {
             name: turn_name,
             kind: LockKind::Exclusive,
@@ -86,56 +86,30 @@ impl Lock {
             };
             match guard {
                 Some(guard) => taken.push(guard),
-                // Dropping `taken` releases them, in the background.
-                None => return Ok(None),
+                None => {
+                    // Given back before saying so, so that the caller finds them free.
+                    for guard in taken {
+                        let _ = guard.release().await;
+                    }
+                    return Ok(None);
+                }
             }
         }
         let _ = turn.release().await;
         Ok(Some(taken))
     }
+}
 
-    /// Turns `write`, a write (or mutex) hold of this read lock's name, into a read hold
-    /// under the same owner, in one store step: no writer can come in between, and the
-    /// readers waiting are let in with it. The read hold is a new acquisition, with a new,
-    /// higher token.
-    ///
-    /// [`Error::Lost`] if the write hold had already ended (its work since the safe
-    /// deadline was not protected); the read hold taken in that step is released. On a
-    /// store error the write guard is dropped, so released in the background.
-    pub async fn downgrade(&self, write: LockGuard) -> Result<LockGuard> {
-        if self.kind != LockKind::Shared
-            || write.kind() != LockKind::Exclusive
-            || write.name() != &self.name
-        {
-            let why = "downgrade takes a write guard of this read lock's name";
-            return Err(Error::option("downgrade", why));
-        }
-        let mut req = self.request(false)?;
-        req.owner = write.owner().to_string();
-        // A downgrade must not queue behind waiting writers: it holds the lock already.
-        req.fair = false;
-        let sent = Instant::now();
-        let call = self.store.transfer(write.lease(), &req);
-        let (released, attempt) = self.meter.store_call("transfer", call).await?;
-        let token = write.token();
-        let _ = write.leak();
-        let read = match attempt {
-            Attempt::Granted(grant) => self.guard(&req, grant, sent),
-            Attempt::Busy(_) => {
-                return Err(Error::Internal(format!(
-                    "lock \"{}\": a downgrade found the lock taken",
-                    self.name
-                )))
-            }
-        };
-        if released == Released::NotHeld {
-            let _ = read.release().await;
-            return Err(Error::Lost {
-                name: self.name.to_string(),
-                token: token.0,
-                reason: "the write hold had ended before the downgrade".into(),
-            });
-        }
-        Ok(read)
+/// The lock acquirers of several permits of `name` take turns behind: `NAME#many`, or
+/// for a name too long for that, `#many#` and a hash of it (FNV-1a: the same in every
+/// process).
+fn turn_name(name: &crate::LockName) -> Result<crate::LockName> {
+    let plain = format!("{name}#many");
+    if plain.len() <= crate::MAX_NAME_LEN {
+        return crate::LockName::new(plain);
     }
+    let hash = (name.as_str().bytes()).fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    crate::LockName::new(format!("#many#{hash:016x}"))
 }

@@ -17,7 +17,7 @@ use super::request::{self, Rate};
 use super::scripts::scripts;
 use super::{errors::failed, reply, Conn, RedisStore};
 use crate::store::RateRequest;
-use crate::{Error, RateDecision, Result};
+use crate::{Error, LockName, RateDecision, Result};
 
 /// Calls of one line on their way at once: two, so the next batch forms and is sent
 /// while the server answers the last.
@@ -37,8 +37,7 @@ struct Line {
 }
 
 struct Asked {
-    key: String,
-    name: String,
+    name: LockName,
     request: Rate,
     answer: oneshot::Sender<Result<RateDecision>>,
 }
@@ -46,16 +45,13 @@ struct Asked {
 impl RedisStore {
     /// One decision, through its line.
     pub(super) async fn rate_decision(&self, req: &RateRequest) -> Result<RateDecision> {
-        let mut key = String::with_capacity(req.name.as_str().len() + 12);
-        push_rate_key(&mut key, &req.name);
         let line = match self.inner.conn {
             Conn::Single(_) => String::new(),
-            Conn::Cluster(..) => key.clone(),
+            Conn::Cluster(..) => req.name.to_string(),
         };
         let (answer, answered) = oneshot::channel();
         let asked = Asked {
-            key,
-            name: req.name.to_string(),
+            name: req.name.clone(),
             request: Rate {
                 key: 0,
                 interval_us: req.limit.interval_us(),
@@ -109,19 +105,26 @@ impl RedisStore {
 
     /// One rate.lua call for `batch`, each decision to its asker.
     async fn send_batch(&self, mut batch: Vec<Asked>) {
-        // KEYS: each key once, in the order first asked.
-        let mut keys: Vec<&str> = Vec::new();
+        // KEYS: each limiter's key once, in the order first asked.
+        let mut names: Vec<&LockName> = Vec::new();
         let mut indices = Vec::with_capacity(batch.len());
         for asked in &batch {
-            let index = match keys.iter().position(|k| *k == asked.key) {
+            let index = match names.iter().position(|n| **n == asked.name) {
                 Some(i) => i,
                 None => {
-                    keys.push(&asked.key);
-                    keys.len() - 1
+                    names.push(&asked.name);
+                    names.len() - 1
                 }
             };
             indices.push(index as u64 + 1);
         }
+        let keys: Vec<String> = (names.iter())
+            .map(|name| {
+                let mut key = String::with_capacity(name.as_str().len() + 12);
+                push_rate_key(&mut key, name);
+                key
+            })
+            .collect();
         let script = &scripts().rate;
         let command = |resent| {
             let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + 5 * batch.len(), 256);
@@ -169,12 +172,13 @@ impl RedisStore {
     }
 
     fn corrupt(&self, asked: &Asked) -> Error {
+        let mut key = String::new();
+        push_rate_key(&mut key, &asked.name);
         Error::Corrupt {
             store: self.inner.shown.clone(),
-            name: asked.name.clone(),
+            name: asked.name.to_string(),
             reason: format!(
-                "{} does not hold a rate limiter's time; delete it to start the limiter afresh (at full burst)",
-                asked.key
+                "{key} does not hold a rate limiter's time; delete it to start the limiter afresh (at full burst)"
             ),
         }
     }

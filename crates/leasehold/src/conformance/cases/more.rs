@@ -1,11 +1,11 @@
-//! Several permits at once, the free permits, and a write lock downgraded to a read lock.
+//! Several permits at once, and the free permits.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{busy, granted, queued, LONG_TTL};
+use super::{queued, LONG_TTL};
 use crate::conformance::{unique, within};
-use crate::store::{LockKind, Store};
+use crate::store::Store;
 use crate::{Error, Leasehold};
 
 /// `lock_many` takes `n` permits with tokens of their own; `free_permits` counts what is
@@ -55,55 +55,30 @@ pub async fn semaphore_many_permits(store: Arc<dyn Store>) {
             "{bad}: {refused}"
         );
     }
+    // A name as long as names go still has a turn of its own.
+    let long = format!("{name}{}", "x".repeat(crate::MAX_NAME_LEN - name.len()));
+    let sem_long = a.semaphore(long.as_str(), 2).unwrap().with_ttl(LONG_TTL);
+    let mut both = sem_long.lock_many(2).await.unwrap();
+    // Giving up part-way gives back what it took before it says so.
+    let none = sem_long
+        .try_lock_many_for(1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    let _ = both.remove(0).release().await.unwrap();
+    let given_up = sem_long
+        .try_lock_many_for(2, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(given_up.is_none(), "two permits while one was held");
+    assert_eq!(
+        sem_long.free_permits().await.unwrap(),
+        1,
+        "a permit kept after giving up"
+    );
     let mutex = a.mutex(unique("many-mutex")).unwrap();
     assert!(matches!(
         mutex.free_permits().await,
         Err(Error::InvalidOption { .. })
     ));
-}
-
-/// A write hold downgraded to a read hold: readers come in, a writer does not, the read
-/// hold's token is newer, and a downgrade of a write hold that had ended is refused.
-pub async fn downgrade_keeps_writers_out(store: Arc<dyn Store>) {
-    let name = unique("downgrade");
-    let (mine, other) = (
-        Leasehold::from_store(store.clone()),
-        Leasehold::from_store(store.clone()),
-    );
-    let write = granted(
-        &mine.write(name.as_str()).unwrap().with_ttl(LONG_TTL),
-        "a free lock",
-    )
-    .await;
-    let written = write.token();
-    let read_lock = mine.read(name.as_str()).unwrap().with_ttl(LONG_TTL);
-    let read = read_lock.downgrade(write).await.unwrap();
-    assert_eq!(read.kind(), LockKind::Shared);
-    assert!(read.token() > written);
-    let reader = granted(
-        &other.read(name.as_str()).unwrap(),
-        "a reader beside a downgraded hold",
-    )
-    .await;
-    busy(
-        &other.write(name.as_str()).unwrap(),
-        "a writer beside a downgraded hold",
-    )
-    .await;
-    let _ = reader.release().await.unwrap();
-    let _ = read.release().await.unwrap();
-
-    let gone = granted(
-        &mine.write(name.as_str()).unwrap().with_ttl(LONG_TTL),
-        "a free lock",
-    )
-    .await;
-    assert!(mine.force_release(name.as_str()).await.unwrap());
-    let refused = read_lock.downgrade(gone).await.unwrap_err();
-    assert!(matches!(refused, Error::Lost { .. }), "{refused}");
-    let state = mine.describe(name.as_str()).await.unwrap();
-    assert!(
-        state.holders.is_empty(),
-        "a refused downgrade left a hold: {state:?}"
-    );
 }
