@@ -32,8 +32,9 @@ pub struct FenceArgs {
 pub const FENCE_AFTER_HELP: &str = "\
 Admits the token if it is at least the highest one the file has admitted (and records
 it), else exits 76: a newer holder of the lock has written, so this one must not. With
-a COMMAND, runs it while holding the file's lock (flock), so that the check and the
-write are one step against every other user of the fence, and exits with its status.
+a COMMAND, becomes it (exec), the file's lock (flock) held until it and what inherits
+the file exit, so that the check and the write are one step against every other user of
+the fence; the exit status is the command's.
 
 Examples:
   leasehold run report -- sh -c 'make-report > new && leasehold fence /srv/report.fence -- mv new /srv/report'
@@ -71,12 +72,17 @@ pub fn fence(args: FenceArgs) -> Result<ExitCode, Failure> {
     if args.command.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
-    let status = std::process::Command::new(&args.command[0])
+    // The command replaces this process and keeps the fence file open (so locked) until
+    // it and whatever inherits the file have exited: a signal to it, or its death, cannot
+    // let a stale holder in while it still writes.
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: plain fcntl on a descriptor `fence` owns.
+    unsafe { libc::fcntl(fence.as_raw_fd(), libc::F_SETFD, 0) };
+    let failed = std::process::Command::new(&args.command[0])
         .args(&args.command[1..])
-        .status()
-        .map_err(|e| crate::child::spawn_failure(&args.command[0], e))?;
-    drop(fence);
-    Ok(crate::child::exit_code(status))
+        .exec();
+    Err(crate::child::spawn_failure(&args.command[0], failed))
 }
 
 /// `$LEASEHOLD_TOKEN`, as a token.

@@ -115,6 +115,14 @@ pub struct FileFence {
     highest: u64,
 }
 
+/// The fence file's descriptor, whose open file holds the `flock`: a process that keeps
+/// it open across `exec` (without close-on-exec) holds the fence until it exits.
+impl std::os::fd::AsRawFd for FileFence {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
 impl FileFence {
     /// Opens `path` (creating it, empty: no token admitted yet), waits for its `flock`
     /// and reads the highest token admitted. An unreadable file is an

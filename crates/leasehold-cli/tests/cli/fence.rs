@@ -52,3 +52,46 @@ fn fence_admits_newer_tokens_refuses_older_ones_and_runs_the_command_only_when_a
     let out = cli.run(&["fence", fence]).expect(64);
     assert!(out.stderr.contains("LEASEHOLD_TOKEN"), "{}", out.stderr);
 }
+
+/// The command holds the fence until it exits, whatever is sent to it: a newer token's
+/// command waits for it (blocked on the file, as /proc/locks shows) and writes after it.
+#[test]
+fn fence_is_held_until_the_command_exits_even_when_it_is_signalled() {
+    let cli = Cli::new("fence-held");
+    let fence = cli.path("out.fence");
+    let fence = fence.to_str().unwrap();
+    let first =
+        "trap '' TERM; touch started; while [ ! -e go ]; do sleep 0.02; done; echo first >> log";
+    let mut old = cli.spawn(
+        "old",
+        &["fence", fence, "--token", "5", "--", "sh", "-c", first],
+    );
+    cli.wait_file("started");
+    old.signal(libc::SIGTERM);
+    let mut new = cli.spawn(
+        "new",
+        &[
+            "fence",
+            fence,
+            "--token",
+            "6",
+            "--",
+            "sh",
+            "-c",
+            "echo second >> log",
+        ],
+    );
+    let blocked = format!("-> FLOCK  ADVISORY  WRITE {} ", new.pid());
+    wait_until("the newer command to wait for the fence", PATIENCE, || {
+        let locks = fs::read_to_string("/proc/locks").unwrap();
+        locks.contains(&blocked).then_some(())
+    });
+    assert!(
+        !cli.exists("log"),
+        "the newer command ran while the older held the fence"
+    );
+    cli.touch("go");
+    old.expect_exit(0);
+    new.expect_exit(0);
+    assert_eq!(cli.read("log"), "first\nsecond\n");
+}
