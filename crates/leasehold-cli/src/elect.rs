@@ -124,7 +124,7 @@ pub struct LeaderArgs {
 
 /// `leasehold elect NAME -- COMMAND`.
 pub async fn elect(store: Option<&str>, args: ElectArgs) -> Result<ExitCode, Failure> {
-    crate::run::run(store, args.into_run()).await
+    crate::run::run_as("elect", store, args.into_run()).await
 }
 
 /// `leasehold leader NAME [--watch] [--json]`.
@@ -140,16 +140,16 @@ pub async fn leader(store: Option<&str>, args: LeaderArgs) -> Result<ExitCode, F
         signal(kind)
             .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot handle signals: {e}")))
     };
-    let (mut int, mut term) = (
-        interrupt(SignalKind::interrupt())?,
-        interrupt(SignalKind::terminate())?,
-    );
+    let mut int = interrupt(SignalKind::interrupt())?;
+    let mut term = interrupt(SignalKind::terminate())?;
+    let mut hup = interrupt(SignalKind::hangup())?;
     let mut observer = election.observe();
     loop {
         let leader = tokio::select! {
             leader = observer.next() => leader?,
             _ = int.recv() => return Ok(ExitCode::SUCCESS),
             _ = term.recv() => return Ok(ExitCode::SUCCESS),
+            _ = hup.recv() => return Ok(ExitCode::SUCCESS),
         };
         exit::print(&format!("{}\n", show(&args, leader.as_ref())))?;
     }

@@ -318,19 +318,30 @@ impl tracing::Subscriber for WarningsOnly {
     }
 }
 
-/// `leasehold run NAME COMMAND` (without `--`) fails as an unexpected argument, naming
-/// the command's first word: add a tip that says how to write it.
+/// `leasehold run NAME COMMAND` (without `--`; `elect`, `limit` and `fence` alike) fails
+/// as an unexpected argument, naming the command's first word: add a tip that says how
+/// to write it.
 fn hint_the_double_dash(error: &mut clap::Error) {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    let in_run = matches!(error.get(ContextKind::Usage),
-        Some(ContextValue::StyledStr(usage)) if usage.to_string().contains("leasehold run "));
+    let usage = match error.get(ContextKind::Usage) {
+        Some(ContextValue::StyledStr(usage)) => usage.to_string(),
+        _ => return,
+    };
+    let runs = ["run", "elect", "limit", "fence"];
+    let Some(sub) = runs
+        .iter()
+        .find(|c| usage.contains(&format!("leasehold {c} ")))
+    else {
+        return;
+    };
     let word = match error.get(ContextKind::InvalidArg) {
         Some(ContextValue::String(word)) if !word.starts_with('-') => word.clone(),
         _ => return,
     };
-    if error.kind() == ErrorKind::UnknownArgument && in_run {
+    if error.kind() == ErrorKind::UnknownArgument {
+        let what = if *sub == "fence" { "FILE" } else { "NAME" };
         let tip = format!(
-            "the command goes after `--`: leasehold run [OPTIONS] NAME -- {word} [ARGS...]"
+            "the command goes after `--`: leasehold {sub} [OPTIONS] {what} -- {word} [ARGS...]"
         );
         error.insert(
             ContextKind::Suggested,

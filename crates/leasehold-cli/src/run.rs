@@ -243,8 +243,17 @@ async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
 
 /// `leasehold run NAME -- COMMAND...`.
 pub async fn run(store: Option<&str>, args: RunArgs) -> Result<ExitCode, Failure> {
+    run_as("run", store, args).await
+}
+
+/// `run`, as the subcommand `command` (named in messages about the store).
+pub async fn run_as(
+    command: &str,
+    store: Option<&str>,
+    args: RunArgs,
+) -> Result<ExitCode, Failure> {
     let lock = args.lock.clone();
-    with_locks(store, "run", &lock, |locks| run_with(locks, store, args)).await
+    with_locks(store, command, &lock, |locks| run_with(locks, store, args)).await
 }
 
 async fn run_with(

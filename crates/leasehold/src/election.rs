@@ -69,7 +69,8 @@ pub struct Leader {
     pub host: String,
     /// Its process id.
     pub pid: u32,
-    /// When it became leader (the store's wall clock).
+    /// When it became leader (the store's wall clock); on etcd, which records no moment
+    /// of hand-over, when it joined the queue of candidates.
     #[serde(serialize_with = "unix_ms")]
     pub since: SystemTime,
     /// Lease left, as the store saw it.
