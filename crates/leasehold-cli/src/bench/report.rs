@@ -34,7 +34,7 @@ pub(super) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
 }
 
 /// Nanoseconds → microseconds with one decimal.
-fn micros(ns: u64) -> f64 {
+pub(super) fn micros(ns: u64) -> f64 {
     round_to(ns as f64 / 1000.0, 1)
 }
 
