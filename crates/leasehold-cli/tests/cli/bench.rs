@@ -18,7 +18,7 @@ fn bench_e1_measures_each_hand_over_and_its_observation_on_memory_and_local() {
         [&args[..], &["--rounds", rounds, "--deaths", deaths]].concat()
     };
     let args = [&e1("12", "2")[..], &["--json"]].concat();
-    let memory = cli.bare(&[&["--store", "memory:"][..], &args].concat());
+    let mut memory = cli.bare(&[&["--store", "memory:"][..], &args].concat());
     let memory = Out::from(memory.output().unwrap());
     let local = cli.run(&args);
     for (store, out) in [("memory", memory), ("local", local)] {
