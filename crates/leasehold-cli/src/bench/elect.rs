@@ -27,7 +27,8 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::report::{micros, percentile};
+use super::locks::nanos;
+use super::report::pct_us;
 use super::{seconds, ttl, usage, BenchArgs, ERROR_PAUSE};
 use crate::exit::{Failure, INTERNAL};
 
@@ -90,22 +91,35 @@ struct Round {
     overlap: bool,
 }
 
-/// The figures of one case, in µs as lockbench.v1's.
+/// Nearest-rank percentiles of one figure, in µs as lockbench.v1's.
+#[derive(Debug, Default, PartialEq, Serialize)]
+struct Spread {
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    max_us: Option<f64>,
+}
+
+impl Spread {
+    fn of(mut ns: Vec<u64>) -> Spread {
+        ns.sort_unstable();
+        Spread {
+            p50_us: pct_us(&ns, 50.0),
+            p99_us: pct_us(&ns, 99.0),
+            max_us: pct_us(&ns, 100.0),
+        }
+    }
+}
+
+/// The figures of one case.
 #[derive(Debug, Default, Serialize)]
 struct Figures {
     rounds: usize,
     handovers: usize,
-    handover_p50_us: Option<f64>,
-    handover_p99_us: Option<f64>,
-    handover_max_us: Option<f64>,
-    past_lease_p50_us: Option<f64>,
-    past_lease_p99_us: Option<f64>,
-    past_lease_max_us: Option<f64>,
+    handover: Spread,
+    past_lease: Spread,
     /// Hand-overs whose new leader the observer reported within the wait budget.
     observed: usize,
-    observed_p50_us: Option<f64>,
-    observed_p99_us: Option<f64>,
-    observed_max_us: Option<f64>,
+    observed_after: Spread,
     /// Hand-overs where the new leader started before the old one stepped down, or
     /// (deaths) before the lease's end: two leaders at once.
     overlaps: usize,
@@ -129,35 +143,20 @@ struct Report {
 }
 
 fn figures(rounds: usize, measured: &[Round], timeouts: usize) -> Figures {
-    let sorted = |f: &dyn Fn(&Round) -> Option<Duration>| {
-        let mut v: Vec<u64> = measured.iter().filter_map(f).map(nanos).collect();
-        v.sort_unstable();
-        v
+    let ns = |f: fn(&Round) -> Option<Duration>| -> Vec<u64> {
+        measured.iter().filter_map(f).map(nanos).collect()
     };
-    let pct = |v: &[u64], q| percentile(v, q).map(micros);
-    let handover = sorted(&|r| Some(r.handover));
-    let past = sorted(&|r| r.past_lease);
-    let observed = sorted(&|r| r.observed);
+    let observed = ns(|r| r.observed);
     Figures {
         rounds,
         handovers: measured.len(),
-        handover_p50_us: pct(&handover, 50.0),
-        handover_p99_us: pct(&handover, 99.0),
-        handover_max_us: pct(&handover, 100.0),
-        past_lease_p50_us: pct(&past, 50.0),
-        past_lease_p99_us: pct(&past, 99.0),
-        past_lease_max_us: pct(&past, 100.0),
+        handover: Spread::of(ns(|r| Some(r.handover))),
+        past_lease: Spread::of(ns(|r| r.past_lease)),
         observed: observed.len(),
-        observed_p50_us: pct(&observed, 50.0),
-        observed_p99_us: pct(&observed, 99.0),
-        observed_max_us: pct(&observed, 100.0),
+        observed_after: Spread::of(observed),
         overlaps: measured.iter().filter(|r| r.overlap).count(),
         timeouts,
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A candidate: campaigns, reports each win, steps down as ordered, campaigns again;
@@ -534,51 +533,11 @@ fn ms(us: Option<f64>) -> String {
 fn table(r: &Report, store: &str) -> String {
     let (resign, death) = (&r.resign, &r.death);
     let rows = [
-        (
-            "resign: next leads",
-            [
-                resign.handover_p50_us,
-                resign.handover_p99_us,
-                resign.handover_max_us,
-            ],
-            resign.handovers,
-        ),
-        (
-            "resign: observed",
-            [
-                resign.observed_p50_us,
-                resign.observed_p99_us,
-                resign.observed_max_us,
-            ],
-            resign.observed,
-        ),
-        (
-            "death: next leads",
-            [
-                death.handover_p50_us,
-                death.handover_p99_us,
-                death.handover_max_us,
-            ],
-            death.handovers,
-        ),
-        (
-            "  past the lease's end",
-            [
-                death.past_lease_p50_us,
-                death.past_lease_p99_us,
-                death.past_lease_max_us,
-            ],
-            death.handovers,
-        ),
-        (
-            "death: observed",
-            [
-                death.observed_p50_us,
-                death.observed_p99_us,
-                death.observed_max_us,
-            ],
-            death.observed,
-        ),
+        ("resign: next leads", &resign.handover, resign.handovers),
+        ("resign: observed", &resign.observed_after, resign.observed),
+        ("death: next leads", &death.handover, death.handovers),
+        ("  past the lease's end", &death.past_lease, death.handovers),
+        ("death: observed", &death.observed_after, death.observed),
     ];
     let mut out = format!(
         "workload       E1 ({} candidates, a client each; ttl {} s)\n\
@@ -586,14 +545,9 @@ fn table(r: &Report, store: &str) -> String {
          {:<24} {:>9} {:>9} {:>9} {:>6}\n",
         r.candidates, r.ttl_s, "ms after stepping down", "p50", "p99", "max", "n"
     );
-    for (label, [p50, p99, max], n) in rows {
-        let _ = writeln!(
-            out,
-            "{label:<24} {:>9} {:>9} {:>9} {n:>6}",
-            ms(p50),
-            ms(p99),
-            ms(max)
-        );
+    for (label, s, n) in rows {
+        let (p50, p99, max) = (ms(s.p50_us), ms(s.p99_us), ms(s.max_us));
+        let _ = writeln!(out, "{label:<24} {p50:>9} {p99:>9} {max:>9} {n:>6}");
     }
     let _ = write!(
         out,
@@ -635,11 +589,11 @@ mod tests {
         let f = figures(5, &rounds, 1);
         assert_eq!((f.rounds, f.handovers, f.observed), (5, 3, 2));
         assert_eq!((f.overlaps, f.timeouts), (1, 1));
-        assert_eq!(f.handover_p50_us, Some(2000.0));
-        assert_eq!(f.handover_max_us, Some(3000.0));
-        assert_eq!(f.past_lease_p50_us, Some(1000.0));
-        assert_eq!(f.observed_p50_us, Some(3000.0));
-        assert_eq!(figures(0, &[], 0).handover_p50_us, None);
+        assert_eq!(f.handover.p50_us, Some(2000.0));
+        assert_eq!(f.handover.max_us, Some(3000.0));
+        assert_eq!(f.past_lease.p50_us, Some(1000.0));
+        assert_eq!(f.observed_after.p50_us, Some(3000.0));
+        assert_eq!(figures(0, &[], 0).handover, Spread::default());
     }
 
     #[test]

@@ -163,7 +163,7 @@ fn tally(t: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
     t.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn nanos(d: Duration) -> u64 {
+pub(super) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

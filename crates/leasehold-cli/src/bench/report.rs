@@ -34,7 +34,7 @@ pub(super) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
 }
 
 /// Nanoseconds → microseconds with one decimal.
-pub(super) fn micros(ns: u64) -> f64 {
+fn micros(ns: u64) -> f64 {
     round_to(ns as f64 / 1000.0, 1)
 }
 
@@ -43,7 +43,7 @@ fn round_to(x: f64, decimals: i32) -> f64 {
     (x * f).round() / f
 }
 
-fn pct_us(sorted: &[u64], q: f64) -> Option<f64> {
+pub(super) fn pct_us(sorted: &[u64], q: f64) -> Option<f64> {
     percentile(sorted, q).map(micros)
 }
 

@@ -33,12 +33,12 @@ fn bench_e1_measures_each_hand_over_and_its_observation_on_memory_and_local() {
             assert_eq!(case["observed"], rounds, "{line}");
             assert_eq!(case["overlaps"], 0, "{line}");
             assert_eq!(case["timeouts"], 0, "{line}");
-            let (p50, max) = (&case["handover_p50_us"], &case["handover_max_us"]);
+            let (p50, max) = (&case["handover"]["p50_us"], &case["handover"]["max_us"]);
             assert!(p50.as_f64().unwrap() <= max.as_f64().unwrap(), "{line}");
         }
         // A death is handed over after the lease's end, which a resignation does not wait for.
-        assert!(death["past_lease_max_us"].is_f64(), "{line}");
-        assert!(resign["past_lease_max_us"].is_null(), "{line}");
+        assert!(death["past_lease"]["max_us"].is_f64(), "{line}");
+        assert!(resign["past_lease"]["max_us"].is_null(), "{line}");
     }
 
     let table = cli.run(&e1("2", "1")).expect(0).stdout;
