@@ -18,6 +18,8 @@ use support::*;
 
 #[path = "cli/bad_input.rs"]
 mod bad_input;
+#[path = "cli/bench.rs"]
+mod bench;
 #[path = "cli/elect.rs"]
 mod elect;
 #[path = "cli/exclusion.rs"]

@@ -24,8 +24,8 @@ use leasehold::{Leasehold, Lock, Released, Store};
 use tokio::sync::watch;
 
 use super::report::{report, table};
-use super::{positive_seconds, seconds, store_url, usage, workers, BenchArgs};
-use super::{ERROR_PAUSE, STUCK_GRACE};
+use super::{positive_seconds, seconds, store_url, ttl, usage, workers, BenchArgs};
+use super::{DEFAULT_TTL, ERROR_PAUSE, STUCK_GRACE};
 use crate::exit::{Failure, INTERNAL};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,7 @@ impl Workload {
             "W2" => Ok(Workload::W2),
             "W3" => Ok(Workload::W3),
             _ => Err(usage(format!(
-                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each), a rate limiter's R1, R2, R3 or R4, or S1 (many waiters)"
+                "unknown workload {s:?}; use --workload W1 (one worker, N cycles), W2 (K workers, one key) or W3 (K workers, a key each), a rate limiter's R1, R2, R3 or R4, S1 (many waiters) or E1 (an election's hand-overs)"
             ))),
         }
     }
@@ -92,16 +92,8 @@ impl Plan {
             None => 10.0,
         };
         let wait_s = seconds("wait", args.wait.unwrap_or(Duration::from_secs(5)))?;
-        let ttl = args.ttl;
+        let ttl = ttl(args, DEFAULT_TTL)?;
         let ttl_s = ttl.as_secs_f64();
-        if ttl < leasehold::MIN_TTL || ttl > leasehold::MAX_TTL {
-            return Err(usage(format!(
-                "--ttl {}: a lease must last from {} to {}",
-                leasehold::humanize(ttl),
-                leasehold::humanize(leasehold::MIN_TTL),
-                leasehold::humanize(leasehold::MAX_TTL)
-            )));
-        }
         if args.key_prefix.is_empty() {
             return Err(usage("--key-prefix must not be empty"));
         }
@@ -171,7 +163,7 @@ fn tally(t: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
     t.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn nanos(d: Duration) -> u64 {
+pub(super) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
@@ -384,7 +376,7 @@ mod tests {
         a.workers = Some(0);
         assert_eq!(code(a), USAGE);
         let mut a = args("W2");
-        a.ttl = Duration::ZERO;
+        a.ttl = Some(Duration::ZERO);
         assert_eq!(code(a), USAGE);
         let mut a = args("W2");
         a.duration = Some(Duration::ZERO);

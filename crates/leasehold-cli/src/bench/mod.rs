@@ -1,8 +1,9 @@
 //! `leasehold bench`: measures a store, each workload in the contract its peers use so a
 //! run is one more row of theirs: the locks' W1-W3 in `lockbench.v1` (`locks.rs`, figures
-//! in `report.rs`), the rate limiter's R1-R4 in `ratebench.v1` (`rate.rs`), and S1, many
-//! waiters in one process (`scale.rs`).
+//! in `report.rs`), the rate limiter's R1-R4 in `ratebench.v1` (`rate.rs`), S1, many
+//! waiters in one process (`scale.rs`), and E1, an election's hand-overs (`elect.rs`).
 
+mod elect;
 mod locks;
 mod rate;
 mod report;
@@ -27,11 +28,14 @@ pub struct BenchArgs {
     /// contention). Rate limiter (ratebench.v1): R1: K workers ask for 1 unit of ONE key
     /// as fast as they can; R2: a key each, a limit that allows ~all; R3: K workers wait
     /// for 1 unit (budget --wait); R4: a trickle plus pulses of hammering on ONE key.
-    /// Many waiters: S1: --names locks, each held while --waiters tasks per name wait
-    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4|S1")]
+    /// Many waiters: S1: --names locks, each held while --waiters tasks per name wait.
+    /// Elections: E1: --workers candidates, a client each; the time from a leader's
+    /// resignation (--rounds) and death (--deaths) until the next leads and is observed
+    #[arg(long, value_name = "W1|W2|W3|R1|R2|R3|R4|S1|E1")]
     pub workload: String,
 
-    /// Workers (tokio tasks, one lock handle each) [default: 8; W1 always uses 1]
+    /// Workers (tokio tasks, one lock handle each) [default: 8; W1 always uses 1; E1:
+    /// candidates, 4]
     #[arg(long, value_name = "K")]
     pub workers: Option<usize>,
 
@@ -69,9 +73,17 @@ pub struct BenchArgs {
     #[arg(long, value_name = "W", default_value_t = 10)]
     pub waiters: usize,
 
-    /// Lease TTL (100ms to 24h; a bare number is seconds)
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = crate::args::parse_duration, allow_hyphen_values = true)]
-    pub ttl: Duration,
+    /// E1: hand-overs by the leader's resignation
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub rounds: usize,
+
+    /// E1: hand-overs by the leader's death (it stops renewing; its lease runs out)
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub deaths: usize,
+
+    /// Lease TTL (100ms to 24h; a bare number is seconds) [default: 30s; E1: 1s]
+    #[arg(long, value_name = "DUR", value_parser = crate::args::parse_duration, allow_hyphen_values = true)]
+    pub ttl: Option<Duration>,
 
     /// Prefix of the lock names: W1/W2 use P:W:K:one, W3 uses P:W:K:kI (I = worker index)
     #[arg(long, value_name = "P", default_value = "lockbench")]
@@ -107,6 +119,8 @@ const MAX_SECONDS: f64 = 86_400.0;
 const STUCK_GRACE: Duration = Duration::from_secs(10);
 /// Pause after a call that failed with an error, before trying again.
 const ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// `--ttl` unless given (E1 has its own).
+const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 fn usage(message: impl Into<String>) -> Failure {
     Failure::new(USAGE, message)
@@ -130,6 +144,20 @@ fn positive_seconds(flag: &str, duration: Duration) -> Result<f64, Failure> {
         return Err(usage(format!("--{flag} must be more than 0s")));
     }
     Ok(secs)
+}
+
+/// `--ttl`, or `default`, within the leases a store accepts.
+fn ttl(args: &BenchArgs, default: Duration) -> Result<Duration, Failure> {
+    let ttl = args.ttl.unwrap_or(default);
+    if ttl < leasehold::MIN_TTL || ttl > leasehold::MAX_TTL {
+        return Err(usage(format!(
+            "--ttl {}: a lease must last from {} to {}",
+            leasehold::humanize(ttl),
+            leasehold::humanize(leasehold::MIN_TTL),
+            leasehold::humanize(leasehold::MAX_TTL)
+        )));
+    }
+    Ok(ttl)
 }
 
 /// `--workers`: 8 unless given, 1 to [`MAX_WORKERS`].
@@ -188,6 +216,7 @@ pub async fn bench(store: Option<&str>, args: BenchArgs) -> Result<ExitCode, Fai
     match args.workload.as_str() {
         w if rate::is_rate_workload(w) => rate::bench(&store_url(store, &args)?, &args).await,
         w if scale::is_scale_workload(w) => scale::bench(&store_url(store, &args)?, &args).await,
+        w if elect::is_elect_workload(w) => elect::bench(&store_url(store, &args)?, &args).await,
         _ => locks::bench(store, &args).await,
     }
 }
@@ -209,7 +238,9 @@ mod tests {
             burst: None,
             names: 1_000,
             waiters: 10,
-            ttl: Duration::from_secs(30),
+            rounds: 200,
+            deaths: 20,
+            ttl: None,
             key_prefix: "lockbench".into(),
             redis_url: None,
             etcd: None,

@@ -43,7 +43,7 @@ fn round_to(x: f64, decimals: i32) -> f64 {
     (x * f).round() / f
 }
 
-fn pct_us(sorted: &[u64], q: f64) -> Option<f64> {
+pub(super) fn pct_us(sorted: &[u64], q: f64) -> Option<f64> {
     percentile(sorted, q).map(micros)
 }
 

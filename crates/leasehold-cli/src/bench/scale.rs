@@ -184,7 +184,7 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
         Ok::<_, Failure>(
             locks
                 .mutex(format!("{run}:n{i}").as_str())?
-                .with_ttl(args.ttl)
+                .with_ttl(args.ttl.unwrap_or(super::DEFAULT_TTL))
                 .with_fair(fair),
         )
     };
