@@ -83,8 +83,8 @@ pub enum Command {
     /// Run COMMAND when rate limiter NAME lets it through (GCRA), or print one decision
     #[command(after_help = limit::LIMIT_AFTER_HELP)]
     Limit(limit::LimitArgs),
-    /// Measure a store: locks (W1-W3, lockbench.v1 with --json) or the rate limiter
-    /// (R1-R4, ratebench.v1 with --json)
+    /// Measure a store: locks (W1-W3, lockbench.v1 with --json), the rate limiter
+    /// (R1-R4, ratebench.v1 with --json), waiters at scale (S1) or elections (E1)
     Bench(bench::BenchArgs),
     /// Check safety under faults: workers, a fenced counter, a nemesis, a history checker
     Torture(torture::TortureArgs),
