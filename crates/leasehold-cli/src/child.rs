@@ -241,19 +241,23 @@ pub(crate) fn spawn(
             });
         }
     }
-    cmd.spawn().map_err(|e| {
-        let what = command[0].to_string_lossy();
-        match e.kind() {
-            std::io::ErrorKind::NotFound if on_disk(&command[0]) => Failure::new(
-                exit::CANNOT_EXECUTE,
-                format!("cannot run {what}: its interpreter (the #! line) or loader was not found"),
-            ),
-            std::io::ErrorKind::NotFound => {
-                Failure::new(exit::NOT_FOUND, format!("command not found: {what}"))
-            }
-            _ => Failure::new(exit::CANNOT_EXECUTE, format!("cannot run {what}: {e}")),
+    cmd.spawn().map_err(|e| spawn_failure(&command[0], e))
+}
+
+/// Why `program` could not be started, with the exit code a shell would give (127 not
+/// found, 126 cannot execute).
+pub(crate) fn spawn_failure(program: &OsString, e: std::io::Error) -> Failure {
+    let what = program.to_string_lossy();
+    match e.kind() {
+        std::io::ErrorKind::NotFound if on_disk(program) => Failure::new(
+            exit::CANNOT_EXECUTE,
+            format!("cannot run {what}: its interpreter (the #! line) or loader was not found"),
+        ),
+        std::io::ErrorKind::NotFound => {
+            Failure::new(exit::NOT_FOUND, format!("command not found: {what}"))
         }
-    })
+        _ => Failure::new(exit::CANNOT_EXECUTE, format!("cannot run {what}: {e}")),
+    }
 }
 
 /// Whether `command` names a file, as a path or found on `PATH`: when exec says "not

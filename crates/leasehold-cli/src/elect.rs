@@ -133,7 +133,7 @@ pub async fn leader(store: Option<&str>, args: LeaderArgs) -> Result<ExitCode, F
     let election = Leasehold::from_store(store).election(args.name.as_str())?;
     if !args.watch {
         let leader = election.leader().await?;
-        println!("{}", show(&args, leader.as_ref()));
+        exit::print(&format!("{}\n", show(&args, leader.as_ref())))?;
         return Ok(ExitCode::SUCCESS);
     }
     let interrupt = |kind| {
@@ -151,7 +151,7 @@ pub async fn leader(store: Option<&str>, args: LeaderArgs) -> Result<ExitCode, F
             _ = int.recv() => return Ok(ExitCode::SUCCESS),
             _ = term.recv() => return Ok(ExitCode::SUCCESS),
         };
-        println!("{}", show(&args, leader.as_ref()));
+        exit::print(&format!("{}\n", show(&args, leader.as_ref())))?;
     }
 }
 

@@ -7,6 +7,7 @@ pub mod bench;
 mod child;
 mod elect;
 pub mod exit;
+mod fence;
 mod inspect;
 mod json;
 mod limit;
@@ -62,12 +63,6 @@ pub enum Command {
     /// Acquire NAME, print its fencing token, hold it until SIGINT, SIGTERM or SIGHUP
     #[command(after_help = json::HOLD_AFTER_HELP)]
     Hold(run::HoldArgs),
-    /// Campaign to lead election NAME; run COMMAND while leading; stop it if
-    /// leadership is lost
-    #[command(after_help = elect_after_help())]
-    Elect(elect::ElectArgs),
-    /// Show the leader of election NAME; --watch prints each change
-    Leader(elect::LeaderArgs),
     /// Show who holds NAME and who waits
     Status(inspect::StatusArgs),
     /// List held or awaited locks
@@ -75,6 +70,16 @@ pub enum Command {
     /// Free a lock whoever holds it (needs --force); its holder sees the loss
     #[command(after_help = json::RELEASE_AFTER_HELP)]
     Release(inspect::ReleaseArgs),
+    /// Campaign to lead election NAME; run COMMAND while leading; stop it if
+    /// leadership is lost
+    #[command(after_help = elect_after_help())]
+    Elect(elect::ElectArgs),
+    /// Show the leader of election NAME; --watch prints each change
+    Leader(elect::LeaderArgs),
+    /// Admit a fencing token against a token file (or refuse a stale one, exit 76);
+    /// with COMMAND, run it holding the file
+    #[command(after_help = fence::FENCE_AFTER_HELP)]
+    Fence(fence::FenceArgs),
     /// Run COMMAND when rate limiter NAME lets it through (GCRA), or print one decision
     #[command(after_help = limit::LIMIT_AFTER_HELP)]
     Limit(limit::LimitArgs),
@@ -433,6 +438,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Failure> {
             elect::elect(store, args).await
         }
         Command::Leader(args) => elect::leader(store, args).await,
+        Command::Fence(args) => fence::fence(args),
         Command::Status(args) => inspect::status(store, args).await,
         Command::List(args) => inspect::list(store, args).await,
         Command::Release(args) => inspect::release(store, args).await,

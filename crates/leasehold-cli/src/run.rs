@@ -277,6 +277,7 @@ async fn run_with(
     };
     let pgid = group.or(child.id().map(|id| id as i32)).unwrap_or(0);
     let ended = supervise(&args, &guard, &mut child, pgid, &mut signals, &mut watchdog).await?;
+    let losing = matches!(ended, Ended::Lost { .. });
     let code = stop(ended, &args, &guard, &mut child, pgid).await;
     // The command is reaped (and its group killed if the lock was lost): from here on a
     // killed leasehold must not touch the group, whose id may even be reused. The
@@ -285,7 +286,11 @@ async fn run_with(
     if foreground {
         take_terminal_back();
     }
-    release_after(guard, &args.lock.name).await;
+    if losing {
+        release_losing(&locks, guard).await;
+    } else {
+        release_after(guard, &args.lock.name).await;
+    }
     Ok(code)
 }
 
@@ -407,6 +412,20 @@ async fn release_after(guard: LockGuard, name: &str) {
     };
     if let Err(e) = released {
         eprintln!("leasehold: could not release lock \"{name}\" ({e}); it ends with its lease");
+    }
+}
+
+/// Releases a lock that is lost or about to be, once, until its safe deadline at most,
+/// and not again in the background: past the deadline the lease is over anyway, and a
+/// store that went away (the usual reason) must not hold up the exit.
+async fn release_losing(locks: &Leasehold, guard: LockGuard) {
+    let left = guard
+        .valid_until()
+        .saturating_duration_since(Instant::now());
+    let lease = guard.leak();
+    if !left.is_zero() {
+        let _ =
+            tokio::time::timeout(left.min(RELEASE_PATIENCE), locks.store().release(&lease)).await;
     }
 }
 

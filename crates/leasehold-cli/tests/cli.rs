@@ -24,6 +24,8 @@ mod elect;
 mod exclusion;
 #[path = "cli/exit_codes.rs"]
 mod exit_codes;
+#[path = "cli/fence.rs"]
+mod fence;
 #[path = "cli/flags_and_help.rs"]
 mod flags_and_help;
 #[path = "cli/local_faults.rs"]

@@ -608,3 +608,16 @@ fn redis_elect_candidates_take_over_from_killed_leaders_and_the_watcher_sees_eac
     let server = RedisServer::start();
     candidates_take_over_from_killed_leaders(&world("redis-elect", &server), "2s");
 }
+
+/// `leader --watch` ends with 69, saying the store is unavailable, when the server goes
+/// away: a watcher must not sit silent on a dead store.
+#[test]
+fn redis_leader_watch_exits_69_when_the_server_goes_away() {
+    let mut server = RedisServer::start();
+    let cli = world("redis-watch-gone", &server);
+    let mut watch = cli.spawn("watch", &["leader", "e", "--watch"]);
+    watch.wait_for_line("the watcher's first line");
+    server.kill();
+    watch.expect_exit(69);
+    assert!(watch.stderr().contains("unavailable"), "{}", watch.stderr());
+}

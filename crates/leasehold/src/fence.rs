@@ -83,3 +83,102 @@ impl FenceGate {
         FencingToken(self.highest.load(Ordering::Acquire))
     }
 }
+
+/// A fence kept in a file: the highest token admitted, for a resource outside the
+/// process that several processes write — files a job replaces, a directory it
+/// publishes to — or for shell scripts holding `$LEASEHOLD_TOKEN` (`leasehold fence`).
+///
+/// [`lock`](Self::lock) takes the file's `flock` and holds it until the `FileFence` is
+/// dropped, so a check and the write it guards are one step against every other user of
+/// the fence. Admitted tokens are written durably (fsync) before [`admit`](Self::admit)
+/// says yes. Blocking: in async code, call it from `spawn_blocking`. The file must be on
+/// a file system where `flock` works between its users (a local one; not every network
+/// file system).
+///
+/// ```
+/// use leasehold::{FileFence, FencingToken};
+/// # let dir = std::env::temp_dir().join(format!("fence-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// let path = dir.join("report.fence");
+/// let mut fence = FileFence::lock(&path)?;
+/// assert!(fence.admit(FencingToken(7))?);   // write the report now, then drop the fence
+/// drop(fence);
+/// let mut stale = FileFence::lock(&path)?;
+/// assert!(!stale.admit(FencingToken(6))?);  // a holder whose lease ended: do not write
+/// assert_eq!(stale.highest(), FencingToken(7));
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct FileFence {
+    file: std::fs::File,
+    highest: u64,
+}
+
+impl FileFence {
+    /// Opens `path` (creating it, empty: no token admitted yet), waits for its `flock`
+    /// and reads the highest token admitted. An unreadable file is an
+    /// [`InvalidData`](std::io::ErrorKind::InvalidData) error, never read as 0.
+    pub fn lock(path: impl AsRef<std::path::Path>) -> std::io::Result<FileFence> {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let path = path.as_ref();
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        // SAFETY: a valid fd, owned by `file`; the lock goes with it.
+        while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text)?;
+        let highest = match text.trim() {
+            "" => 0,
+            number => number.parse().map_err(|_| {
+                let what = format!("{} holds {text:?}, not a fencing token", path.display());
+                std::io::Error::new(std::io::ErrorKind::InvalidData, what)
+            })?,
+        };
+        Ok(FileFence { file, highest })
+    }
+
+    /// The highest token admitted so far (0 before any).
+    pub fn highest(&self) -> FencingToken {
+        FencingToken(self.highest)
+    }
+
+    /// Admits `token` if it is ≥ every token admitted before, and records it durably.
+    #[must_use = "Ok(false) means a newer holder has been admitted: do not write"]
+    pub fn admit(&mut self, token: FencingToken) -> std::io::Result<bool> {
+        if token.0 < self.highest {
+            return Ok(false);
+        }
+        if token.0 > self.highest {
+            self.write(token.0)?;
+        }
+        Ok(true)
+    }
+
+    /// Forgets every token admitted: for moving a lock to another store, whose tokens
+    /// may start lower, at a moment when no holder of the lock runs.
+    pub fn reset(&mut self) -> std::io::Result<()> {
+        self.write(0)
+    }
+
+    /// One write of the same length in place (20 digits and a newline), so that a crash
+    /// leaves the old token or the new one, never an empty file that would read as 0.
+    fn write(&mut self, token: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file
+            .write_all_at(format!("{token:020}\n").as_bytes(), 0)?;
+        self.file.sync_data()?;
+        self.highest = token;
+        Ok(())
+    }
+}

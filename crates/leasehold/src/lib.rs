@@ -42,6 +42,11 @@
 //!   [`Leasehold::list`], [`Leasehold::force_release`].
 //! - Rate limiters on the same stores ([`Leasehold::rate_limiter`], GCRA): at most
 //!   `burst + rate·t` units in any window of length `t`; waits sleep until their turn.
+//! - Leader election ([`Leasehold::election`]): candidates [`campaign`](Election::campaign)
+//!   in arrival order, the leader publishes a value and holds a [`Leadership`] with a
+//!   term (its fencing token) and the lost signal; anyone reads the
+//!   [`leader`](Election::leader) or [`observe`](Election::observe)s each change. Use a
+//!   plain lock when the others need not know who holds it.
 //!
 //! # The lock rules
 //! Every store gives the same answer to the same request (one decision table in the
@@ -169,7 +174,7 @@ pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;
-pub use fence::{FenceGate, FencingToken};
+pub use fence::{FenceGate, FencingToken, FileFence};
 pub use guard::{Deadlines, LockGuard, LostSignal};
 #[cfg(feature = "local")]
 pub use local::LocalStore;

@@ -1,5 +1,7 @@
 //! The entry point ([`Leasehold`]), lock handles, and the one place where waiting happens.
 
+mod more;
+
 use std::fmt;
 use std::future::Future;
 use std::ops::ControlFlow;

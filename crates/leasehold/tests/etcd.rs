@@ -2,7 +2,8 @@
 //! stops with a clear error, renewal across a member restart, `lost` when etcd stays
 //! away, non-fair waiting, extending past the lease etcd granted, re-entry by an owner
 //! that queued first, a waiter moving off a paused member, a short lease renewed through
-//! another member while its own is paused, a re-entry's hold ending with its own lease.
+//! another member while its own is paused, a re-entry's hold ending with its own lease;
+//! for elections, a hold's value, `proclaim` and `watch`.
 #![cfg(feature = "etcd")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,8 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::conformance::{eventually, join_all, renews_again_after_a_restart, within};
-use leasehold::{Error, EtcdStore, Leasehold};
+use leasehold::store::{
+    AcquireRequest, Attempt, Grant, LeaseId, LockKind, Released, Renewal, Requester, Store,
+};
+use leasehold::{Error, EtcdStore, Leasehold, LockName};
 use leasehold_testkit::{EtcdCluster, EtcdServer};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 async fn start() -> (EtcdServer, Leasehold) {
@@ -589,4 +594,250 @@ async fn a_re_entry_after_the_first_hold_is_released_counts_both_holds() {
     let _ = third.release().await.unwrap();
     let _ = second.release().await.unwrap();
     assert!(locks.describe(name).await.unwrap().holders.is_empty());
+}
+
+/// A fair mutex request of `owner` for `name` that publishes `value`, as an election's
+/// candidate makes (through the store: the library's elections are not there yet).
+fn candidate(name: &str, owner: &str, value: Option<&str>) -> AcquireRequest {
+    AcquireRequest {
+        name: LockName::new(name).unwrap(),
+        lease: LeaseId::random(),
+        owner: owner.into(),
+        kind: LockKind::Exclusive,
+        ttl: Duration::from_secs(30),
+        fair: true,
+        enqueue: true,
+        waited: Duration::ZERO,
+        requester: Arc::new(Requester::this_process()),
+        value: value.map(Arc::from),
+    }
+}
+
+/// `req` granted, at once or when its turn in the queue comes, as the lock loop waits:
+/// for a change, and again by `retry_in` (which keeps a waiter's lease alive).
+async fn granted(store: &dyn Store, req: &AcquireRequest) -> Grant {
+    within("the grant", async {
+        loop {
+            let busy = match store.acquire(req).await.unwrap() {
+                Attempt::Granted(grant) => return grant,
+                Attempt::Busy(busy) => busy,
+            };
+            let again = busy.retry_in.unwrap_or(Duration::from_secs(1));
+            let changed = store.changed(req, busy.watermark);
+            if let Ok(Some(grant)) = tokio::time::timeout(again, changed)
+                .await
+                .map(Result::unwrap)
+            {
+                return grant;
+            }
+        }
+    })
+    .await
+}
+
+/// `req` waiting in the queue through `store` (the only waiter), its grant to come.
+async fn queued(store: &Arc<dyn Store>, req: &AcquireRequest) -> JoinHandle<Grant> {
+    let waiting = tokio::spawn({
+        let (store, req) = (store.clone(), req.clone());
+        async move { granted(&*store, &req).await }
+    });
+    eventually("the waiter to queue", || async {
+        let state = store.describe(&req.name).await.unwrap();
+        state.waiters.len() == 1
+    })
+    .await;
+    waiting
+}
+
+/// The value `describe` shows for the first holder of `name`.
+async fn shown_value(store: &dyn Store, name: &str) -> Option<String> {
+    let state = store.describe(&LockName::new(name).unwrap()).await.unwrap();
+    state.holders.first().and_then(|h| h.value.clone())
+}
+
+/// A plain lock's key is written as before: no value field. A hold's value is shown by
+/// `describe`, `list` and a busy try's holder; a re-entry keeps the value its owner's
+/// hold published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_shows_its_value_and_a_re_entry_keeps_it() {
+    let (server, locks) = start().await;
+    let store = &**locks.store();
+    let plain = candidate("plain", "me", None);
+    granted(store, &plain).await;
+    let entry = server.etcdctl(&["get", "leasehold", "leasehold\u{1}", "--print-value-only"]);
+    assert!(entry.contains("\"owner\":\"me\""), "{entry}");
+    assert!(!entry.contains("value"), "a plain lock's entry: {entry}");
+    assert_eq!(shown_value(store, "plain").await, None);
+
+    let first = candidate("v", "me", Some("10.0.0.1:80"));
+    let grant = granted(store, &first).await;
+    assert_eq!(
+        shown_value(store, "v").await.as_deref(),
+        Some("10.0.0.1:80")
+    );
+    let again = granted(store, &candidate("v", "me", Some("elsewhere"))).await;
+    assert_eq!((again.token, again.holds), (grant.token, 2));
+    let state = locks.describe("v").await.unwrap();
+    assert_eq!(state.holders[0].holds, 2);
+    assert_eq!(
+        state.holders[0].value.as_deref(),
+        Some("10.0.0.1:80"),
+        "a re-entry keeps the holder's value"
+    );
+
+    let other = EtcdStore::connect(&server.url()).await.unwrap();
+    let try_once = AcquireRequest {
+        enqueue: false,
+        ..candidate("v", "you", Some("mine"))
+    };
+    match other.acquire(&try_once).await.unwrap() {
+        Attempt::Busy(busy) => assert_eq!(
+            busy.holder.and_then(|h| h.value).as_deref(),
+            Some("10.0.0.1:80")
+        ),
+        Attempt::Granted(_) => panic!("the lock is held"),
+    }
+    let listed = other.list("v").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].holders[0].value.as_deref(), Some("10.0.0.1:80"));
+}
+
+/// A waiter's value is put with its key, and shown once the queue hands it the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_holds_with_its_value() {
+    let (server, locks) = start().await;
+    let store = locks.store().clone();
+    let first = candidate("q", "a", Some("a:1"));
+    granted(&*store, &first).await;
+    let other: Arc<dyn Store> = Arc::new(EtcdStore::connect(&server.url()).await.unwrap());
+    let second = candidate("q", "b", Some("b:2"));
+    let waiting = queued(&other, &second).await;
+    assert_eq!(shown_value(&*store, "q").await.as_deref(), Some("a:1"));
+    assert_eq!(
+        store.release(&first.lease()).await.unwrap(),
+        Released::Released
+    );
+    let grant = within("the hand-over", waiting).await.unwrap();
+    let state = locks.describe("q").await.unwrap();
+    assert_eq!(state.holders[0].token, grant.token);
+    assert_eq!(state.holders[0].value.as_deref(), Some("b:2"));
+}
+
+/// `proclaim` replaces the holder's value and leaves its token, through the key's own
+/// hold, a re-entry, or another client that knows only the lease; a lease that waits,
+/// was released or never held is `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proclaim_replaces_the_holders_value_and_keeps_its_token() {
+    let (server, locks) = start().await;
+    let store = locks.store().clone();
+    let first = candidate("p", "me", Some("old"));
+    let grant = granted(&*store, &first).await;
+    let renewed = |value: &str| (Renewal::Renewed, Some(value.to_string()));
+    assert_eq!(proclaimed(&store, &first, "new").await, renewed("new"));
+    let reentry = candidate("p", "me", None);
+    granted(&*store, &reentry).await;
+    let by_reentry = proclaimed(&store, &reentry, "by the re-entry").await;
+    assert_eq!(by_reentry, renewed("by the re-entry"));
+    let other: Arc<dyn Store> = Arc::new(EtcdStore::connect(&server.url()).await.unwrap());
+    let from_afar = proclaimed(&other, &first, "from afar").await;
+    assert_eq!(from_afar, renewed("from afar"));
+
+    // A waiter does not hold: neither its own client nor another may proclaim with it.
+    let waiter = candidate("p", "w", Some("w"));
+    let waiting = queued(&other, &waiter).await;
+    let lost = (Renewal::Lost, Some("from afar".to_string()));
+    assert_eq!(proclaimed(&other, &waiter, "x").await, lost);
+    assert_eq!(proclaimed(&store, &waiter, "x").await, lost);
+    let never = candidate("p", "me", None);
+    assert_eq!(proclaimed(&store, &never, "x").await, lost);
+    let state = locks.describe("p").await.unwrap();
+    assert_eq!(state.holders[0].token, grant.token);
+
+    // Releases find the key they hold, rewritten or not.
+    for hold in [&reentry, &first] {
+        let released = store.release(&hold.lease()).await.unwrap();
+        assert_eq!(released, Released::Released);
+    }
+    let after = proclaimed(&store, &first, "x").await;
+    assert_eq!(after.0, Renewal::Lost, "proclaimed after its release");
+    within("the waiter to hold", waiting).await.unwrap();
+    assert_eq!(shown_value(&*store, "p").await.as_deref(), Some("w"));
+}
+
+/// `value` proclaimed through `req`'s lease on `store`: the answer, and the value then
+/// shown.
+async fn proclaimed(
+    store: &Arc<dyn Store>,
+    req: &AcquireRequest,
+    value: &str,
+) -> (Renewal, Option<String>) {
+    let renewal = store.proclaim(&req.lease(), value).await.unwrap();
+    (renewal, shown_value(&**store, req.name.as_str()).await)
+}
+
+/// A watch of `name` from what `store` describes now, running.
+async fn watching(store: &Arc<dyn Store>, name: &LockName) -> JoinHandle<leasehold::Result<()>> {
+    let seen = store.describe(name).await.unwrap();
+    let (store, name) = (store.clone(), name.clone());
+    tokio::spawn(async move { store.watch(&name, &seen).await })
+}
+
+/// The watch has not resolved: nothing it waits for has happened yet.
+async fn still_watching(watch: &mut JoinHandle<leasehold::Result<()>>, before: &str) {
+    let early = tokio::time::timeout(Duration::from_millis(300), watch).await;
+    assert!(early.is_err(), "the watch resolved before {before}");
+}
+
+/// `watch` wakes at a grant, a proclamation, a release (a hand-over) and a force-release
+/// made through another client, and not at a waiter joining.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_wakes_when_another_client_changes_the_holders() {
+    let (server, locks) = start().await;
+    let watcher = locks.store().clone();
+    let other: Arc<dyn Store> = Arc::new(EtcdStore::connect(&server.url()).await.unwrap());
+    let name = LockName::new("w").unwrap();
+    let woken = |watch: JoinHandle<leasehold::Result<()>>| async move {
+        within("the watch to wake", watch).await.unwrap().unwrap()
+    };
+
+    let mut watch = watching(&watcher, &name).await;
+    still_watching(&mut watch, "the grant").await;
+    let first = candidate("w", "a", Some("a"));
+    granted(&*other, &first).await;
+    woken(watch).await;
+
+    let mut watch = watching(&watcher, &name).await;
+    still_watching(&mut watch, "the waiter joined").await;
+    let second = candidate("w", "b", Some("b"));
+    let waiting = queued(&other, &second).await;
+    still_watching(&mut watch, "the proclamation (a waiter joined)").await;
+    let proclaimed = other.proclaim(&first.lease(), "a:2").await.unwrap();
+    assert_eq!(proclaimed, Renewal::Renewed);
+    woken(watch).await;
+
+    let mut watch = watching(&watcher, &name).await;
+    still_watching(&mut watch, "the release").await;
+    let released = other.release(&first.lease()).await.unwrap();
+    assert_eq!(released, Released::Released);
+    woken(watch).await;
+    within("the hand-over", waiting).await.unwrap();
+
+    let mut watch = watching(&watcher, &name).await;
+    still_watching(&mut watch, "the force-release").await;
+    assert!(other.force_release(&name).await.unwrap());
+    woken(watch).await;
+}
+
+/// A watch whose etcd went away fails with the store's error rather than wait on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_fails_once_etcd_is_gone() {
+    let (mut server, locks) = start().await;
+    let name = LockName::new("gone").unwrap();
+    let mut watch = watching(locks.store(), &name).await;
+    still_watching(&mut watch, "etcd went away").await;
+    tokio::task::block_in_place(|| server.kill());
+    match within("the watch to fail", watch).await.unwrap() {
+        Err(Error::Unavailable { .. }) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
 }

@@ -75,8 +75,10 @@ fn the_manual_renders_with_man_l_for_leasehold_and_each_command() {
 #[test]
 fn output_that_cannot_be_written_is_an_error_not_a_panic() {
     let cli = Cli::new("full-stdout");
-    let commands: [&[&str]; 5] = [
+    let commands: [&[&str]; 7] = [
         &["status", "k"],
+        &["leader", "k"],
+        &["leader", "k", "--watch", "--json"],
         &["status", "k", "--json"],
         &["list"],
         &["limit", "k", "--rate", "10/s", "--check"],

@@ -103,7 +103,7 @@ impl EtcdStore {
                 attempted: started,
             };
             if !waiting.second && self.line_covers(req, &ours.key, seen) {
-                return self.recheck_in_line(req, ours, waiting, busy).await;
+                return self.recheck_in_line(req, ours, waiting, *busy).await;
             }
             return self.recheck(req, ours, waiting.second).await;
         }
@@ -153,6 +153,7 @@ impl EtcdStore {
             kind: req.kind,
             since: now_ms(),
             holds: vec![req.lease.clone()],
+            value: req.value.as_deref().map(str::to_string),
         };
         Ok(Put {
             key,
@@ -669,6 +670,7 @@ pub(super) mod tests {
             kind: LockKind::Exclusive,
             since: now_ms(),
             holds: vec![req.lease.clone()],
+            value: None,
         };
         let answer = store
             .call_txn(txn(

@@ -41,7 +41,8 @@ pub(super) enum State {
         /// The revision `waiting` was read at, and what that read said (for a recheck
         /// that the line answers: see [`EtcdStore::recheck_in_line`]).
         seen: i64,
-        busy: Busy,
+        /// Boxed: the holder it shows (with its value) would make every state this large.
+        busy: Box<Busy>,
     },
     /// Granted: our key (or our owner's, re-entered) at `create`, last written at
     /// `modified`.
@@ -161,7 +162,7 @@ impl EtcdStore {
                     waiting,
                     attempted: ours.attempted,
                     seen: busy.watermark.0 as i64,
-                    busy: busy.clone(),
+                    busy: Box::new(busy.clone()),
                 },
                 hold: None,
             },

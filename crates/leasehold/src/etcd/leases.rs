@@ -105,7 +105,7 @@ impl EtcdStore {
             }) => (key, etcd_lease, create, hold),
             Some(_) => return Ok(Pass::Done(Renewal::Lost)),
             None => match self.find(&lease.name, &lease.id).await? {
-                Some((m, hold)) => {
+                Some((m, hold, _)) => {
                     let on = hold.as_ref().map_or(m.kv.lease, |h| h.lease);
                     let hold = hold.map(|h| h.key);
                     (m.kv.key, borrowed(on), m.kv.create_revision, hold)

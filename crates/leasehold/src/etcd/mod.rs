@@ -92,6 +92,14 @@
 //!   is let in, the key moves to a lease of the full TTL (one Txn) before the grant is
 //!   returned; the short lease is revoked (the key keeps its name, so it is not reused). A waiter that finds its own key gone (its lease expired while the process
 //!   was paused or cut off) stops with [`Error::WaitEnded`](crate::Error::WaitEnded).
+//! - **Values** (elections): a hold's value is in its queue key's entry, put with the
+//!   key, so a queued waiter's shows once it holds; a re-entry leaves the key, and the
+//!   value, as they are. A plain lock's entry has no value field: its acquire and release
+//!   are unchanged. `proclaim` reads the key and rewrites its entry in one Txn that
+//!   compares the key's mod revision (and a re-entry's hold key) and keeps the key's
+//!   lease (`ignore_lease`), so the token stays. `watch` is an etcd watch of the queue's
+//!   keys, puts and deletions, started before it reads the holders; it wakes at every
+//!   join too, and reads again.
 //! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
 //!   Renewal checks both the lease and the key. A force-release deletes the key and its
 //!   hold keys: every hold ends.
@@ -119,12 +127,14 @@
 // - acquire.rs: the attempt: passes that put or re-read our key and settle where it stands.
 // - reentry.rs: re-entry holds, each on a lease of its own (taking, renewing, releasing).
 // - wait.rs: waiting and watches; line.rs: a process's waiters on one watch.
+// - election.rs: a holder's published value (proclaim), and watching the holders.
 // - store.rs: the `Store` impl, routing each call to the rooms above.
 // - rpc/: the etcd v3 messages, the client that fails over, watches on one stream.
 
 mod acquire;
 mod acquisitions;
 mod connect;
+mod election;
 mod leases;
 mod line;
 mod queue;

@@ -31,6 +31,13 @@ pub(super) struct Entry {
     /// versions listed re-entries here too). Re-entries have hold keys of their own
     /// ([`hold_key`]).
     pub(super) holds: Vec<LeaseId>,
+    /// The holder's published value ([`AcquireRequest::value`], [`Store::proclaim`]).
+    /// Absent for plain locks, whose keys stay as they were.
+    ///
+    /// [`AcquireRequest::value`]: crate::store::AcquireRequest::value
+    /// [`Store::proclaim`]: crate::store::Store::proclaim
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) value: Option<String>,
 }
 
 /// The value of a re-entry's hold key.
@@ -310,7 +317,7 @@ pub(super) fn holder_info(member: &Member, lease_left: Duration) -> HolderInfo {
         since: UNIX_EPOCH + Duration::from_millis(member.entry.since),
         lease_left,
         holds: member.entry.holds.len() as u32,
-        value: None, // TODO(election): the hold's value
+        value: member.entry.value.clone(),
     }
 }
 
@@ -336,6 +343,7 @@ mod tests {
                     kind,
                     since: 0,
                     holds: vec![format!("l{i}").as_str().into()],
+                    value: None,
                 },
             })
             .collect()

@@ -49,25 +49,28 @@ impl Holding {
 }
 
 impl EtcdStore {
-    /// The queue key holding acquisition `id` of `name`, and the hold key if it is a
-    /// re-entry, found by reading them (for acquisitions this client does not know: made
-    /// by another client, or unanswered).
+    /// The queue key holding acquisition `id` of `name`, the hold key if it is a
+    /// re-entry, and whether the key holds the lock (else it waits), found by reading
+    /// them (for acquisitions this client does not know: made by another client, or
+    /// unanswered).
     pub(super) async fn find(
         &self,
         name: &LockName,
         id: &LeaseId,
-    ) -> Result<Option<(Member, Option<KeyValue>)>> {
+    ) -> Result<Option<(Member, Option<KeyValue>, bool)>> {
         let (queue, _) = self.queue(name).await?;
-        if let Some(member) = queue.iter().find(|m| m.entry.holds.contains(id)) {
-            return Ok(Some((member.clone(), None)));
+        if let Some(at) = queue.iter().position(|m| m.entry.holds.contains(id)) {
+            let holds = standing(&queue, at).waiting.is_none();
+            return Ok(Some((queue[at].clone(), None, holds)));
         }
         let holds = self.range(range_prefix(&holds_of(name), false)).await?;
         for kv in holds.kvs {
             let ours = serde_json::from_slice::<HoldEntry>(&kv.value).is_ok_and(|h| &h.hold == id);
             let create = hold_create(name, &kv.key);
             let member = queue.iter().find(|m| Some(m.kv.create_revision) == create);
+            // Only a key that holds has re-entries.
             if let (true, Some(member)) = (ours, member) {
-                return Ok(Some((member.clone(), Some(kv))));
+                return Ok(Some((member.clone(), Some(kv), true)));
             }
         }
         Ok(None)

@@ -73,7 +73,7 @@ impl Store for EtcdStore {
             }) => (key, create, lease),
             Some(_) => return Ok(Released::NotHeld),
             None => match self.find(&lease.name, &lease.id).await? {
-                Some((member, _)) => (member.kv.key, member.kv.create_revision, None),
+                Some((member, ..)) => (member.kv.key, member.kv.create_revision, None),
                 None => return Ok(Released::NotHeld),
             },
         };
@@ -155,6 +155,14 @@ impl Store for EtcdStore {
                 Err(error) => return Err(error),
             }
         }
+    }
+
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<Renewal> {
+        self.proclaim_value(lease, value).await
+    }
+
+    async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
+        self.holders_changed(name, seen).await
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {

@@ -54,7 +54,7 @@ impl EtcdStore {
                 return Ok(true);
             }
         }
-        match self.next_deletion(&mut events).await {
+        match self.next_event(&mut events).await {
             Ok(()) => Ok(true),
             Err(Compacted) => Ok(false),
             Err(Broken(error)) => Err(error),
@@ -69,6 +69,19 @@ impl EtcdStore {
         range_end: Vec<u8>,
         start: i64,
     ) -> Result<Option<(rpc::Watch, i64)>> {
+        self.watch_from(key, range_end, start, vec![rpc::NO_PUT])
+            .await
+    }
+
+    /// [`watch_deletes`](Self::watch_deletes), with etcd's event `filters` (none: puts
+    /// and deletions).
+    pub(super) async fn watch_from(
+        &self,
+        key: &[u8],
+        range_end: Vec<u8>,
+        start: i64,
+        filters: Vec<i32>,
+    ) -> Result<Option<(rpc::Watch, i64)>> {
         let mut watch = self
             .inner
             .client
@@ -76,7 +89,7 @@ impl EtcdStore {
                 key: key.to_vec(),
                 range_end,
                 start_revision: start,
-                filters: vec![rpc::NO_PUT],
+                filters,
             })
             .await
             .map_err(|s| self.unavailable(s))?;
@@ -90,8 +103,9 @@ impl EtcdStore {
         }
     }
 
-    /// Resolves at the first deletion `watch` reports.
-    pub(super) async fn next_deletion(
+    /// Resolves at the first event `watch` reports (a deletion, for
+    /// [`watch_deletes`](Self::watch_deletes)).
+    pub(super) async fn next_event(
         &self,
         watch: &mut rpc::Watch,
     ) -> std::result::Result<(), WatchEnd> {

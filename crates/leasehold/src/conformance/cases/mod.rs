@@ -4,6 +4,7 @@ pub(super) mod blocking;
 pub(super) mod election;
 pub(super) mod exclusion;
 pub(super) mod leases;
+pub(super) mod more;
 pub(super) mod primitives;
 pub(super) mod processes;
 pub(super) mod queue;

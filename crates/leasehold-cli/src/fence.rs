@@ -1,0 +1,96 @@
+//! `fence`: a fencing check for shell scripts, against a token file.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use leasehold::{FencingToken, FileFence};
+
+use crate::exit::{self, Failure};
+
+// Flags of `fence`.
+#[derive(Debug, Args)]
+pub struct FenceArgs {
+    /// The fence file: the highest token admitted (created if missing)
+    pub file: PathBuf,
+
+    /// The token to admit [default: $LEASEHOLD_TOKEN, as `leasehold run` sets it]
+    #[arg(long, value_name = "N")]
+    pub token: Option<u64>,
+
+    /// Forget every token admitted (when moving the lock to another store, with no
+    /// holder running); takes no token
+    #[arg(long, conflicts_with_all = ["token", "command"])]
+    pub reset: bool,
+
+    /// Run this while holding the fence file, after `--`, if the token is admitted
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+pub const FENCE_AFTER_HELP: &str = "\
+Admits the token if it is at least the highest one the file has admitted (and records
+it), else exits 76: a newer holder of the lock has written, so this one must not. With
+a COMMAND, runs it while holding the file's lock (flock), so that the check and the
+write are one step against every other user of the fence, and exits with its status.
+
+Examples:
+  leasehold run report -- sh -c 'make-report > new && leasehold fence /srv/report.fence -- mv new /srv/report'
+  leasehold fence /srv/report.fence --token 42
+  leasehold fence /srv/report.fence --reset";
+
+/// `leasehold fence FILE [--token N] [-- COMMAND]`, or `--reset`.
+pub fn fence(args: FenceArgs) -> Result<ExitCode, Failure> {
+    let io = |e: std::io::Error| {
+        let code = match e.kind() {
+            std::io::ErrorKind::InvalidData => exit::INTERNAL,
+            _ => exit::USAGE,
+        };
+        Failure::new(code, format!("fence {}: {e}", args.file.display()))
+    };
+    let mut fence = FileFence::lock(&args.file).map_err(io)?;
+    if args.reset {
+        fence.reset().map_err(io)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let token = match args.token {
+        Some(token) => token,
+        None => from_env()?,
+    };
+    if !fence.admit(FencingToken(token)).map_err(io)? {
+        let message =
+            format!(
+            "token {token} is older than {}, which {} has admitted: a newer holder has written{}",
+            fence.highest(),
+            args.file.display(),
+            if args.command.is_empty() { "" } else { "; not running the command" }
+        );
+        return Err(Failure::new(exit::LOST, message).named(exit::LOST));
+    }
+    if args.command.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let status = std::process::Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .status()
+        .map_err(|e| crate::child::spawn_failure(&args.command[0], e))?;
+    drop(fence);
+    Ok(crate::child::exit_code(status))
+}
+
+/// `$LEASEHOLD_TOKEN`, as a token.
+fn from_env() -> Result<u64, Failure> {
+    let text = std::env::var("LEASEHOLD_TOKEN").map_err(|_| {
+        Failure::new(
+            exit::USAGE,
+            "no --token and no LEASEHOLD_TOKEN: run it under `leasehold run`, or give --token",
+        )
+    })?;
+    text.trim().parse().map_err(|_| {
+        Failure::new(
+            exit::USAGE,
+            format!("LEASEHOLD_TOKEN is {text:?}, not a token"),
+        )
+    })
+}

@@ -1,0 +1,110 @@
+//! Elections: the value a holder publishes (in its queue key's entry), replaced by
+//! `proclaim`, and `watch`, an etcd watch of the queue woken by any change there.
+
+use std::time::Duration;
+
+use super::acquisitions::{Acquisition, State};
+use super::queue::*;
+use super::reentry::Role;
+use super::rpc::{prefix_end, Compare};
+use super::wait::WatchEnd;
+use super::EtcdStore;
+use crate::store::{Lease, LockState, Renewal, Store};
+use crate::{LockName, Locked, Result};
+
+impl EtcdStore {
+    /// Replaces the value in the entry of the queue key that holds through `lease` (its
+    /// own hold or a re-entry's): a put that keeps the key's lease, so its create
+    /// revision (the token) stays, compared against the entry it was read from.
+    pub(super) async fn proclaim_value(&self, lease: &Lease, value: &str) -> Result<Renewal> {
+        let (key, create) = match self.acquisition(&lease.id) {
+            Some(Acquisition {
+                key,
+                state: State::Held { create, .. },
+                ..
+            }) => (key, create),
+            Some(_) => return Ok(Renewal::Lost),
+            None => match self.find(&lease.name, &lease.id).await? {
+                Some((member, _, true)) => (member.kv.key, member.kv.create_revision),
+                _ => return Ok(Renewal::Lost),
+            },
+        };
+        loop {
+            // A key that held once holds until it is deleted: nothing queues ahead of it.
+            let Some(now) = self.holding(&lease.name, &key, create).await? else {
+                return Ok(Renewal::Lost);
+            };
+            let mut compare = vec![Compare::modified_at(&key, now.member.kv.mod_revision)];
+            match now.role(&lease.id) {
+                None => return Ok(Renewal::Lost),
+                Some(Role::Carrier) => {}
+                // A re-entry holds while its hold key is there (etcd deletes it with its
+                // lease).
+                Some(Role::Reentry(hold)) => {
+                    compare.push(Compare::modified_at(&hold.key, hold.mod_revision))
+                }
+            }
+            let entry = Entry {
+                value: Some(value.to_string()),
+                ..now.member.entry.clone()
+            };
+            let answer = self
+                .call_txn(txn(compare, vec![rewrite(&key, &entry)], vec![]))
+                .await?;
+            if answer.succeeded {
+                self.rewritten(&key, create, answer.revision());
+                return Ok(Renewal::Renewed);
+            }
+            // Changed meanwhile (a renewal moved the key, a re-entry came or went): look
+            // again.
+        }
+    }
+
+    /// Our acquisitions of `key` (created at `create`) see it written at `revision`, so
+    /// that a release still finds it unchanged (see [`delete_alone`](Self::delete_alone)).
+    fn rewritten(&self, key: &[u8], create: i64, revision: i64) {
+        for a in self.inner.acquisitions.locked().values_mut() {
+            if let State::Held {
+                create: c,
+                modified,
+            } = &mut a.state
+            {
+                if a.key == key && *c == create && *modified < revision {
+                    *modified = revision;
+                }
+            }
+        }
+    }
+
+    /// Resolves once the holders of `name` differ from `seen`: a watch of every put and
+    /// deletion in the queue (grants, joins, releases, expiries, proclamations), started
+    /// before each look, so a change made after the look reaches it. A broken watch (a
+    /// member went away, or calls moved to another) is started again, through another
+    /// member if need be; with no member left, starting it fails.
+    pub(super) async fn holders_changed(&self, name: &LockName, seen: &LockState) -> Result<()> {
+        let prefix = queue_prefix(name);
+        let mut trouble = Duration::from_millis(50);
+        loop {
+            let Some((mut watch, _)) =
+                (self.watch_from(&prefix, prefix_end(&prefix), 0, vec![])).await?
+            else {
+                // Compacted: not from now. Resolve early; the caller looks again.
+                return Ok(());
+            };
+            let broken = loop {
+                if !self.describe(name).await?.same_holders(seen) {
+                    return Ok(());
+                }
+                match self.next_event(&mut watch).await {
+                    Ok(()) => {}
+                    Err(WatchEnd::Compacted) => return Ok(()),
+                    Err(WatchEnd::Broken(error)) if error.is_retryable() => break error,
+                    Err(WatchEnd::Broken(error)) => return Err(error),
+                }
+            };
+            tracing::debug!(%name, error = %broken, "watch of the holders broke; watching again");
+            tokio::time::sleep(trouble).await;
+            trouble = (trouble * 2).min(Duration::from_secs(1));
+        }
+    }
+}
