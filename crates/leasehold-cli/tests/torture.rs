@@ -369,7 +369,9 @@ fn faults_the_run_cannot_apply_are_usage_errors() {
         ("--no-fair", "is always fair"),
         ("--workers-as=run", "takes library workers"),
     ] {
-        let out = cli.cmd(&["torture", "--primitive", "election", bad]).output();
+        let out = cli
+            .cmd(&["torture", "--primitive", "election", bad])
+            .output();
         let out = support::Out::from(out.unwrap()).expect(64);
         assert!(out.stderr.contains(says), "{out:#?}");
     }

@@ -77,22 +77,21 @@ mod tests {
         })
     }
 
-    /// a leads in term 1 with "a/0", then b in term 2 with "b/0"; the observer `o` sees
-    /// both.
+    /// `owner` campaigns with "OWNER/0" at `t`, leads in `term` (the counter's
+    /// `term`-th increment) and resigns; the observer `o` sees it.
+    fn lead(h: H, t: u64, owner: &str, term: u64) -> H {
+        let value = format!("{owner}/0");
+        h.campaign(t, owner, &value)
+            .acquired(t, owner, term, t + 100)
+            .observed(t + 1, "o", term, Some(&value))
+            .access(t + 2, owner, term, Op::Read, term - 1, true)
+            .access(t + 3, owner, term, Op::Write, term, true)
+            .released(t + 4, owner, term, t + 100)
+    }
+
+    /// a leads in term 1, then b in term 2.
     fn two_terms() -> H {
-        H::default()
-            .campaign(0, "a", "a/0")
-            .acquired(0, "a", 1, 100)
-            .observed(1, "o", 1, Some("a/0"))
-            .access(2, "a", 1, Op::Read, 0, true)
-            .access(3, "a", 1, Op::Write, 1, true)
-            .released(4, "a", 1, 100)
-            .campaign(5, "b", "b/0")
-            .acquired(5, "b", 2, 105)
-            .observed(6, "o", 2, Some("b/0"))
-            .access(7, "b", 2, Op::Read, 1, true)
-            .access(8, "b", 2, Op::Write, 2, true)
-            .released(9, "b", 2, 105)
+        lead(lead(H::default(), 0, "a", 1), 5, "b", 2)
     }
 
     #[test]
