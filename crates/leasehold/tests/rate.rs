@@ -219,6 +219,59 @@ mod redis {
         .await;
     }
 
+    /// Tasks asking at once share round trips: fewer script calls than decisions. Each
+    /// decision still stands alone: the burst of each of four limiters is let through
+    /// exactly, and a key that is not a limiter's spoils only its own decisions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn decisions_asked_at_once_share_round_trips_and_stand_alone() {
+        let server = RedisServer::start();
+        server.cli(&["SET", "lh:rate:{bad}", "hello"]);
+        let limits = Leasehold::new(RedisStore::connect(&server.url()).await.unwrap());
+        server.cli(&["CONFIG", "RESETSTAT"]);
+        let (burst, tasks, rounds) = (50, 16, 25);
+        let names = ["a", "b", "c", "d"];
+        let mut handles = Vec::new();
+        for task in 0..tasks {
+            let name = if task == 0 { "bad" } else { names[task % 4] };
+            let limiter = limits
+                .rate_limiter(name, Rate::new(1, Duration::from_secs(3600)), burst)
+                .unwrap();
+            handles.push(tokio::spawn(async move {
+                let mut allowed = 0;
+                for _ in 0..rounds {
+                    match limiter.try_acquire(1).await {
+                        Ok(d) => allowed += d.allowed as u64,
+                        Err(e) => {
+                            assert!(
+                                matches!(e, Error::Corrupt { .. }) && name == "bad",
+                                "{name}: {e}"
+                            );
+                        }
+                    }
+                }
+                (name, allowed)
+            }));
+        }
+        let mut by_name = std::collections::HashMap::new();
+        for h in handles {
+            let (name, allowed) = within("every task", h).await.unwrap();
+            *by_name.entry(name).or_insert(0) += allowed;
+        }
+        for name in names {
+            assert_eq!(by_name[name], burst, "{name}: not exactly its burst");
+        }
+        let stats = server.cli(&["INFO", "commandstats"]);
+        let calls: u64 = (stats.lines())
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no EVALSHA in {stats}"));
+        let decisions = (tasks * rounds) as u64;
+        assert!(
+            calls < decisions,
+            "{calls} script calls for {decisions} decisions"
+        );
+    }
+
     #[tokio::test]
     async fn a_key_that_is_not_a_limiter_is_reported_as_unreadable() {
         let server = RedisServer::start();

@@ -3,11 +3,12 @@
 -- channel (the client's), wall (the client's clock, ms: display only), waiter_lease ms
 -- (how long a place in the queue lasts unless renewed), fresh (1: the first attempt of
 -- this acquisition, so not queued; else 0); in a transfer, released (the hold released
--- first) and waited (how long, ms, the request already waited in its process).
+-- first) and waited (how long, ms, the request already waited in its process); value
+-- (nil for none), kept with the hold it is granted (a re-entry keeps the holder's).
 -- Replies (reply.rs): reply.granted (token, holds, released) when granted;
 --   reply.busy when not (position 0: not queued, retry_in -1: no time; the holder in
 --   the way: owner, host, pid, token, acquired ms, lease_left ms, holds, kind, permits,
---   owner '' when none; released: 1 if transfer.lua released a hold first, else 0);
+--   value (false: none), owner '' when none; released: 1 if transfer.lua released a hold first, else 0);
 --   reply.conflict (code, kind, permits) when the lock rules refuse the request (code as
 --   Refusal::code in rules.rs; kind and permits of the holder or waiter it met).
 local lease, owner, kind, permits = req_lease, req_owner, req_kind, req_permits
@@ -56,7 +57,7 @@ for _, h in ipairs(holds()) do
   if h.o == owner then
     if h.k == 'shared' and kind == 'exclusive' then return refuse('upgrade', h) end
     add_hold(pack_hold({l = lease, o = owner, k = h.k, p = h.p, t = h.t, a = h.a, n = host,
-                        i = pid, e = expires, c = channel}), expires)
+                        i = pid, e = expires, c = channel, v = h.v}), expires)
     if remove_waiter(lease) then bumped = true end
     return granted(h.t, (holds_of(owner)))
   end
@@ -138,4 +139,5 @@ if retry_at >= 0 then retry_in = retry_at - now end
 local h = holder_reply(blocking_holder)
 return reply.busy{position = position, retry_in = retry_in, watermark = 0, owner = h.owner,
   host = h.host, pid = h.pid, token = h.token, acquired = h.acquired, lease_left = h.lease_left,
-  holds = h.holds, kind = h.kind, permits = h.permits, released = released_before}
+  holds = h.holds, kind = h.kind, permits = h.permits, value = h.value,
+  released = released_before}

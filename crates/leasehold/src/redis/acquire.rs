@@ -70,7 +70,10 @@ impl RedisStore {
             // hand-over) says how long, as a transfer's does; `released` empty (a
             // transfer names its released hold there) keeps it off the tail-only fast
             // path.
-            None if !req.waited.is_zero() => (Some(""), Some(waited)),
+            // A value is sent after both (nothing may follow a field not sent): so empty
+            // and 0, as if it had waited no time (which only keeps it off the tail-only
+            // fast path).
+            None if !req.waited.is_zero() || req.value.is_some() => (Some(""), Some(waited)),
             None => (None, None),
         };
         Acquire {
@@ -92,6 +95,7 @@ impl RedisStore {
             fresh,
             released,
             waited,
+            value: req.value.as_deref(),
         }
     }
 

@@ -8,11 +8,12 @@ if req_waited then arrived = now - req_waited end
 local mine_before = '\30' .. req_lease .. '\31' .. req_owner .. '\31' .. req_kind .. '\31' ..
   req_permits .. '\31'
 local mine_after = '\31' .. req_wall .. '\31' .. req_host .. '\31' .. req_pid .. '\31' ..
-  expires .. '\31' .. req_channel
+  expires .. '\31' .. req_channel .. (req_value and '\31' .. req_value or '')
 local function mine_waiter()
   return '\30' .. req_lease .. '\31' .. req_kind .. '\31' .. req_fair .. '\31' .. req_owner ..
     '\31' .. req_permits .. '\31' .. req_host .. '\31' .. req_pid .. '\31' .. arrived .. '\31' ..
-    req_channel .. '\31' .. req_ttl .. '\31' .. req_waiter_lease .. '\31' .. waiter_expires
+    req_channel .. '\31' .. req_ttl .. '\31' .. req_waiter_lease .. '\31' .. waiter_expires ..
+    (req_value and '\31' .. req_value or '')
 end
 
 -- A fair writer not yet queued (req_fresh says it cannot be: its first attempt; else
@@ -39,6 +40,6 @@ if req_fair == '1' and req_enqueue == '1' and req_kind == 'exclusive' and not re
     local left = tonumber(h.e) - now
     return reply.busy{position = q, retry_in = left, watermark = 0, owner = h.o, host = h.n,
       pid = h.i, token = h.t, acquired = h.a, lease_left = left, holds = 1, kind = h.k,
-      permits = h.p, released = released_before}
+      permits = h.p, value = h.v or false, released = released_before}
   end
 end

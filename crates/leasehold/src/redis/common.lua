@@ -82,7 +82,23 @@ local function remove_waiter(lease)
   return true
 end
 
--- Drop expired holds and waiters, when one can have expired.
+-- The holders as a watcher compares them (LockState::same_holders): owner, token and
+-- value of each, in order.
+local function holders_seen()
+  local seen, owners = {}, {}
+  for _, h in ipairs(holds()) do
+    if not owners[h.o] then
+      owners[h.o] = true
+      seen[#seen + 1] = h.o .. '\31' .. h.t .. '\31' .. (h.v and ('=' .. h.v) or '')
+    end
+  end
+  return table.concat(seen, '\30')
+end
+
+-- holders_seen() before this script changed anything, when anyone watches (else nil).
+local watched
+
+-- Drop expired holds, waiters and watchers, when one can have expired.
 local function prune()
   if H ~= '' and he <= now then
     local kept, first = {}, 0
@@ -115,6 +131,14 @@ local function prune()
       bumped = true
     end
     m, dirty = first, true
+  end
+  if V ~= '' then
+    local alive = {}
+    for entry, e in string.gmatch(V, '(\30[^\31]*\31[^\31]*\31(%d+))') do
+      if tonumber(e) > now then alive[#alive + 1] = entry end
+    end
+    local kept = table.concat(alive)
+    if kept ~= V then V, dirty = kept, true end
   end
 end
 
@@ -209,6 +233,9 @@ end
 -- calling client's) are returned instead, for it to deliver without a round trip.
 local function save(own_channel)
   if bumped and hand_over() then notify() end
+  if watched and V ~= '' and holders_seen() ~= watched then
+    for id, c in string.gmatch(V, '\30([^\31]*)\31([^\31]*)\31') do tell(c, id) end
+  end
   if dirty then write() end
   local own = ''
   for _, c in ipairs(channels) do
@@ -223,11 +250,12 @@ end
 local function holder_reply(h)
   if not h then
     return {owner = '', host = '', pid = 0, token = 0, acquired = 0, lease_left = 0, holds = 0,
-            kind = '', permits = 0}
+            kind = '', permits = 0, value = false}
   end
   local count, last = holds_of(h.o)
   return {owner = h.o, host = h.n, pid = h.i, token = h.t, acquired = h.a, lease_left = last - now,
-          holds = count, kind = h.k, permits = h.p}
+          holds = count, kind = h.k, permits = h.p, value = h.v or false}
 end
 
+if V ~= '' then watched = holders_seen() end
 prune()

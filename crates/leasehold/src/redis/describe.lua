@@ -1,14 +1,14 @@
 -- Describe. Reply: reply.state (now: the server's time, ms, as text; state: the lock as
 -- JSON: t last token (as text: cjson writes numbers with 14 digits, tokens have up to
--- 16), h holders (o owner, k kind, p permits, t token (text), a acquired ms, d holds:
--- {n host, i pid, e expiry ms}), w waiters in queue order (o, k, p, n, i, a since ms)).
+-- 16), h holders (o owner, k kind, p permits, t token (text), a acquired ms, v value if
+-- any, d holds: {n host, i pid, e expiry ms}), w waiters in queue order (o, k, p, n, i, a since ms)).
 -- state.rs reads the JSON.
 save()
 local holders, by_owner = {}, {}
 for _, h in ipairs(holds()) do
   local holder = by_owner[h.o]
   if not holder then
-    holder = {o = h.o, k = h.k, p = tonumber(h.p), t = h.t, a = tonumber(h.a), d = {}}
+    holder = {o = h.o, k = h.k, p = tonumber(h.p), t = h.t, a = tonumber(h.a), v = h.v, d = {}}
     by_owner[h.o] = holder
     holders[#holders + 1] = holder
   end

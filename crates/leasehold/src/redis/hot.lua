@@ -46,7 +46,9 @@ local function hot_of(lease)
   return value and string.find(value, lease .. '\31', 1, true) == 1
 end
 
-if (HOT == 'acquire' or HOT == 'transfer') and string.sub(req_rest, 1, 10) == 'exclusive\31' then
+-- (A request with a value, an election's, goes to the record: a hot hold has no room for it.)
+if (HOT == 'acquire' or HOT == 'transfer') and string.sub(req_rest, 1, 10) == 'exclusive\31'
+    and not req_value then
   local taken
   if HOT == 'acquire' then
     taken = redis.call('SET', hold_key, req_hold, 'NX', 'PX', req_ttl)

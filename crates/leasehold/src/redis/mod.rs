@@ -40,6 +40,15 @@
 //!   them in the queue; a release hands the lock to the next in the same script. A fair
 //!   task handed over takes its place in the queue by when it arrived in its process
 //!   (entries record arrival on the server's clock), so FIFO holds across processes.
+//! - Elections: a hold's value (an election leader's) is kept in the record, with the
+//!   hold and with the fair waiter it will be handed to; a request with a value never
+//!   takes the hot path, and one without adds nothing to it. `proclaim` rewrites the
+//!   holder's value in one script. A `watch` notes itself in the record's header (an
+//!   id, its client's channel, an expiry it refreshes every 5 s) and looks in the same
+//!   script; while a watcher is noted the record exists, so every call on the lock runs
+//!   a record script, which publishes the watcher's id when the holders (owner, token,
+//!   value) changed. A watch whose look fails (the server gone) returns the error; a
+//!   message lost costs at most the refresh.
 //!
 //! - A rate limiter `NAME` is one key, `lh:rate:{NAME}`: its theoretical arrival time
 //!   in microseconds of the server's clock. Each decision is one EVALSHA of
@@ -62,7 +71,10 @@
 //!   `noeviction`) could evict a held lock. Keep lock keys on a server that does not
 //!   evict.
 //! - Every client of one lock must use this key layout: a client of a release before it
-//!   (a lock as one key) does not see holds in the hold key.
+//!   (a lock as one key) does not see holds in the hold key. Nor can a client of a
+//!   release before elections read a lock with a value or a watcher in its record.
+//! - A value keeps its text, except the record's separators (`\x1d`-`\x1f`), which
+//!   read back as `?`, as in owners and host names.
 //! - A client that cannot reach Redis stops being able to renew: its guards fire `lost`
 //!   at their safe deadline. When Redis answers again within that deadline, renewal
 //!   resumes.
@@ -86,6 +98,7 @@ mod durability;
 mod errors;
 mod keys;
 mod lua;
+mod rate;
 mod reply;
 mod request;
 mod scripts;
@@ -139,6 +152,8 @@ struct Inner {
     caveat: Option<String>,
     channel: String,
     waiters: Arc<Waiters>,
+    /// Rate-limiter decisions waiting for a round trip.
+    rates: rate::RateCalls,
     _subscriber: AbortOnDropHandle<()>,
 }
 
@@ -265,6 +280,7 @@ impl RedisStore {
                 caveat: caveat_found,
                 channel,
                 waiters,
+                rates: Default::default(),
                 _subscriber: subscriber,
             }),
         })

@@ -1,37 +1,62 @@
--- One rate-limiter decision (GCRA). The same arithmetic as leasehold::store::gcra
--- (src/rate.rs), line for line; change both together.
--- KEYS[1]: the limiter's key, lh:rate:{NAME}: its theoretical arrival time (TAT), in µs
---   of the server's clock, as a whole number; it expires when the limiter is back to
---   full burst, so an idle limiter leaves nothing behind.
--- Request: req_interval_us, req_burst, req_units, req_max_wait_us (whole numbers; every
---   time here stays below 2^53 µs, exact in Lua's doubles).
--- Reply: reply.decision (allowed: 1 or 0, wait_us, remaining, reset_after_us); on a key
---   that is not a number, an error starting with LHCORRUPT.
+-- Rate-limiter decisions (GCRA), several in one call, in the order asked: tasks of one
+-- client that ask at once share a round trip, the clock read and each key's GET and SET.
+-- The arithmetic is that of leasehold::store::gcra (src/rate.rs), line for line; change
+-- both together.
+-- KEYS: the limiters' keys, lh:rate:{NAME}, each once: its theoretical arrival time
+--   (TAT), in µs of the server's clock, as a whole number; it expires when the limiter
+--   is back to full burst, so an idle limiter leaves nothing behind.
+-- ARGV: REQ_WIDTH arguments per decision; `read_request(i)` names those of the i-th
+--   (0-based) as locals: req_key (its key's index in KEYS), req_interval_us, req_burst,
+--   req_units, req_max_wait_us (whole numbers; every time here stays below 2^53 µs,
+--   exact in Lua's doubles).
+-- Reply: a list of reply.decision (allowed: 1 or 0, wait_us, remaining, reset_after_us),
+--   one per decision; allowed is -1 for a key that does not hold a time (its decision
+--   only: the others stand).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval, burst = tonumber(req_interval_us), tonumber(req_burst)
-local units, max_wait = tonumber(req_units), tonumber(req_max_wait_us)
-local tau = interval * burst
-local tat = now
-local kept = redis.call('GET', KEYS[1])
-if kept then
-  tat = tonumber(kept)
-  if not tat then
-    return redis.error_reply('LHCORRUPT ' .. KEYS[1] .. ' does not hold a time')
+local tats, corrupt, changed, out = {}, {}, {}, {}
+for i = 0, #ARGV / REQ_WIDTH - 1 do
+  read_request(i)
+  local k = tonumber(req_key)
+  local interval, burst = tonumber(req_interval_us), tonumber(req_burst)
+  local units, max_wait = tonumber(req_units), tonumber(req_max_wait_us)
+  if tats[k] == nil and not corrupt[k] then
+    -- pcall: a key of another type (WRONGTYPE) spoils its own decisions only.
+    local kept = redis.pcall('GET', KEYS[k])
+    tats[k] = now
+    if type(kept) == 'table' then
+      corrupt[k] = true
+    elseif kept then
+      local read = tonumber(kept)
+      if read then tats[k] = read else corrupt[k] = true end
+    end
   end
-  if tat < now then tat = now end
+  if corrupt[k] then
+    out[#out + 1] = reply.decision{allowed = -1, wait_us = 0, remaining = 0, reset_after_us = 0}
+  else
+    local tau = interval * burst
+    local tat = tats[k]
+    if tat < now then tat = now end
+    local new_tat = tat + units * interval
+    local wait = new_tat - now - tau
+    if wait < 0 then wait = 0 end
+    local function left(at)
+      local room = now + tau - at
+      if room <= 0 then return 0 end
+      return math.floor(room / interval)
+    end
+    if wait <= max_wait then
+      tats[k], changed[k] = new_tat, true
+      out[#out + 1] = reply.decision{allowed = 1, wait_us = wait, remaining = left(new_tat),
+        reset_after_us = new_tat - now}
+    else
+      out[#out + 1] = reply.decision{allowed = 0, wait_us = wait, remaining = left(tat),
+        reset_after_us = tat - now}
+    end
+  end
 end
-local new_tat = tat + units * interval
-local wait = new_tat - now - tau
-if wait < 0 then wait = 0 end
-local function left(at)
-  local room = now + tau - at
-  if room <= 0 then return 0 end
-  return math.floor(room / interval)
+for k in pairs(changed) do
+  local tat = tats[k]
+  redis.call('SET', KEYS[k], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000))
 end
-if wait <= max_wait then
-  redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000))
-  return reply.decision{allowed = 1, wait_us = wait, remaining = left(new_tat),
-    reset_after_us = new_tat - now}
-end
-return reply.decision{allowed = 0, wait_us = wait, remaining = left(tat), reset_after_us = tat - now}
+return out

@@ -13,15 +13,20 @@
 --           queued, m and he: no waiter lease (m) or hold (he) ends before this, in ms
 --           (lower bounds, 0 when there is none: expired entries are looked for only
 --           when one can be), skip: how many bytes at the start of WAITERS are waiters
---           already served (see release_fast.lua)
+--           already served (see release_fast.lua); then V, the watchers (watch.lua),
+--           usually none: each \30 id \31 client channel \31 expiry ms. A watcher keeps
+--           the record (so the hold key is MARKER and every call comes to the record,
+--           which tells the watchers when the holders change: save in common.lua).
 --   hold    l lease, o owner, k kind, p permits, t token, a acquired ms (the client's
---           wall clock, for display only), n host, i pid, e expiry ms, c client channel.
---           A holder is the holds of one owner (more than one after re-entry), which
---           share its kind, permits, token and acquired time.
+--           wall clock, for display only), n host, i pid, e expiry ms, c client channel,
+--           and v the holder's value only if it has one (an election's: \31 v). A
+--           holder is the holds of one owner (more than one after re-entry), which
+--           share its kind, permits, token, acquired time and value.
 --   waiter  l lease, k kind, f fair (0|1), o owner, p permits, n host, i pid, a arrived
 --           ms (server time; earlier than its request for a task that first waited in
 --           its process), c client channel, x lease ttl ms, y waiter lease ms, e waiter
---           lease expiry ms. In arrival order, the head first.
+--           lease expiry ms, and v the value it will hold with, if any (\31 v). In
+--           arrival order, the head first.
 -- Every call and step costs in Redis's Lua, a string-to-number conversion or a format as
 -- much as a dozen steps: so holds and waiters stay strings, found by their lease, and a
 -- script parses only the entries it needs (one pattern match each), keeps fields as
@@ -30,26 +35,40 @@
 
 local function pack_hold(h)
   return '\30' .. h.l .. '\31' .. h.o .. '\31' .. h.k .. '\31' .. h.p .. '\31' .. h.t .. '\31' ..
-    h.a .. '\31' .. h.n .. '\31' .. h.i .. '\31' .. h.e .. '\31' .. h.c
+    h.a .. '\31' .. h.n .. '\31' .. h.i .. '\31' .. h.e .. '\31' .. h.c .. (h.v and '\31' .. h.v or '')
 end
 
 local function pack_waiter(w)
   return '\30' .. w.l .. '\31' .. w.k .. '\31' .. w.f .. '\31' .. w.o .. '\31' .. w.p .. '\31' ..
-    w.n .. '\31' .. w.i .. '\31' .. w.a .. '\31' .. w.c .. '\31' .. w.x .. '\31' .. w.y .. '\31' .. w.e
+    w.n .. '\31' .. w.i .. '\31' .. w.a .. '\31' .. w.c .. '\31' .. w.x .. '\31' .. w.y .. '\31' .. w.e ..
+    (w.v and '\31' .. w.v or '')
+end
+
+-- An entry's last field as matched, split from the value after it (nil: none), which
+-- pack_hold and pack_waiter write only when there is one.
+local function unpack_value(last)
+  local s = last and string.find(last, '\31', 1, true)
+  if not s then return last, nil end
+  return string.sub(last, 1, s - 1), string.sub(last, s + 1)
 end
 
 -- ts: the last token, as written; the other header fields as numbers. W, the queue, is
 -- taken out of `raw` (from `w0`, after `skip` bytes of waiters already served) by
 -- common.lua: a fast path has no need to, and every new string costs Lua a pass over
 -- all its bytes (hashing), which counts for a queue.
-local ts, q, m, he, skip, H, W, w0 = '0', 0, 0, 0, 0, '', '', 1
+local ts, q, m, he, skip, H, W, w0, V = '0', 0, 0, 0, 0, '', '', 1, ''
 local dirty = false
 -- Whether the header read has the fixed width that header() writes.
 local fixed = false
 if raw then
   local qs, ms, hs, ks, i
-  ts, qs, ms, hs, ks, i = string.match(raw,
-    '^ *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)\29()')
+  local header_pattern = '^ *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)\31 *(%d+)([^\29]*)\29()'
+  ts, qs, ms, hs, ks, V, i = string.match(raw, header_pattern)
+  if not ts and not complete then
+    -- Watchers past the part read at first.
+    whole()
+    ts, qs, ms, hs, ks, V, i = string.match(raw, header_pattern)
+  end
   if ts then
     local j = string.find(raw, '\29', i, true)
     if not j then
@@ -61,6 +80,7 @@ if raw then
     if H ~= '' then he = tonumber(hs) end
   else
     -- A record of the earlier MessagePack format: keep its token and holds.
+    V = ''
     whole()
     local old = cmsgpack.unpack(raw)
     ts, dirty = string.format('%d', old.t), true
@@ -78,7 +98,7 @@ end
 -- any other, and the record and MARKER are written only if the script writes (so a
 -- look at a hot hold leaves it hot). The counter has the last token then.
 local hold_value = MARKER
-if H == '' and q == 0 then
+if H == '' and q == 0 and V == '' then
   local got = redis.call('MGET', hold_key, token_key)
   hold_value = got[1]
   if got[2] and tonumber(got[2]) > tonumber(ts) then ts = got[2] end
@@ -97,18 +117,18 @@ local bumped = false
 -- Set by transfer when the hold it hands over was still held; ends acquire replies.
 local released_before = 0
 
--- The header, of fixed width (so that a waiter can be queued by rewriting only it and
--- appending its entry: see acquire_fast.lua).
+-- The header, of fixed width while nobody watches (so that a waiter can be queued by
+-- rewriting only it and appending its entry: see acquire_fast.lua).
 local function header()
-  return string.format('%20s\31%8s\31%13s\31%13s\31%8s\29', ts, q, m, he, skip)
+  return string.format('%20s\31%8s\31%13s\31%13s\31%8s', ts, q, m, he, skip) .. V .. '\29'
 end
 
 -- Writes the whole record (W, the queue, without the waiters already served), and keeps
--- the hold key to it: MARKER while the record holds anything. An empty record goes,
--- with the hold key, and gives its last token back to the counter.
+-- the hold key to it: MARKER while the record holds anything (a watcher too). An empty
+-- record goes, with the hold key, and gives its last token back to the counter.
 local function write()
   skip = 0
-  if H == '' and q == 0 then
+  if H == '' and q == 0 and V == '' then
     redis.call('DEL', key, hold_key)
     redis.call('SET', token_key, ts)
     hold_value = false
@@ -144,7 +164,8 @@ end
 local function hold_at(i)
   local l, o, k, p, t, a, n, pid, e, c, next = string.match(H,
     '^\30([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\30]*)()', i)
-  return {l = l, o = o, k = k, p = p, t = t, a = a, n = n, i = pid, e = e, c = c}, next
+  local c, v = unpack_value(c)
+  return {l = l, o = o, k = k, p = p, t = t, a = a, n = n, i = pid, e = e, c = c, v = v}, next
 end
 
 -- The waiter whose entry starts at `s` in `str`: its fields (strings), and where the
@@ -152,8 +173,9 @@ end
 local function waiter_in(str, s)
   local l, k, f, o, p, n, pid, a, c, x, y, e, next = string.match(str,
     '^\30([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\30\29]*)()', s)
+  local e, v = unpack_value(e)
   return {l = l, k = k, f = f, o = o, p = p, n = n, i = pid, a = a, c = c, x = x, y = y,
-          e = e}, next
+          e = e, v = v}, next
 end
 
 -- Hands the lock to the fair waiter `w`: a new token and a hold that lasts what is left
@@ -163,5 +185,5 @@ end
 local function handed(w)
   local t, e = next_token(), tonumber(w.e)
   return pack_hold({l = w.l, o = w.o, k = w.k, p = w.p, t = t, a = now, n = w.n, i = w.i,
-                    e = e, c = w.c}), e, w.l .. '=' .. t .. ':' .. (e - now)
+                    e = e, c = w.c, v = w.v}), e, w.l .. '=' .. t .. ':' .. (e - now)
 end

@@ -1,6 +1,7 @@
 -- Release, fast path, when ours is the only hold (unexpired), waiters are queued and no
--- waiter's lease can have ended (with nobody waiting, hot.lua served it).
-if only_hold(req_lease) and q > 0 and m > now and not dirty then
+-- waiter's lease can have ended (with nobody waiting, hot.lua served it), and nobody
+-- watches (watchers are told of a hand-over by save in common.lua).
+if only_hold(req_lease) and q > 0 and m > now and not dirty and V == '' then
   -- The head of the queue is a fair writer: hand the lock over, as hand_over in
   -- common.lua would. Its entry must be whole in what was read.
   local head = w0 + skip

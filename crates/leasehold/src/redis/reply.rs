@@ -44,7 +44,8 @@ pub(super) const GRANTED: Shape = Shape {
 
 /// An acquire not granted: the place in the queue (0: not queued), when to look again
 /// (ms, -1: no time), the watermark, the holder in the way (owner `''` when none: the
-/// others are then 0 or `''`), and `released` as in [`GRANTED`].
+/// others are then 0 or `''`; its value nil when it has none), and `released` as in
+/// [`GRANTED`].
 pub(super) const BUSY: Shape = Shape {
     name: "busy",
     form: Form::Tagged(0),
@@ -61,6 +62,7 @@ pub(super) const BUSY: Shape = Shape {
         "holds",
         "kind",
         "permits",
+        "value",
         "released",
     ],
 };
@@ -270,7 +272,10 @@ fn busy(fields: &Fields<'_>) -> Result<Busy> {
             holds: fields.int("holds")? as u32,
             kind: kind(&fields.text("kind")?, fields.int("permits")?)
                 .ok_or_else(|| fields.not("kind", "a kind"))?,
-            value: None, // TODO(election): the hold's value
+            value: match fields.get("value") {
+                Value::Nil => None,
+                _ => Some(fields.text("value")?),
+            },
         }),
     };
     let (position, retry_in) = (fields.int("position")?, fields.int("retry_in")?);
@@ -357,16 +362,27 @@ impl StateReply {
     }
 }
 
-/// What rate.lua answered ([`DECISION`]).
-pub(super) fn decision(reply: &Value) -> Result<RateDecision> {
+/// What rate.lua answered: a decision per request, in the order asked ([`DECISION`]
+/// each), `None` for one whose key does not hold a time.
+pub(super) fn decisions(reply: &Value) -> Result<Vec<Option<RateDecision>>> {
+    let Value::Array(items) = reply else {
+        return Err(malformed(&DECISION, reply, "not a list of decisions"));
+    };
+    items.iter().map(decision).collect()
+}
+
+fn decision(reply: &Value) -> Result<Option<RateDecision>> {
     let fields = Fields::read(&DECISION, reply)?;
+    if fields.int("allowed")? == -1 {
+        return Ok(None);
+    }
     let us = |v: i64| Duration::from_micros(v.max(0) as u64);
-    Ok(RateDecision {
+    Ok(Some(RateDecision {
         allowed: fields.flag("allowed")?,
         wait: us(fields.int("wait_us")?),
         remaining: fields.int("remaining")?.max(0) as u64,
         reset_after: us(fields.int("reset_after_us")?),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -405,6 +421,7 @@ mod tests {
             ("holds", Value::Int(2)),
             ("kind", bulk("permit")),
             ("permits", bulk("3")),
+            ("value", Value::Nil),
             ("released", Value::Int(1)),
         ];
         for (name, value) in changed {
@@ -450,6 +467,14 @@ mod tests {
         assert_eq!(holder.kind, LockKind::Permit { permits: 3 });
         assert_eq!(holder.since, since(1_700_000_000_000));
         assert_eq!((holder.lease_left.as_millis(), holder.holds), (1500, 2));
+        assert_eq!(holder.value, None);
+        for value in ["10.0.0.7:80", ""] {
+            let reply = self::busy(&[("value", bulk(value))]);
+            let Outcome::Busy(read) = AcquireReply::decode(&reply, false).unwrap().outcome else {
+                panic!("granted");
+            };
+            assert_eq!(read.holder.unwrap().value.as_deref(), Some(value));
+        }
     }
 
     #[test]
@@ -481,6 +506,7 @@ mod tests {
             busy(&[("pid", bulk("eight"))]),
             busy(&[("kind", bulk("reading"))]),
             busy(&[("released", Value::Int(2))]),
+            busy(&[("value", Value::Array(vec![]))]),
             granted(Value::Nil, 0),
             changed(granted(Value::Int(7), 1), |items| items[0] = Value::Int(2)),
             bulk("OK"),
@@ -546,7 +572,12 @@ mod tests {
             remaining: 99,
             reset_after: Duration::from_millis(10),
         };
-        assert_eq!(decision(&sent(&DECISION, &numbers)).unwrap(), expected);
-        assert!(decision(&Value::Array(vec![Value::Int(1)])).is_err());
+        let one = sent(&DECISION, &numbers);
+        let mut corrupt = numbers.clone();
+        corrupt[0].1 = Value::Int(-1);
+        let both = Value::Array(vec![one, sent(&DECISION, &corrupt)]);
+        assert_eq!(decisions(&both).unwrap(), [Some(expected), None]);
+        assert!(decisions(&Value::Array(vec![Value::Int(1)])).is_err());
+        assert!(decisions(&Value::Int(1)).is_err());
     }
 }

@@ -103,11 +103,14 @@ pub(super) struct Acquire<'a> {
     pub(super) released: Option<&'a str>,
     /// How long the request already waited in its process, ms.
     pub(super) waited: Option<u64>,
+    /// Kept with the hold granted (an election's); sent only when there is one, after
+    /// `released` and `waited` (see acquire.rs).
+    pub(super) value: Option<&'a str>,
 }
 
 impl<'a> Acquire<'a> {
     /// The fields in the order they are sent.
-    pub(super) fn fields(&self) -> [Field<'a>; 15] {
+    pub(super) fn fields(&self) -> [Field<'a>; 16] {
         use Value::*;
         [
             // `hold`: the value of a hot hold, which hot.lua stores as it came.
@@ -127,6 +130,7 @@ impl<'a> Acquire<'a> {
             Field::packed("rest", "fresh", Fresh(self.fresh)),
             Field::own("released", self.released.map_or(Absent, Text)),
             Field::own("waited", self.waited.map_or(Absent, Num)),
+            Field::own("value", self.value.map_or(Absent, Text)),
         ]
     }
 }
@@ -167,6 +171,45 @@ impl<'a> Release<'a> {
     }
 }
 
+/// A new value for the holder of a hold (proclaim.lua).
+#[derive(Debug, Default)]
+pub(super) struct Proclaim<'a> {
+    pub(super) lease: &'a str,
+    pub(super) value: &'a str,
+}
+
+impl<'a> Proclaim<'a> {
+    /// The fields in the order they are sent.
+    pub(super) fn fields(&self) -> [Field<'a>; 2] {
+        [
+            Field::own("lease", Value::Text(self.lease)),
+            Field::own("value", Value::Text(self.value)),
+        ]
+    }
+}
+
+/// A watcher noted, refreshed or (`ttl` 0) removed, and a look at the lock (watch.lua).
+#[derive(Debug, Default)]
+pub(super) struct Watch<'a> {
+    /// The watcher, as the messages that wake it name it.
+    pub(super) id: &'a str,
+    /// This client's wake-up channel.
+    pub(super) channel: &'a str,
+    /// How long the entry lasts unless refreshed, ms.
+    pub(super) ttl: u64,
+}
+
+impl<'a> Watch<'a> {
+    /// The fields in the order they are sent.
+    pub(super) fn fields(&self) -> [Field<'a>; 3] {
+        [
+            Field::own("id", Value::Text(self.id)),
+            Field::own("channel", Value::Text(self.channel)),
+            Field::own("ttl", Value::Num(self.ttl)),
+        ]
+    }
+}
+
 /// Whether a hold is still there (held.lua).
 #[derive(Debug, Default)]
 pub(super) struct Held<'a> {
@@ -183,6 +226,8 @@ impl<'a> Held<'a> {
 /// One rate-limiter decision (rate.lua): whole numbers, in µs where they are times.
 #[derive(Debug, Default)]
 pub(super) struct Rate {
+    /// The limiter's key: its index in the call's KEYS (1-based).
+    pub(super) key: u64,
     pub(super) interval_us: u64,
     pub(super) burst: u64,
     pub(super) units: u64,
@@ -191,9 +236,10 @@ pub(super) struct Rate {
 
 impl Rate {
     /// The fields in the order they are sent.
-    pub(super) fn fields(&self) -> [Field<'static>; 4] {
+    pub(super) fn fields(&self) -> [Field<'static>; 5] {
         use Value::Num;
         [
+            Field::own("key", Num(self.key)),
             Field::own("interval_us", Num(self.interval_us)),
             Field::own("burst", Num(self.burst)),
             Field::own("units", Num(self.units)),
@@ -265,6 +311,8 @@ mod tests {
             ("renew", Renew::default().fields().to_vec()),
             ("release", Release::default().fields().to_vec()),
             ("held", Held::default().fields().to_vec()),
+            ("proclaim", Proclaim::default().fields().to_vec()),
+            ("watch", Watch::default().fields().to_vec()),
             ("rate", Rate::default().fields().to_vec()),
         ]
     }
@@ -343,6 +391,7 @@ mod tests {
             fresh: true,
             released: None,
             waited: None,
+            value: None,
         };
         let hold = "L\x1fo?wn?er\x1f17\x1fh\x1f42\x1flh:client:c";
         let rest = |fresh| format!("exclusive\x1f0\x1f1\x1f0\x1f4000\x1f{fresh}");
@@ -358,6 +407,9 @@ mod tests {
         acquire.released = Some("");
         let sent = packed(&acquire.fields(), false);
         assert_eq!(&sent[3..], ["", "250"]);
+        acquire.value = Some("10.0.0.7:80\x1e");
+        let sent = packed(&acquire.fields(), false);
+        assert_eq!(&sent[3..], ["", "250", "10.0.0.7:80?"]);
     }
 
     #[test]

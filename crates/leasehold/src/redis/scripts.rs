@@ -19,7 +19,7 @@ use redis::Script;
 use super::keys::push_key;
 use super::lua;
 use super::reply::{Shape, BUSY, CONFLICT, DECISION, GRANTED, RELEASE, STATE};
-use super::request::{self, Acquire, Field, Held, Rate, Release, Renew};
+use super::request::{self, Acquire, Field, Held, Proclaim, Rate, Release, Renew, Watch};
 use super::{Conn, RedisStore};
 use crate::{LockName, Result};
 
@@ -31,6 +31,8 @@ pub(super) struct Scripts {
     pub(super) force: Script,
     pub(super) held: Script,
     pub(super) describe: Script,
+    pub(super) proclaim: Script,
+    pub(super) watch: Script,
     pub(super) rate: Script,
 }
 
@@ -121,9 +123,24 @@ pub(super) fn scripts() -> &'static Scripts {
                 include_str!("held.lua"),
             ),
             describe: plain(None, &[], &[&STATE], include_str!("describe.lua")),
+            proclaim: plain(
+                None,
+                &Proclaim::default().fields(),
+                &[],
+                include_str!("proclaim.lua"),
+            ),
+            watch: LockScript {
+                hot: None,
+                prefix: None,
+                request: &Watch::default().fields(),
+                replies: &[&STATE],
+                fast: &[],
+                own: &[include_str!("watch.lua"), include_str!("describe.lua")],
+            }
+            .script(),
             // Alone: a limiter's decision needs none of the locks' code.
             rate: Script::new(&lua::replies(
-                &(lua::request_arguments(&Rate::default().fields()) + include_str!("rate.lua")),
+                &(lua::repeated_request(&Rate::default().fields()) + include_str!("rate.lua")),
                 &[&DECISION],
             )),
         }

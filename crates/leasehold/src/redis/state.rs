@@ -50,6 +50,9 @@ struct Holder {
     acquired: f64,
     #[serde(rename = "d", deserialize_with = "lenient_list")]
     holds: Vec<Hold>,
+    /// What the holder published, if anything (an election's).
+    #[serde(rename = "v", default)]
+    value: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -127,7 +130,7 @@ impl State {
                             (expires.unwrap_or(0) - now).max(0) as u64
                         ),
                         holds: h.holds.len() as u32,
-                        value: None, // TODO(election): the hold's value
+                        value: h.value.clone(),
                     })
                 })
                 .collect(),

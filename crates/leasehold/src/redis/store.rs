@@ -8,15 +8,15 @@ use redis::Value;
 
 use super::durability::cluster_masters;
 use super::errors::failed;
-use super::keys::{key, key_escape, key_unescape, push_rate_key};
-use super::reply::{self, ReleaseReply, StateReply};
-use super::request::{self, Held, Release, Renew};
+use super::keys::{key, key_escape, key_unescape};
+use super::reply::{ReleaseReply, StateReply};
+use super::request::{Held, Proclaim, Release, Renew, Watch};
 use super::scripts::scripts;
 use super::state::State;
 use super::{Conn, RedisStore};
 use crate::store::{
-    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, RateRequest,
-    Released, Renewal, Store, Watermark,
+    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LeaseId, LockState,
+    RateRequest, Released, Renewal, Store, Watermark,
 };
 use crate::{Error, FencingToken, LockName, Locked, RateDecision, Result};
 
@@ -105,15 +105,41 @@ impl Store for RedisStore {
         }
     }
 
+    async fn proclaim(&self, lease: &Lease, value: &str) -> Result<Renewal> {
+        let request = Proclaim {
+            lease: lease.id.as_str(),
+            value,
+        };
+        let done: i64 = (self.run(&scripts().proclaim, &lease.name, &request.fields())).await?;
+        Ok(if done == 1 {
+            Renewal::Renewed
+        } else {
+            Renewal::Lost
+        })
+    }
+
+    /// Notes a watcher in the lock's record and looks, in one script; then waits for a
+    /// message naming it (scripts that change the holders publish one), a resubscription,
+    /// or the time to refresh the entry, and looks again. A look that fails (the server
+    /// is away) is the error.
+    async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
+        let watcher = Watcher::new(self, name);
+        loop {
+            // Registered before the look: a message that comes after it is kept.
+            let state = self.watching(name, &watcher.id, WATCHER_TTL).await?;
+            if !state.same_holders(seen) {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = watcher.slot.wake.notified() => {}
+                _ = tokio::time::sleep(WATCHER_TTL / 3) => {}
+            }
+        }
+    }
+
     async fn describe(&self, name: &LockName) -> Result<LockState> {
         let reply: Value = self.run(&scripts().describe, name, &[]).await?;
-        let reply = StateReply::decode(&reply)?;
-        let state = State::read(&reply).map_err(|e| Error::Corrupt {
-            store: self.inner.shown.clone(),
-            name: name.to_string(),
-            reason: format!("key {} does not hold a leasehold record ({e})", key(name)),
-        })?;
-        Ok(state.shown(name, reply.now))
+        self.state(name, &reply)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
@@ -163,44 +189,75 @@ impl Store for RedisStore {
 
     /// `rate.lua`: one EVALSHA, one round trip, on the server's clock.
     async fn rate(&self, req: &RateRequest) -> Result<RateDecision> {
-        let mut key = String::with_capacity(req.name.as_str().len() + 12);
-        push_rate_key(&mut key, &req.name);
-        let script = &scripts().rate;
-        let request = request::Rate {
-            interval_us: req.limit.interval_us(),
-            burst: req.limit.burst(),
-            units: req.units,
-            max_wait_us: req.max_wait_us,
-        };
-        let command = |resent| {
-            let mut cmd = redis::Cmd::with_capacity(8, 128);
-            cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(&key);
-            request::pack(&request.fields(), &mut cmd, &mut String::new(), resent);
-            cmd
-        };
-        // A call sent again after a dropped connection whose first send took effect too
-        // counts its units twice: the limiter lets fewer through, never more.
-        let reply: Value = match self.send(script, command).await {
-            Ok(reply) => reply,
-            Err(e) => {
-                let text = e.to_string();
-                if text.contains("LHCORRUPT") || text.contains("WRONGTYPE") {
-                    return Err(Error::Corrupt {
-                        store: self.inner.shown.clone(),
-                        name: req.name.to_string(),
-                        reason: format!(
-                            "{key} does not hold a rate limiter's time ({text}); delete it to start the limiter afresh (at full burst)"
-                        ),
-                    });
+        self.rate_decision(req).await
+    }
+}
+
+/// How long a watcher's entry lasts unless refreshed (a third of it): what a client that
+/// dies while watching leaves behind.
+const WATCHER_TTL: Duration = Duration::from_secs(15);
+
+/// One [`Store::watch`] call: its entry in the lock's record and its slot among the
+/// client's waiters, both removed when it ends (the entry by a spawned script run, as
+/// a cancelled call cannot wait for one; it expires anyway).
+struct Watcher {
+    store: RedisStore,
+    name: LockName,
+    id: LeaseId,
+    slot: std::sync::Arc<super::waker::Slot>,
+}
+
+impl Watcher {
+    fn new(store: &RedisStore, name: &LockName) -> Self {
+        // Not a lease id (32 hex digits), nor a message's separator (`,` `=` `!`).
+        let id = LeaseId::from(format!("watch:{}", LeaseId::random().as_str()).as_str());
+        let slot = store.inner.waiters.register(&id);
+        Watcher {
+            store: store.clone(),
+            name: name.clone(),
+            id,
+            slot,
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.store.inner.waiters.forget(self.id.as_str());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, name, id) = (self.store.clone(), self.name.clone(), self.id.clone());
+            runtime.spawn(async move {
+                if let Err(error) = store.watching(&name, &id, Duration::ZERO).await {
+                    tracing::debug!(%error, "a watcher's entry is left to expire");
                 }
-                return Err(failed(&self.inner.shown, e));
-            }
-        };
-        reply::decision(&reply)
+            });
+        }
     }
 }
 
 impl RedisStore {
+    /// The lock after watch.lua has noted the watcher `id` for `ttl` (removed it: zero).
+    async fn watching(&self, name: &LockName, id: &LeaseId, ttl: Duration) -> Result<LockState> {
+        let request = Watch {
+            id: id.as_str(),
+            channel: &self.inner.channel,
+            ttl: ttl.as_millis() as u64,
+        };
+        let reply: Value = (self.run(&scripts().watch, name, &request.fields())).await?;
+        self.state(name, &reply)
+    }
+
+    /// The lock as describe.lua's `reply` shows it.
+    fn state(&self, name: &LockName, reply: &Value) -> Result<LockState> {
+        let reply = StateReply::decode(reply)?;
+        let state = State::read(&reply).map_err(|e| Error::Corrupt {
+            store: self.inner.shown.clone(),
+            name: name.to_string(),
+            reason: format!("key {} does not hold a leasehold record ({e})", key(name)),
+        })?;
+        Ok(state.shown(name, reply.now))
+    }
+
     /// Every key of ours that matches `pattern`, from each master when clustered.
     async fn scan(&self, pattern: &str) -> Result<Vec<String>> {
         let unavailable = |e: redis::RedisError| failed(&self.inner.shown, e);

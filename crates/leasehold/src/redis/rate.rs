@@ -1,0 +1,230 @@
+//! Rate-limiter decisions, several to a round trip. A decision asked while
+//! [`IN_FLIGHT`] calls are already on their way waits, with whatever else is asked
+//! meanwhile, for the next call: tasks hammering limiters then share the round trip, the
+//! script's fixed cost and each key's GET and SET (rate.lua decides them in the order
+//! asked). A decision asked when the line is free goes at once, alone.
+//!
+//! The calls are sent from spawned tasks, never from the caller's future, so a caller
+//! that gives up cannot strand the decisions that rode with it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use super::keys::push_rate_key;
+use super::request::{self, Rate};
+use super::scripts::scripts;
+use super::{errors::failed, reply, Conn, RedisStore};
+use crate::store::RateRequest;
+use crate::{Error, RateDecision, Result};
+
+/// Calls of one line on their way at once: two, so the next batch forms and is sent
+/// while the server answers the last.
+const IN_FLIGHT: usize = 2;
+/// Decisions in one call at most.
+const MOST: usize = 128;
+
+/// The waiting decisions, by line: one for a server; on a cluster, one per key (a
+/// script's keys must share a slot).
+#[derive(Default)]
+pub(super) struct RateCalls(Mutex<HashMap<String, Line>>);
+
+#[derive(Default)]
+struct Line {
+    waiting: Vec<Asked>,
+    in_flight: usize,
+}
+
+struct Asked {
+    key: String,
+    name: String,
+    request: Rate,
+    answer: oneshot::Sender<Result<RateDecision>>,
+}
+
+impl RedisStore {
+    /// One decision, through its line.
+    pub(super) async fn rate_decision(&self, req: &RateRequest) -> Result<RateDecision> {
+        let mut key = String::with_capacity(req.name.as_str().len() + 12);
+        push_rate_key(&mut key, &req.name);
+        let line = match self.inner.conn {
+            Conn::Single(_) => String::new(),
+            Conn::Cluster(..) => key.clone(),
+        };
+        let (answer, answered) = oneshot::channel();
+        let asked = Asked {
+            key,
+            name: req.name.to_string(),
+            request: Rate {
+                key: 0,
+                interval_us: req.limit.interval_us(),
+                burst: req.limit.burst(),
+                units: req.units,
+                max_wait_us: req.max_wait_us,
+            },
+            answer,
+        };
+        let batch = {
+            let mut lines = self.inner.rates.0.lock().unwrap_or_else(|e| e.into_inner());
+            let waiting = lines.entry(line.clone()).or_default();
+            waiting.waiting.push(asked);
+            take_turn(waiting)
+        };
+        if let Some(batch) = batch {
+            tokio::spawn(self.clone().send_line(line, batch));
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(Error::Internal(
+                "a rate decision was dropped on its way (its runtime ended)".into(),
+            ))
+        })
+    }
+
+    /// Sends `batch`, then what waits on `line`, until nothing does.
+    async fn send_line(self, line: String, mut batch: Vec<Asked>) {
+        let mut turn = Turn {
+            store: &self,
+            line: &line,
+            done: false,
+        };
+        loop {
+            self.send_batch(batch).await;
+            let mut lines = self.inner.rates.0.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(waiting) = lines.get_mut(&line) else {
+                break;
+            };
+            if waiting.waiting.is_empty() {
+                waiting.in_flight -= 1;
+                if waiting.in_flight == 0 {
+                    lines.remove(&line);
+                }
+                turn.done = true;
+                return;
+            }
+            let n = waiting.waiting.len().min(MOST);
+            batch = waiting.waiting.drain(..n).collect();
+        }
+    }
+
+    /// One rate.lua call for `batch`, each decision to its asker.
+    async fn send_batch(&self, mut batch: Vec<Asked>) {
+        // KEYS: each key once, in the order first asked.
+        let mut keys: Vec<&str> = Vec::new();
+        let mut indices = Vec::with_capacity(batch.len());
+        for asked in &batch {
+            let index = match keys.iter().position(|k| *k == asked.key) {
+                Some(i) => i,
+                None => {
+                    keys.push(&asked.key);
+                    keys.len() - 1
+                }
+            };
+            indices.push(index as u64 + 1);
+        }
+        let script = &scripts().rate;
+        let command = |resent| {
+            let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + 5 * batch.len(), 256);
+            cmd.arg("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(&keys);
+            let mut buf = String::new();
+            for (asked, &key) in batch.iter().zip(&indices) {
+                let fields = Rate {
+                    key,
+                    ..asked.request
+                }
+                .fields();
+                request::pack(&fields, &mut cmd, &mut buf, resent);
+            }
+            cmd
+        };
+        // A call sent again after a dropped connection whose first send took effect too
+        // counts its units twice: the limiter lets fewer through, never more.
+        let answers = match self.send(script, command).await {
+            Ok(reply) => reply::decisions(&reply).and_then(|d| match d.len() == batch.len() {
+                true => Ok(d),
+                false => Err(Error::Internal(format!(
+                    "rate.lua answered {} decisions for {} asked",
+                    d.len(),
+                    batch.len()
+                ))),
+            }),
+            Err(e) => Err(failed(&self.inner.shown, e)),
+        };
+        match answers {
+            Ok(answers) => {
+                for (asked, answer) in batch.drain(..).zip(answers) {
+                    let answer = answer.ok_or_else(|| self.corrupt(&asked));
+                    let _ = asked.answer.send(answer);
+                }
+            }
+            Err(e) => {
+                for asked in batch.drain(..) {
+                    let _ = asked.answer.send(Err(copy(&e, &self.inner.shown)));
+                }
+            }
+        }
+    }
+
+    fn corrupt(&self, asked: &Asked) -> Error {
+        Error::Corrupt {
+            store: self.inner.shown.clone(),
+            name: asked.name.clone(),
+            reason: format!(
+                "{} does not hold a rate limiter's time; delete it to start the limiter afresh (at full burst)",
+                asked.key
+            ),
+        }
+    }
+}
+
+/// The batch to send now, if the line has room for another call.
+fn take_turn(line: &mut Line) -> Option<Vec<Asked>> {
+    if line.in_flight >= IN_FLIGHT {
+        return None;
+    }
+    line.in_flight += 1;
+    let n = line.waiting.len().min(MOST);
+    Some(line.waiting.drain(..n).collect())
+}
+
+/// The same error for each decision of a failed call (errors are not `Clone`).
+fn copy(e: &Error, store: &str) -> Error {
+    match e {
+        Error::Unavailable { .. } => Error::Unavailable {
+            store: store.to_string(),
+            source: e.to_string().into(),
+        },
+        Error::Config { reason, .. } => Error::Config {
+            store: store.to_string(),
+            reason: reason.clone(),
+        },
+        other => Error::Internal(other.to_string()),
+    }
+}
+
+/// A line's sending task. Dropped before it is done (its runtime ended), it gives its
+/// place up and fails what waits, if no other call of the line is left to send it.
+struct Turn<'a> {
+    store: &'a RedisStore,
+    line: &'a str,
+    done: bool,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut lines = (self.store.inner.rates.0.lock()).unwrap_or_else(|e| e.into_inner());
+        if let Some(line) = lines.get_mut(self.line) {
+            line.in_flight -= 1;
+            if line.in_flight == 0 {
+                // Their senders dropped: each asker hears its decision was dropped.
+                lines.remove(self.line);
+            }
+        }
+    }
+}
