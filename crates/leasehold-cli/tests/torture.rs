@@ -1,7 +1,7 @@
 //! `leasehold torture` smoke runs (6 to 25 s each) on the local store, a redis-server and
 //! etcd, each started by the command itself, for each primitive (a semaphore, a
-//! read-write lock, a fair mutex) with library workers and with `leasehold run` workers;
-//! the unfenced controls that must show damage; and its usage errors.
+//! read-write lock, a fair mutex, an election) with library workers and with `leasehold
+//! run` workers; the unfenced controls that must show damage; and its usage errors.
 //!
 //! The runs take turns (one lock): each spawns its workers and its store, and several at
 //! once on two cores would starve renewals and report losses that no fault caused.
@@ -264,6 +264,46 @@ fn etcd_semaphore_rwlock_and_fair_mutex_hold() {
     smoke("t-etcd-fair", ETCD, "1s", 10, "mutex", &["--fair"]);
 }
 
+/// A short election under `faults` (and `store`'s): the mutex's invariants hold, the
+/// observer reported leaders, and none of them went back in term or came with a value
+/// that no leadership had.
+fn election(label: &str, store: &[&str], ttl: &str, secs: u32, faults: &str) {
+    let duration = format!("{secs}s");
+    let mut args = vec!["--primitive", "election", "--workers", "5", "--ttl", ttl];
+    args.extend(["--duration", &duration, "--faults", faults]);
+    args.extend(store);
+    let report = torture(label, &args);
+    assert_landed(&report, &faults.split(',').collect::<Vec<_>>());
+    for zero in [
+        "false_losses",
+        "fifo_violations",
+        "tokens_backwards",
+        "observer_regressions",
+        "observed_wrong_value",
+    ] {
+        assert_eq!(count(&report, zero), 0, "{zero}: {report}");
+    }
+    assert!(count(&report, "observed_leaders") > 0, "{report}");
+    // An election is fair: the order of grants was judged.
+    assert!(count(&report, "fifo_checked") > 0, "{report}");
+}
+
+#[test]
+fn local_election_holds_under_pauses_and_kills() {
+    election("t-local-elect", LOCAL, "500ms", 8, "pause,short-pause,kill");
+}
+
+#[test]
+fn redis_election_holds_under_holder_store_and_link_faults() {
+    let faults = "pause,kill,restart-store,reset";
+    election("t-redis-elect", REDIS, "500ms", 12, faults);
+}
+
+#[test]
+fn etcd_election_holds_under_holder_and_store_faults() {
+    election("t-etcd-elect", ETCD, "1s", 15, "pause,kill,restart-store");
+}
+
 #[test]
 fn leasehold_run_workers_hold_on_every_store() {
     let run = &["--workers-as", "run"];
@@ -325,6 +365,16 @@ fn faults_the_run_cannot_apply_are_usage_errors() {
     assert!(out.stderr.contains("needs --workers-as run"), "{out:#?}");
     let out = cli.cmd(&["torture", "--faults", "explode"]).output();
     support::Out::from(out.unwrap()).expect(64);
+    for (bad, says) in [
+        ("--no-fair", "is always fair"),
+        ("--workers-as=run", "takes library workers"),
+    ] {
+        let out = cli
+            .cmd(&["torture", "--primitive", "election", bad])
+            .output();
+        let out = support::Out::from(out.unwrap()).expect(64);
+        assert!(out.stderr.contains(says), "{out:#?}");
+    }
     for bad in ["semaphore:0", "semaphore", "queue"] {
         let out = cli.cmd(&["torture", "--primitive", bad]).output();
         let out = support::Out::from(out.unwrap()).expect(64);

@@ -161,6 +161,24 @@ pub enum Event {
         code: Option<i32>,
         signal: Option<i32>,
     },
+    /// A candidate's campaign (`--primitive election`), logged before its acquire: the
+    /// value, unique to the campaign, that it leads with if elected.
+    Campaign { owner: String, value: String },
+    /// An observer reported the leader (`Election::observe`): its term, value and owner;
+    /// all absent when it reported no leader.
+    Observed {
+        observer: String,
+        term: Option<u64>,
+        value: Option<String>,
+        leader: Option<String>,
+    },
+    /// An observer's look failed (it tries again); `regressed` when it refused to show a
+    /// term below one it had shown.
+    ObserveFailed {
+        observer: String,
+        error: String,
+        regressed: bool,
+    },
     /// The nemesis started a fault (`target`: the worker it hit, if any).
     FaultStart {
         kind: String,

@@ -8,12 +8,13 @@
 //!
 //! The rooms: `plan.rs` (the flags, their checks, the store and its proxies),
 //! `workers.rs` (starting and ending the workers), `nemesis.rs` (the faults),
-//! `report.rs` (the verdict).
+//! `observer.rs` (following an election's leader), `report.rs` (the verdict).
 
 pub mod check;
 pub mod command;
 pub mod history;
 mod nemesis;
+mod observer;
 mod plan;
 mod proxy;
 mod report;
@@ -71,14 +72,19 @@ struct Run {
 /// Runs a torture scenario and prints its report.
 pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode, Failure> {
     plan::check_times(&args)?;
+    plan::check_primitive(&args)?;
     let dir = plan::history_dir(&args)?;
     plan::check_store(&args, store)?;
     let target = Target::open(&args, store, &dir).await?;
     let run = Arc::new(Run::start(args, target, dir).await?);
+    let observer = run.observe();
     let slots = run.start_workers().await?;
     let until = Instant::now() + run.args.duration;
     run.nemesis(until).await;
     run.finish(slots).await;
+    if let Some(observer) = observer {
+        observer.abort();
+    }
     report::verdict(&run)
 }
 

@@ -59,8 +59,8 @@ pub struct TortureArgs {
     #[arg(long, overrides_with = "fair")]
     pub no_fair: bool,
 
-    /// The lock: mutex, semaphore:N (N permits) or rwlock (one worker cycle in three a
-    /// writer)
+    /// The lock: mutex, semaphore:N (N permits), rwlock (one worker cycle in three a
+    /// writer) or election (candidates campaign; an observer follows the leader)
     #[arg(long, value_name = "KIND", default_value = "mutex")]
     pub primitive: Primitive,
 
@@ -93,6 +93,10 @@ paused after its check: fencing is what must refuse the stale write.
 --primitive semaphore:N: workers take permits and enter a gauge that counts who is inside
 (permits cannot be fenced by token); --primitive rwlock: one cycle in three a writer
 (as above), else a reader (read, think, read again: a write between is a torn read).
+--primitive election: each cycle campaigns (Election::candidate) with a value of its
+own and, leading, does a mutex holder's cycle with its term as the token; the
+coordinator follows the leader (Election::observe) and logs every leader it reports.
+Always fair; library workers only.
 --workers-as run: each acquisition is a `leasehold run` process whose command does the
 cycle; the nemesis pauses (SIGSTOP) the run and its command together, and kills the run.
 
@@ -119,7 +123,8 @@ it left behind, so stale accesses accepted must be 0 with --fence all), belief o
 (workers that believed they held at once; reported), stale accesses accepted and lost
 updates (must be 0 with --fence all), tokens (unique, rising, unchanged on re-entry),
 expired leases reported lost, false losses (must be 0), takeover after a kill, acquire
-latency.
+latency; for an election, each observer's terms (never going back) and each leader it
+reported (a term some candidate was granted, with that campaign's value).
 
 Exit status: 0 all invariants held; 1 an invariant was broken, or the unfenced control
 (--fence none with pauses, or restarts of redis-volatile) showed no damage, which means
@@ -130,6 +135,7 @@ Examples:
   leasehold torture --duration 60s
   leasehold torture --primitive semaphore:2 --workers 6
   leasehold torture --primitive rwlock --workers-as run --fair
+  leasehold torture --primitive election --spawn redis --faults pause,kill,restart-store
   leasehold torture --spawn redis --faults pause,short-pause,kill,restart-store
   leasehold torture --spawn etcd-cluster --ttl 2s --faults pause,kill,kill-member,kill-leader
   leasehold torture --spawn redis --fence none --faults pause    # the control
@@ -221,6 +227,21 @@ pub(super) fn check_times(args: &TortureArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// An election is fair and campaigns through the library.
+pub(super) fn check_primitive(args: &TortureArgs) -> Result<(), Failure> {
+    let problem = match args.primitive {
+        Primitive::Election if args.no_fair => "is always fair: leave out --no-fair",
+        Primitive::Election if args.workers_as == WorkersAs::Run => {
+            "takes library workers: leave out --workers-as run"
+        }
+        _ => return Ok(()),
+    };
+    Err(Failure::new(
+        exit::USAGE,
+        format!("--primitive {} {problem}", args.primitive),
+    ))
+}
+
 /// The directory for the histories, created.
 pub(super) fn history_dir(args: &TortureArgs) -> Result<PathBuf, Failure> {
     let dir = match &args.history {
@@ -288,6 +309,7 @@ impl Target {
         // Reachable, and which mode is its default, before any worker starts.
         let probe = crate::args::open_store(Some(&url)).await?;
         let fair = match (args.fair, args.no_fair) {
+            _ if args.primitive == Primitive::Election => true,
             (true, _) => true,
             (_, true) => false,
             _ => probe.capabilities().fair_by_default,

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use super::check::{self, Report, Setup};
+use super::check::{self, Primitive, Report, Setup};
 use super::plan::{Spawn, TortureArgs, WorkersAs};
 use super::{history, Run, VIOLATED};
 use crate::exit::{self, Failure};
@@ -63,6 +63,17 @@ fn summary(label: &str, args: &TortureArgs, fair: bool, seed: u64, r: &Report) -
         WorkersAs::Run => " via run",
         WorkersAs::Library => "",
     };
+    let observers = match args.primitive {
+        Primitive::Election => format!(
+            "observers: {} leaders, {} terms back, {} wrong values, {} unclaimed, {} errors; ",
+            r.observed_leaders,
+            r.observer_regressions,
+            r.observed_wrong_value,
+            r.observed_unclaimed,
+            r.observer_errors,
+        ),
+        _ => String::new(),
+    };
     let fifo = match fair {
         true => format!(
             "fifo {} broken of {} pairs; ",
@@ -74,7 +85,7 @@ fn summary(label: &str, args: &TortureArgs, fair: bool, seed: u64, r: &Report) -
         "{label} {}{via}{} fence={fence} W={} TTL={} seed={seed} {}: {} acq; \
 service overlap {} (most holders {}); belief overlap {}; \
 stale accepted {} / rejected {}; lost updates {}; torn reads {}; over capacity {}; \
-losses reported {}/{} (p50 {:.0} ms); false losses {}; {fifo}\
+losses reported {}/{} (p50 {:.0} ms); false losses {}; {fifo}{observers}\
 tokens: {} duplicate, {} backwards, {} re-entries changed; \
 takeover {}; acquire p50 {:.1} ms p99 {:.1} ms",
         args.primitive,

@@ -4,7 +4,8 @@
 //!
 //! A read-write lock's worker is a writer in one cycle in three (as above) and else a
 //! reader (read, think, read again); a semaphore's enters the resource, thinks there and
-//! goes out.
+//! goes out. An election's candidate campaigns with a value of its own each cycle and,
+//! leading, does a mutex holder's cycle with its term as the token.
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use leasehold::{Error, Leasehold, Lock, LockGuard, Released};
+use leasehold::{Election, Error, Leasehold, Lock, LockGuard, Released};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -58,7 +59,7 @@ pub struct WorkerArgs {
 /// Picks the role of the next acquisition: one in three a writer on a read-write lock.
 pub fn pick_role(primitive: Primitive, rng: &mut impl Rng) -> Role {
     match primitive {
-        Primitive::Mutex => Role::Exclusive,
+        Primitive::Mutex | Primitive::Election => Role::Exclusive,
         Primitive::Semaphore(_) => Role::Permit,
         Primitive::RwLock if rng.gen_ratio(1, 3) => Role::Exclusive,
         Primitive::RwLock => Role::Shared,
@@ -113,16 +114,30 @@ pub async fn worker(store: Option<&str>, args: WorkerArgs) -> Result<ExitCode, F
     );
     // Logs the first answer of each acquire that says the store has queued it.
     let queued = Arc::new(AtomicBool::new(false));
-    let (exclusive, shared) = open_locks(store, &args, &log, &queued).await?;
+    let locks = open_locks(store, &args, &log, &queued).await?;
     let mut resource = Client::connect(&args.resource, &args.owner)
         .await
         .map_err(|e| Failure::new(exit::UNAVAILABLE, format!("the resource: {e}")))?;
     let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut campaigns = 0_u64;
     loop {
         let role = pick_role(args.primitive, &mut rng);
-        let lock = match (role, &shared) {
-            (Role::Shared, Some(shared)) => shared,
-            _ => &exclusive,
+        let candidate;
+        let lock = match (role, &locks) {
+            (Role::Shared, Locks::ReadWrite { read, .. }) => read,
+            (_, Locks::ReadWrite { write: lock, .. } | Locks::One(lock)) => lock,
+            (_, Locks::Election(election)) => {
+                // A value of its own per campaign: the checker matches what the
+                // observers report to the campaign that was granted the term.
+                campaigns += 1;
+                let value = format!("{}/{campaigns}", args.owner);
+                log.record(Event::Campaign {
+                    owner: args.owner.clone(),
+                    value: value.clone(),
+                });
+                candidate = configure(election.candidate(value), &args, &log, &queued);
+                &candidate
+            }
         };
         let plan = Plan {
             role,
@@ -143,36 +158,49 @@ pub async fn worker(store: Option<&str>, args: WorkerArgs) -> Result<ExitCode, F
     }
 }
 
-/// The worker's lock and, for a read-write lock, its reader: `args`' lock with the
-/// worker's TTL, fairness and owner, logging `Queued` at the first answer of an acquire
-/// that says the store queued it (once `queued` is reset).
+/// What a worker acquires: one lock (a mutex, a semaphore), a read-write lock's two
+/// sides, or an election whose candidate for each campaign is a lock of its own.
+enum Locks {
+    One(Lock),
+    ReadWrite { write: Lock, read: Lock },
+    Election(Election),
+}
+
+/// The worker's locks (see [`Locks`]) on the store.
 async fn open_locks(
     store: Option<&str>,
     args: &WorkerArgs,
     log: &Arc<Log>,
     queued: &Arc<AtomicBool>,
-) -> Result<(Lock, Option<Lock>), Failure> {
+) -> Result<Locks, Failure> {
     let locks = Leasehold::from_store(crate::args::open_store(store).await?);
     let name = args.lock.as_str();
-    let handle = |lock: Lock| {
-        let (log, queued, owner) = (log.clone(), queued.clone(), args.owner.clone());
-        lock.with_ttl(args.ttl)
-            .with_fair(args.fair)
-            .with_owner(args.owner.clone())
-            .on_wait(move |busy| {
-                if busy.position.is_some() && !queued.swap(true, Ordering::SeqCst) {
-                    log.record(Event::Queued {
-                        owner: owner.clone(),
-                    });
-                }
-            })
-    };
-    let (exclusive, shared) = match args.primitive {
-        Primitive::Mutex => (locks.mutex(name)?, None),
-        Primitive::Semaphore(n) => (locks.semaphore(name, n)?, None),
-        Primitive::RwLock => (locks.write(name)?, Some(handle(locks.read(name)?))),
-    };
-    Ok((handle(exclusive), shared))
+    let handle = |lock: Lock| configure(lock, args, log, queued);
+    Ok(match args.primitive {
+        Primitive::Mutex => Locks::One(handle(locks.mutex(name)?)),
+        Primitive::Semaphore(n) => Locks::One(handle(locks.semaphore(name, n)?)),
+        Primitive::RwLock => Locks::ReadWrite {
+            write: handle(locks.write(name)?),
+            read: handle(locks.read(name)?),
+        },
+        Primitive::Election => Locks::Election(locks.election(name)?),
+    })
+}
+
+/// `lock` with the worker's TTL, fairness and owner, logging `Queued` at the first
+/// answer of an acquire that says the store queued it (once `queued` is reset).
+fn configure(lock: Lock, args: &WorkerArgs, log: &Arc<Log>, queued: &Arc<AtomicBool>) -> Lock {
+    let (log, queued, owner) = (log.clone(), queued.clone(), args.owner.clone());
+    lock.with_ttl(args.ttl)
+        .with_fair(args.fair)
+        .with_owner(args.owner.clone())
+        .on_wait(move |busy| {
+            if busy.position.is_some() && !queued.swap(true, Ordering::SeqCst) {
+                log.record(Event::Queued {
+                    owner: owner.clone(),
+                });
+            }
+        })
 }
 
 /// Acquires `lock` as `role` within `--wait`, logging the invocation and the guard, or

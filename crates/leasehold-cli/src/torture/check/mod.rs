@@ -14,6 +14,7 @@
 //! unless one of them was paused (with its `run`) while inside: a frozen `run` cannot
 //! stop its command, and fencing is what must refuse the command's stale access then.
 
+mod election;
 mod fifo;
 mod losses;
 mod overlap;
@@ -27,6 +28,7 @@ mod tokens;
 
 use super::history::Entry;
 
+use self::election::election;
 use self::fifo::fifo;
 use self::losses::{losses, run_losses, takeovers};
 use self::overlap::{overlaps, overlaps_of_commands};
@@ -57,6 +59,9 @@ pub fn check(history: &[Entry], setup: &Setup) -> Report {
         }
     }
     tokens(&holds, &mut report);
+    if setup.primitive == Primitive::Election {
+        election(history, &mut report);
+    }
     report.takeover = takeovers(&holds, &faults);
     report.violations = violations(&report, setup);
     report

@@ -94,6 +94,19 @@ pub struct Report {
     pub false_losses: usize,
     /// `run` workers' exit statuses (`signal N` when killed).
     pub run_exits: BTreeMap<String, usize>,
+    /// Leaders the observers reported (`--primitive election`).
+    pub observed_leaders: usize,
+    /// Observers' looks that failed (each tried again).
+    pub observer_errors: usize,
+    /// Leaders an observer reported with a term below one it had reported before, and
+    /// looks where the observer refused such a term. Must be 0.
+    pub observer_regressions: usize,
+    /// Reported leaders that no leadership was: a term shown with a value its candidate
+    /// did not campaign with, or none. Must be 0.
+    pub observed_wrong_value: usize,
+    /// Reported leaders whose term no candidate learned it was granted (the answer was
+    /// lost), shown with a value some candidate campaigned with.
+    pub observed_unclaimed: usize,
     /// Faults started, by kind.
     pub faults: BTreeMap<String, usize>,
     /// From killing a holder to the next acquisition by someone else.
@@ -134,10 +147,20 @@ pub(super) fn violations(r: &Report, setup: &Setup) -> Vec<String> {
     );
     must_be_zero(r.false_losses, "lost with no fault to explain it");
     must_be_zero(r.fifo_violations, "a later arrival granted first (fair)");
+    if setup.primitive == Primitive::Election {
+        must_be_zero(r.observer_regressions, "an observer's term went back");
+        must_be_zero(
+            r.observed_wrong_value,
+            "an observed (term, value) that no leadership had",
+        );
+    }
     if setup.fence == Fence::All {
         must_be_zero(r.stale_accepted, "stale access accepted");
         must_be_zero(r.lost_updates, "lost update");
         must_be_zero(r.torn_reads, "a write inside a reader's reads");
+    }
+    if setup.primitive == Primitive::Election && r.acquisitions > 0 && r.observed_leaders == 0 {
+        v.push("the observers reported no leader".to_string());
     }
     let damage = r.lost_updates + r.torn_reads + r.resource_over_capacity;
     let paused = r.faults.get("pause").is_some_and(|&n| n > 0);

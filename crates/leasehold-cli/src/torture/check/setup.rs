@@ -28,6 +28,8 @@ pub enum Primitive {
     Semaphore(u32),
     /// Readers together, a writer alone.
     RwLock,
+    /// A leader election: the fair mutex of its name, whose holder carries a value.
+    Election,
 }
 
 impl Primitive {
@@ -35,7 +37,7 @@ impl Primitive {
     fn admits(self, others: &[Role], b: Role) -> bool {
         match self {
             Primitive::Semaphore(n) => others.len() < n as usize,
-            Primitive::Mutex => others.is_empty(),
+            Primitive::Mutex | Primitive::Election => others.is_empty(),
             Primitive::RwLock => {
                 others.is_empty()
                     || (b == Role::Shared && others.iter().all(|&a| a == Role::Shared))
@@ -48,7 +50,7 @@ impl Primitive {
     pub(super) fn conflicts(self, others: &[Role], b: Role) -> usize {
         match self {
             Primitive::Semaphore(_) => usize::from(!self.admits(others, b)),
-            Primitive::Mutex => others.len(),
+            Primitive::Mutex | Primitive::Election => others.len(),
             Primitive::RwLock => (others.iter())
                 .filter(|&&a| a == Role::Exclusive || b == Role::Exclusive)
                 .count(),
@@ -62,6 +64,7 @@ impl fmt::Display for Primitive {
             Primitive::Mutex => f.write_str("mutex"),
             Primitive::Semaphore(n) => write!(f, "semaphore:{n}"),
             Primitive::RwLock => f.write_str("rwlock"),
+            Primitive::Election => f.write_str("election"),
         }
     }
 }
@@ -73,9 +76,10 @@ impl FromStr for Primitive {
         match s {
             "mutex" => Ok(Primitive::Mutex),
             "rwlock" => Ok(Primitive::RwLock),
+            "election" => Ok(Primitive::Election),
             _ => {
                 let n = s.strip_prefix("semaphore:").ok_or_else(|| {
-                    format!("{s:?}: give mutex, semaphore:N (N permits) or rwlock")
+                    format!("{s:?}: give mutex, semaphore:N (N permits), rwlock or election")
                 })?;
                 match n.parse::<u32>() {
                     Ok(n) if (1..=1000).contains(&n) => Ok(Primitive::Semaphore(n)),

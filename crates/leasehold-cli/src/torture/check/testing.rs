@@ -125,6 +125,49 @@ impl H {
         )
         .at(end, Event::FaultEnd { kind, target })
     }
+    /// A candidate's campaign for `value` (its acquire is logged apart).
+    pub(super) fn campaign(self, t: u64, owner: &str, value: &str) -> Self {
+        let (owner, value) = (owner.into(), value.into());
+        self.at(t, Event::Campaign { owner, value })
+    }
+    /// An acquire that failed with its outcome unknown.
+    pub(super) fn acquire_failed(self, t: u64, owner: &str) -> Self {
+        let event = Event::AcquireFailed {
+            owner: owner.into(),
+            unknown: true,
+            error: "connection reset".into(),
+        };
+        self.at(t, event)
+    }
+    /// `observer` reported the leader of `term`, shown with `value`.
+    pub(super) fn observed(self, t: u64, observer: &str, term: u64, value: Option<&str>) -> Self {
+        let event = Event::Observed {
+            observer: observer.into(),
+            term: Some(term),
+            value: value.map(String::from),
+            leader: None,
+        };
+        self.at(t, event)
+    }
+    /// `observer` reported no leader.
+    pub(super) fn observed_none(self, t: u64, observer: &str) -> Self {
+        let event = Event::Observed {
+            observer: observer.into(),
+            term: None,
+            value: None,
+            leader: None,
+        };
+        self.at(t, event)
+    }
+    /// `observer`'s look failed; `regressed`: it refused an older term.
+    pub(super) fn observe_failed(self, t: u64, observer: &str, regressed: bool) -> Self {
+        let event = Event::ObserveFailed {
+            observer: observer.into(),
+            error: "store unavailable".into(),
+            regressed,
+        };
+        self.at(t, event)
+    }
     pub(super) fn check(self, fence: Fence) -> Report {
         self.check_as(&Setup::new(fence, Primitive::Mutex))
     }

@@ -138,7 +138,11 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn event(&mut self, t: u64, event: &'a Event) {
         match event {
-            Event::Spawned { .. } => {}
+            // The election's own events: see `election.rs`.
+            Event::Spawned { .. }
+            | Event::Campaign { .. }
+            | Event::Observed { .. }
+            | Event::ObserveFailed { .. } => {}
             Event::Invoke { owner } => {
                 self.invoked.insert(owner, t);
                 self.queued.remove(owner.as_str());
