@@ -1,5 +1,5 @@
-//! Rate-limiter decisions, several to a round trip. A decision asked while a call is
-//! already on its way ([`IN_FLIGHT`]) waits, with whatever else is asked
+//! Rate-limiter decisions, several to a round trip. A decision asked while
+//! [`IN_FLIGHT`] calls are already on their way waits, with whatever else is asked
 //! meanwhile, for the next call: tasks hammering limiters then share the round trip, the
 //! script's fixed cost and each key's GET and SET (rate.lua decides them in the order
 //! asked). A decision asked when the line is free goes at once, alone.
@@ -19,11 +19,11 @@ use super::{errors::failed, reply, Conn, RedisStore};
 use crate::store::RateRequest;
 use crate::{Error, LockName, RateDecision, Result};
 
-/// Calls of one line on their way at once. One: what is asked meanwhile waits for it and
-/// goes in the next, so under load every call carries as many decisions as there are
-/// askers. (Measured in `docs/BENCHMARKS.md`: more calls in flight carry fewer decisions
-/// each and did no better.)
-const IN_FLIGHT: usize = 1;
+/// Calls of one line on their way at once. What is asked while they are waits and goes
+/// in the next. Four did best with eight tasks on two idle cores (`docs/BENCHMARKS.md`):
+/// one call at a time leaves the line idle while answers travel back; many carry too few
+/// decisions each to share the server's work.
+const IN_FLIGHT: usize = 4;
 /// Decisions in one call at most.
 const MOST: usize = 128;
 
