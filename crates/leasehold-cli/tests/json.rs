@@ -193,4 +193,10 @@ fn unreachable_store_with_json_is_an_unavailable_object_exit_69() {
         69,
         "unavailable",
     );
+    for args in [
+        &["leader", "--json", "e"][..],
+        &["leader", "--json", "--watch", "e"],
+    ] {
+        json_error(&cli.run(args), 69, "unavailable");
+    }
 }
