@@ -44,9 +44,11 @@ Examples:
 /// `leasehold fence FILE [--token N] [-- COMMAND]`, or `--reset`.
 pub fn fence(args: FenceArgs) -> Result<ExitCode, Failure> {
     let io = |e: std::io::Error| {
+        use std::io::ErrorKind as K;
+        // A path that cannot be a fence file is the caller's to fix; a failing disk is not.
         let code = match e.kind() {
-            std::io::ErrorKind::InvalidData => exit::INTERNAL,
-            _ => exit::USAGE,
+            K::NotFound | K::PermissionDenied | K::IsADirectory | K::NotADirectory => exit::USAGE,
+            _ => exit::INTERNAL,
         };
         Failure::new(code, format!("fence {}: {e}", args.file.display()))
     };

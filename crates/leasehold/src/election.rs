@@ -211,6 +211,7 @@ impl Election {
             store: self.store.clone(),
             name: self.name().clone(),
             shown: None,
+            highest: None,
         }
     }
 }
@@ -238,9 +239,12 @@ impl Leadership {
 
     /// Publishes a new value, in the same term, if this candidate still leads; observers
     /// see it. [`Error::Lost`] once the leadership is gone.
+    ///
+    /// Proclamations of one leadership are best made one at a time: two at once reach the
+    /// store in either order, and [`value`](Self::value) says the last to return.
     pub async fn proclaim(&self, value: impl Into<String>) -> Result<()> {
         let value = value.into();
-        let term = self.guard.check()?;
+        self.guard.check()?;
         match self.store.proclaim(self.guard.lease(), &value).await? {
             Renewal::Renewed => {
                 if let Ok(mut v) = self.value.lock() {
@@ -248,11 +252,12 @@ impl Leadership {
                 }
                 Ok(())
             }
-            Renewal::Lost => Err(Error::Lost {
-                name: self.guard.name().to_string(),
-                token: term.0,
-                reason: "the store no longer has this leadership".into(),
-            }),
+            Renewal::Lost => {
+                // Lost for every use of the guard, not only this call's answer.
+                self.guard
+                    .gone("the store no longer has this leadership (found by a proclamation)");
+                self.guard.check().map(|_| ())
+            }
         }
     }
 
@@ -303,8 +308,17 @@ impl Leadership {
 pub struct Observer {
     store: Arc<dyn Store>,
     name: LockName,
-    /// What `next` returned last, and the state it came from.
-    shown: Option<(Option<Leader>, LockState)>,
+    /// What `next` returned last, the state it came from and when that was read.
+    shown: Option<Shown>,
+    /// The highest term shown so far.
+    highest: Option<FencingToken>,
+}
+
+#[derive(Debug)]
+struct Shown {
+    leader: Option<Leader>,
+    state: LockState,
+    read_at: tokio::time::Instant,
 }
 
 impl Observer {
@@ -315,32 +329,38 @@ impl Observer {
     /// Cancel-safe: it only reads.
     pub async fn next(&mut self) -> Result<Option<Leader>> {
         loop {
-            if let Some((_, seen)) = &self.shown {
-                self.wait(seen).await?;
+            if let Some(shown) = &self.shown {
+                self.wait(shown).await?;
             }
+            let read_at = tokio::time::Instant::now();
             let state = self.store.describe(&self.name).await?;
             let leader = Leader::of(&state);
-            let last = self.shown.as_ref().map(|(l, _)| l.as_ref());
-            let changed = match (last, &leader) {
-                (None, _) => true,
-                (Some(last), now) => key(last) != key(now.as_ref()),
+            let changed = match &self.shown {
+                None => true,
+                Some(shown) => key(shown.leader.as_ref()) != key(leader.as_ref()),
             };
-            let older = match (last.flatten(), &leader) {
-                (Some(last), Some(now)) => now.term < last.term,
-                _ => false,
+            let went_back = match (self.highest, &leader) {
+                (Some(highest), Some(now)) if now.term < highest => Some((highest, now.term)),
+                _ => None,
             };
-            if older {
+            self.shown = Some(Shown {
+                leader: leader.clone(),
+                state,
+                read_at,
+            });
+            if let Some((highest, now)) = went_back {
+                // The baseline moves on, so the next call waits for the next change.
                 return Err(Error::Corrupt {
                     store: self.store.describe_store(),
                     name: self.name.to_string(),
                     reason: format!(
-                        "the leader's term went back from {} to {}: the store lost its state",
-                        last.flatten().map_or(0, |l| l.term.0),
-                        leader.as_ref().map_or(0, |l| l.term.0)
+                        "the leader's term went back from {highest} to {now}: the store lost its state"
                     ),
                 });
             }
-            self.shown = Some((leader.clone(), state));
+            if let Some(l) = &leader {
+                self.highest = Some(self.highest.map_or(l.term, |h| h.max(l.term)));
+            }
             if changed {
                 return Ok(leader);
             }
@@ -348,12 +368,16 @@ impl Observer {
     }
 
     /// Until the store says the holders changed, or the first lease seen could have run
-    /// out (a lease ending wakes no store).
-    async fn wait(&self, seen: &LockState) -> Result<()> {
+    /// out (a lease ending wakes no store), counted from when it was read.
+    async fn wait(&self, shown: &Shown) -> Result<()> {
+        let seen = &shown.state;
         let lease_end = seen.holders.iter().map(|h| h.lease_left).min();
         let expiry = async {
             match lease_end {
-                Some(left) => tokio::time::sleep(left + Duration::from_millis(1)).await,
+                Some(left) => {
+                    let at = shown.read_at + left + Duration::from_millis(1);
+                    tokio::time::sleep_until(at).await
+                }
                 None => std::future::pending().await,
             }
         };
@@ -363,11 +387,17 @@ impl Observer {
         }
     }
 
-    /// The changes as a [`Stream`].
+    /// The changes as a [`Stream`]. It ends after an error that calling again cannot
+    /// mend (not [`Error::is_retryable`]), which it yields first.
     pub fn into_stream(self) -> impl Stream<Item = Result<Option<Leader>>> {
-        futures_util::stream::unfold(self, |mut observer| async move {
+        futures_util::stream::unfold(Some(self), |observer| async move {
+            let mut observer = observer?;
             let next = observer.next().await;
-            Some((next, observer))
+            let go_on = match &next {
+                Err(e) if !e.is_retryable() => None,
+                _ => Some(observer),
+            };
+            Some((next, go_on))
         })
     }
 }

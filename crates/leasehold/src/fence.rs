@@ -131,12 +131,22 @@ impl FileFence {
         use std::io::Read;
         use std::os::fd::AsRawFd;
         let path = path.as_ref();
+        let existed = path.exists();
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)?;
+        if !existed {
+            // The new file's name too must survive a crash, or a token admitted into it
+            // could vanish with it.
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => std::path::Path::new("."),
+            };
+            std::fs::File::open(dir)?.sync_all()?;
+        }
         // SAFETY: a valid fd, owned by `file`; the lock goes with it.
         while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
             let err = std::io::Error::last_os_error();
@@ -183,10 +193,33 @@ impl FileFence {
     /// leaves the old token or the new one, never an empty file that would read as 0.
     fn write(&mut self, token: u64) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        self.file
-            .write_all_at(format!("{token:020}\n").as_bytes(), 0)?;
+        let text = format!("{token:020}\n");
+        self.file.write_all_at(text.as_bytes(), 0)?;
+        // Anything longer that was there before (written by hand) goes.
+        self.file.set_len(text.len() as u64)?;
         self.file.sync_data()?;
         self.highest = token;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A token written by hand, padded past what `admit` writes, is read and then
+    /// replaced whole: no tail is left to make the file unreadable.
+    #[test]
+    fn a_longer_file_is_replaced_whole() {
+        let dir = std::env::temp_dir().join(format!("fence-long-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("padded.fence");
+        std::fs::write(&path, format!("7{}\n", " ".repeat(40))).unwrap();
+        let mut fence = FileFence::lock(&path).unwrap();
+        assert_eq!(fence.highest(), FencingToken(7));
+        assert!(fence.admit(FencingToken(8)).unwrap());
+        drop(fence);
+        assert_eq!(FileFence::lock(&path).unwrap().highest(), FencingToken(8));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

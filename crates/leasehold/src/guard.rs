@@ -290,6 +290,14 @@ impl LockGuard {
         }
     }
 
+    /// The store said the hold is gone (found by a call other than a renewal): the guard
+    /// is lost from now on.
+    pub(crate) fn gone(&self, reason: &str) {
+        self.held()
+            .line
+            .mark_lost(crate::metrics::Loss::Gone, reason);
+    }
+
     /// Releases this hold (the lock is free once its owner's last hold is released).
     /// `Released::NotHeld` means the lease had already ended: work done since its safe
     /// deadline was not protected.

@@ -278,7 +278,11 @@ mod redis {
         let limits = Leasehold::new(RedisStore::connect(&server.url()).await.unwrap());
         server.cli(&["SET", "lh:rate:{odd}", "hello"]);
         server.cli(&["HSET", "lh:rate:{odder}", "a", "b"]);
-        for name in ["odd", "odder"] {
+        // Numbers Lua reads that are not a time in µs.
+        server.cli(&["SET", "lh:rate:{nan}", "nan"]);
+        server.cli(&["SET", "lh:rate:{huge}", "1e300"]);
+        server.cli(&["SET", "lh:rate:{half}", "0.5"]);
+        for name in ["odd", "odder", "nan", "huge", "half"] {
             let limiter = limits.rate_limiter(name, Rate::per_second(1), 1).unwrap();
             let err = limiter.try_acquire(1).await.unwrap_err();
             assert!(matches!(err, Error::Corrupt { .. }), "{err}");

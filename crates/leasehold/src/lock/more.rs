@@ -43,7 +43,8 @@ impl Lock {
         n: u32,
         wait: Duration,
     ) -> Result<Option<Vec<LockGuard>>> {
-        self.many(n, Some(Instant::now() + wait)).await
+        // A wait too long to add to now is no limit, as in `try_lock_for`.
+        self.many(n, Instant::now().checked_add(wait)).await
     }
 
     async fn many(&self, n: u32, deadline: Option<Instant>) -> Result<Option<Vec<LockGuard>>> {

@@ -27,8 +27,14 @@ for i = 0, #ARGV / REQ_WIDTH - 1 do
     if type(kept) == 'table' then
       corrupt[k] = true
     elseif kept then
+      -- A time is a whole number of µs below 2^53: not "nan", "inf", "1e300" or 0.5,
+      -- which tonumber also reads.
       local read = tonumber(kept)
-      if read then tats[k] = read else corrupt[k] = true end
+      if read and read >= 0 and read < 9007199254740992 and read == math.floor(read) then
+        tats[k] = read
+      else
+        corrupt[k] = true
+      end
     end
   end
   if corrupt[k] then

@@ -70,39 +70,20 @@ impl RedisStore {
             take_turn(waiting)
         };
         if let Some(batch) = batch {
-            tokio::spawn(self.clone().send_line(line, batch));
+            // The turn is the spawned task's from here: a task dropped before it first
+            // runs (its runtime ended) still gives the line's place back.
+            let turn = Turn {
+                store: self.clone(),
+                line,
+                done: false,
+            };
+            tokio::spawn(turn.send_line(batch));
         }
         answered.await.unwrap_or_else(|_| {
             Err(Error::Internal(
                 "a rate decision was dropped on its way (its runtime ended)".into(),
             ))
         })
-    }
-
-    /// Sends `batch`, then what waits on `line`, until nothing does.
-    async fn send_line(self, line: String, mut batch: Vec<Asked>) {
-        let mut turn = Turn {
-            store: &self,
-            line: &line,
-            done: false,
-        };
-        loop {
-            self.send_batch(batch).await;
-            let mut lines = self.inner.rates.0.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(waiting) = lines.get_mut(&line) else {
-                break;
-            };
-            if waiting.waiting.is_empty() {
-                waiting.in_flight -= 1;
-                if waiting.in_flight == 0 {
-                    lines.remove(&line);
-                }
-                turn.done = true;
-                return;
-            }
-            let n = waiting.waiting.len().min(MOST);
-            batch = waiting.waiting.drain(..n).collect();
-        }
     }
 
     /// One rate.lua call for `batch`, each decision to its asker.
@@ -211,25 +192,51 @@ fn copy(e: &Error, store: &str) -> Error {
     }
 }
 
-/// A line's sending task. Dropped before it is done (its runtime ended), it gives its
-/// place up and fails what waits, if no other call of the line is left to send it.
-struct Turn<'a> {
-    store: &'a RedisStore,
-    line: &'a str,
+/// A place on a line: the task that sends its calls. Dropped before it is done (its
+/// runtime ended, even before the task first ran), it gives the place up and fails what
+/// waits, if no other call of the line is left to send it.
+struct Turn {
+    store: RedisStore,
+    line: String,
     done: bool,
 }
 
-impl Drop for Turn<'_> {
+impl Turn {
+    /// Sends `batch`, then what waits on the line, until nothing does.
+    async fn send_line(mut self, mut batch: Vec<Asked>) {
+        loop {
+            self.store.send_batch(batch).await;
+            let rates = &self.store.inner.rates;
+            let mut lines = rates.0.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(waiting) = lines.get_mut(&self.line) else {
+                return;
+            };
+            if waiting.waiting.is_empty() {
+                waiting.in_flight -= 1;
+                if waiting.in_flight == 0 {
+                    lines.remove(&self.line);
+                }
+                self.done = true;
+                return;
+            }
+            let n = waiting.waiting.len().min(MOST);
+            batch = waiting.waiting.drain(..n).collect();
+        }
+    }
+}
+
+impl Drop for Turn {
     fn drop(&mut self) {
         if self.done {
             return;
         }
-        let mut lines = (self.store.inner.rates.0.lock()).unwrap_or_else(|e| e.into_inner());
-        if let Some(line) = lines.get_mut(self.line) {
+        let rates = &self.store.inner.rates;
+        let mut lines = rates.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(line) = lines.get_mut(&self.line) {
             line.in_flight -= 1;
             if line.in_flight == 0 {
                 // Their senders dropped: each asker hears its decision was dropped.
-                lines.remove(self.line);
+                lines.remove(&self.line);
             }
         }
     }

@@ -76,6 +76,13 @@ pub async fn semaphore_many_permits(store: Arc<dyn Store>) {
         1,
         "a permit kept after giving up"
     );
+    // A wait too long to count is no limit (not a panic).
+    let fresh = a
+        .semaphore(unique("many-max"), 2)
+        .unwrap()
+        .with_ttl(LONG_TTL);
+    let again = fresh.try_lock_many_for(2, Duration::MAX).await.unwrap();
+    assert_eq!(again.map(|g| g.len()), Some(2));
     let mutex = a.mutex(unique("many-mutex")).unwrap();
     assert!(matches!(
         mutex.free_permits().await,
