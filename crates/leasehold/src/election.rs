@@ -149,12 +149,25 @@ impl Election {
         self.lock.clone().with_value(Some(value.into()))
     }
 
-    fn lead(&self, guard: LockGuard, value: String) -> Leadership {
-        Leadership {
+    /// A campaign for `value` that `take`s the candidate's lock (waiting as it says).
+    async fn run<F, Fut>(&self, value: String, take: F) -> Result<Option<Leadership>>
+    where
+        F: FnOnce(Lock) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<LockGuard>>>,
+    {
+        let Some(guard) = take(self.candidate(value.clone())).await? else {
+            return Ok(None);
+        };
+        // A re-entry (this owner id leads already) keeps the leader's value: say that one.
+        let value = match guard.holds() > 1 {
+            true => (self.leader().await?.and_then(|l| l.value)).unwrap_or(value),
+            false => value,
+        };
+        Ok(Some(Leadership {
             guard,
             value: Mutex::new(value),
             store: self.store.clone(),
-        }
+        }))
     }
 
     /// Waits until this candidate leads, publishing `value` as the leader's. Candidates
@@ -163,16 +176,19 @@ impl Election {
     /// # Cancel safety
     /// Cancel-safe, as [`Lock::lock`]: a dropped campaign leaves the queue.
     pub async fn campaign(&self, value: impl Into<String>) -> Result<Leadership> {
-        let value = value.into();
-        let guard = self.candidate(value.clone()).lock().await?;
-        Ok(self.lead(guard, value))
+        let led = self.run(
+            value.into(),
+            |lock| async move { lock.lock().await.map(Some) },
+        );
+        let led = led.await?;
+        led.ok_or_else(|| {
+            Error::Internal("a campaign without a limit ended without leading".into())
+        })
     }
 
     /// Leads now if nobody does (and no candidate waits ahead), else `None`.
     pub async fn try_campaign(&self, value: impl Into<String>) -> Result<Option<Leadership>> {
-        let value = value.into();
-        let guard = self.candidate(value.clone()).try_lock().await?;
-        Ok(guard.map(|g| self.lead(g, value)))
+        (self.run(value.into(), |lock| async move { lock.try_lock().await })).await
     }
 
     /// As [`campaign`](Self::campaign), waiting `wait` at most.
@@ -181,9 +197,11 @@ impl Election {
         value: impl Into<String>,
         wait: Duration,
     ) -> Result<Option<Leadership>> {
-        let value = value.into();
-        let guard = self.candidate(value.clone()).try_lock_for(wait).await?;
-        Ok(guard.map(|g| self.lead(g, value)))
+        (self.run(
+            value.into(),
+            |lock| async move { lock.try_lock_for(wait).await },
+        ))
+        .await
     }
 
     /// As [`campaign`](Self::campaign), waiting until `deadline` at most.
@@ -192,12 +210,10 @@ impl Election {
         value: impl Into<String>,
         deadline: std::time::Instant,
     ) -> Result<Option<Leadership>> {
-        let value = value.into();
-        let guard = self
-            .candidate(value.clone())
-            .try_lock_until(deadline)
-            .await?;
-        Ok(guard.map(|g| self.lead(g, value)))
+        (self.run(value.into(), |lock| async move {
+            lock.try_lock_until(deadline).await
+        }))
+        .await
     }
 
     /// The current leader, or `None`.

@@ -228,4 +228,17 @@ pub async fn election_bounded_campaigns(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(after.value(), "w");
     let _ = after.resign().await.unwrap();
+    // Two campaigns under one owner id re-enter: one term, and the second says the
+    // value the leader shows, not the one it asked for.
+    let owned = election(&store, &name, LONG_TTL).with_owner(format!("owner-{name}"));
+    let first = owned.campaign("first").await.unwrap();
+    let second = within("a re-entering campaign", owned.campaign("second"))
+        .await
+        .unwrap();
+    assert_eq!(second.term(), first.term());
+    assert_eq!(second.value(), "first");
+    let shown = owned.leader().await.unwrap().expect("a leader");
+    assert_eq!(shown.value.as_deref(), Some("first"));
+    let _ = second.resign().await.unwrap();
+    let _ = first.resign().await.unwrap();
 }
