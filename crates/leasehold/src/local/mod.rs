@@ -489,6 +489,11 @@ impl LocalStore {
         }
     }
 
+    /// Whether change notifications run (started on first use).
+    fn watching(&self) -> bool {
+        (self.inner.watcher.get_or_init(|| self.start_watcher())).is_some()
+    }
+
     fn start_watcher(&self) -> Option<AbortOnDropHandle<()>> {
         let inotify = inotify::Inotify::init().ok()?;
         inotify
@@ -634,11 +639,7 @@ impl Store for LocalStore {
     }
 
     async fn changed(&self, req: &AcquireRequest, mut since: Watermark) -> Result<Option<Grant>> {
-        let watching = self
-            .inner
-            .watcher
-            .get_or_init(|| self.start_watcher())
-            .is_some();
+        let watching = self.watching();
         let watched = self.inner.wakers.get(&file_name(&req.name));
         let (host, me) = (self.inner.host.clone(), std::process::id());
         loop {
@@ -708,11 +709,7 @@ impl Store for LocalStore {
         if self.inner.watcher.get().is_none() {
             tokio::time::sleep(WATCH_AFTER).await;
         }
-        let watching = self
-            .inner
-            .watcher
-            .get_or_init(|| self.start_watcher())
-            .is_some();
+        let watching = self.watching();
         if !watching {
             // Without change notifications the renewals tell.
             return std::future::pending().await;
@@ -734,11 +731,7 @@ impl Store for LocalStore {
     }
 
     async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
-        let watching = self
-            .inner
-            .watcher
-            .get_or_init(|| self.start_watcher())
-            .is_some();
+        let watching = self.watching();
         if !watching {
             return crate::store::poll_holders(self, name, seen).await;
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use super::LONG_TTL;
+use super::{queued, LONG_TTL};
 use crate::conformance::{join_all, unique, within, Partition, SHORT_TTL};
 use crate::store::Store;
 use crate::{Election, Error, Leader, Leasehold, Observer, Released};
@@ -213,14 +213,12 @@ pub async fn election_bounded_campaigns(store: Arc<dyn Store>) {
         "a campaign led while another leader held"
     );
     let client = Leasehold::from_store(store.clone());
-    super::super::eventually("the abandoned candidates to leave the queue", || async {
-        client
-            .describe(name.as_str())
-            .await
-            .unwrap()
-            .waiters
-            .is_empty()
-    })
+    queued(
+        "the abandoned candidates to leave the queue",
+        &client,
+        &name,
+        0,
+    )
     .await;
     let _ = leading.resign().await.unwrap();
     let after = within("a new candidate to lead", other.campaign("w"))
