@@ -71,10 +71,10 @@ pub struct Leader {
     pub pid: u32,
     /// When it became leader (the store's wall clock); on etcd, which records no moment
     /// of hand-over, when it joined the queue of candidates.
-    #[serde(serialize_with = "unix_ms")]
+    #[serde(serialize_with = "crate::store::unix_ms::serialize")]
     pub since: SystemTime,
     /// Lease left, as the store saw it.
-    #[serde(serialize_with = "millis")]
+    #[serde(serialize_with = "crate::store::millis::serialize")]
     pub lease_left: Duration,
 }
 
@@ -101,15 +101,6 @@ impl From<&HolderInfo> for Leader {
             lease_left: h.lease_left,
         }
     }
-}
-
-fn unix_ms<S: serde::Serializer>(t: &SystemTime, s: S) -> std::result::Result<S::Ok, S::Error> {
-    let ms = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    s.serialize_u64(ms.as_millis() as u64)
-}
-
-fn millis<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_u64(d.as_millis() as u64)
 }
 
 impl Election {

@@ -305,7 +305,9 @@ impl LockState {
     /// Whether `other` shows the same holders (owner, token) with the same values: what a
     /// [`Store::watch`] waits to change. Leases left and hold counts are not compared.
     pub fn same_holders(&self, other: &LockState) -> bool {
-        let key = |h: &HolderInfo| (h.token, h.value.clone(), h.owner.clone());
+        fn key(h: &HolderInfo) -> (FencingToken, Option<&str>, &str) {
+            (h.token, h.value.as_deref(), h.owner.as_str())
+        }
         self.holders.len() == other.holders.len()
             && self
                 .holders
@@ -445,7 +447,8 @@ pub struct RateRequest {
     pub max_wait_us: u64,
 }
 
-mod unix_ms {
+/// Times as Unix milliseconds in JSON (`describe`, the leader).
+pub(crate) mod unix_ms {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use serde::{Deserialize, Deserializer, Serializer};
@@ -459,7 +462,8 @@ mod unix_ms {
     }
 }
 
-mod millis {
+/// Durations as milliseconds in JSON.
+pub(crate) mod millis {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};
