@@ -377,6 +377,18 @@ impl LockGuard {
             .wait(async move { tokio::time::timeout(wait, signal.lost()).await.is_ok() })
     }
 
+    /// Turns this write hold into a read hold in place (see
+    /// [`crate::LockGuard::downgrade`]).
+    pub fn downgrade(&mut self) -> Result<()> {
+        let mut guard = self.inner.take().expect("guard is held until consumed");
+        let (guard, done) = self.client.wait(async move {
+            let done = guard.downgrade().await;
+            (guard, done)
+        });
+        self.inner = Some(guard);
+        done
+    }
+
     /// Releases this hold and waits for the store's answer (see
     /// [`crate::LockGuard::release`]).
     pub fn release(mut self) -> Result<Released> {

@@ -290,6 +290,71 @@ impl LockGuard {
         }
     }
 
+    /// Turns this write hold into a read hold in place: the same lease, token and
+    /// renewal, with nobody let in between (unlike a release and a new read). Readers
+    /// waiting for it are let in at once; writers wait until it is released.
+    ///
+    /// Only a write (or mutex) hold that is its owner's only hold can be: a read hold
+    /// or a permit is [`Error::InvalidOption`], and an owner holding the lock more than
+    /// once is [`Error::Conflict`] (its holds are one holder: the others would turn
+    /// shared under guards that count on holding alone). Both leave the guard as it was.
+    /// [`Error::Lost`] if the hold was gone.
+    ///
+    /// ```
+    /// # async fn job(locks: leasehold::Leasehold) -> leasehold::Result<()> {
+    /// let mut guard = locks.write("config").lock().await?;
+    /// // ... write the new config ...
+    /// guard.downgrade().await?;
+    /// // ... read it back beside other readers; no writer gets in before the release ...
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// If cancelled, or on another error (the store could not be reached), the store may
+    /// or may not have made the hold shared: the guard is then lost (its `check` fails)
+    /// and should be dropped.
+    pub async fn downgrade(&mut self) -> Result<()> {
+        match self.kind() {
+            LockKind::Exclusive => {}
+            LockKind::Shared => {
+                return Err(Error::option(
+                    "downgrade",
+                    "the guard is a read hold already",
+                ))
+            }
+            LockKind::Permit { .. } => {
+                return Err(Error::option(
+                    "downgrade",
+                    "a semaphore's permit has no read hold",
+                ))
+            }
+        }
+        self.check()?;
+        let line = self.held().line.clone();
+        let unanswered = Unanswered(Some(line.clone()));
+        let answer = line.store.downgrade(&line.lease).await;
+        // Otherwise (or if this call is dropped while it waits) the hold may have turned
+        // shared or not: the guard can no longer say it holds alone.
+        if matches!(answer, Ok(_) | Err(Error::Conflict { .. })) {
+            unanswered.answered();
+        }
+        match answer {
+            Ok(Renewal::Renewed) => {
+                if let Some(held) = self.held.as_mut() {
+                    held.kind = LockKind::Shared;
+                }
+                Ok(())
+            }
+            Ok(Renewal::Lost) => {
+                self.gone("the store no longer has this hold (found by a downgrade)");
+                self.check().map(|_| ())
+            }
+            // A refusal by the lock rules changed nothing.
+            Err(error) => Err(error),
+        }
+    }
+
     /// The store said the hold is gone (found by a call other than a renewal): the guard
     /// is lost from now on.
     pub(crate) fn gone(&self, reason: &str) {
@@ -331,6 +396,25 @@ impl LockGuard {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
         held.line.lease.clone()
+    }
+}
+
+/// Marks a guard lost when dropped before [`answered`](Self::answered): a downgrade with
+/// no answer may or may not have made the hold shared.
+struct Unanswered(Option<Arc<Lifeline>>);
+
+impl Unanswered {
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(line) = self.0.take() {
+            let why = "a downgrade got no answer, so the hold may be shared";
+            line.mark_lost(crate::metrics::Loss::Gone, why);
+        }
     }
 }
 

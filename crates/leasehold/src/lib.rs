@@ -70,6 +70,10 @@
 //! starve). A re-entry is granted whatever waits. A refused request leaves nothing in
 //! the store.
 //!
+//! A writer may turn its hold into a read hold in place ([`LockGuard::downgrade`]): same
+//! token, nobody passed, readers admitted as by a release. Only as its owner's one hold:
+//! an owner's holds are one holder, and its other holds' guards count on holding alone.
+//!
 //! # Choosing a store
 //! - [`MemoryStore`]: the tasks of one process.
 //! - [`LocalStore`] (feature `local`, on by default): the processes of one host; nothing

@@ -167,6 +167,10 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn downgrade(&self, lease: &Lease) -> Result<Renewal> {
+        self.with(&lease.name, |r, _| r.downgrade(lease))?
+    }
+
     async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
         let wake = self.with_entry(name, |e, _| e.changed.clone())?;
         loop {

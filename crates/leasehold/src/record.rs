@@ -390,14 +390,34 @@ impl Record {
 
     /// Replaces the value of the holder that has `lease` among its holds.
     pub fn proclaim(&mut self, lease: &Lease, value: &str) -> Renewal {
-        let mine = |h: &&mut Holder| h.holds.iter().any(|x| x.lease == lease.id.as_str());
-        match self.holders.iter_mut().find(mine) {
+        match self.holder_mut(lease) {
             Some(holder) => {
                 holder.value = Some(value.to_string());
                 Renewal::Renewed
             }
             None => Renewal::Lost,
         }
+    }
+
+    /// Turns the holder that has `lease` among its holds shared, by the lock rules
+    /// ([`rules::downgrade`]); waiters look again.
+    pub fn downgrade(&mut self, lease: &Lease) -> Result<Renewal> {
+        let Some(holder) = self.holder_mut(lease) else {
+            return Ok(Renewal::Lost);
+        };
+        let holds = holder.holds.len() as u32;
+        let change = rules::downgrade(holder.kind, holds, &holder.owner)
+            .map_err(|refusal| refusal.conflict(&lease.name))?;
+        if change {
+            holder.kind = LockKind::Shared;
+            self.version += 1;
+        }
+        Ok(Renewal::Renewed)
+    }
+
+    fn holder_mut(&mut self, lease: &Lease) -> Option<&mut Holder> {
+        let mine = |h: &&mut Holder| h.holds.iter().any(|x| x.lease == lease.id.as_str());
+        self.holders.iter_mut().find(mine)
     }
 
     /// Whether `lease` is one of the holds.

@@ -24,6 +24,10 @@
 //!    that a reader does not wait behind readers (they are let in together). A non-fair
 //!    request passes waiters, except that a reader never passes a waiting writer (no
 //!    writer starvation).
+//! 5. **Downgrade.** A writer may turn its hold into a read hold in place (same token),
+//!    whatever waits: it holds the lock, so nobody is passed. Only as its owner's one
+//!    hold ([`Refusal::Downgrade`]): the owner's other holds would turn shared with it,
+//!    under guards that count on holding alone.
 
 use crate::store::LockKind;
 
@@ -74,6 +78,14 @@ pub enum Refusal {
         /// The owner id.
         owner: String,
     },
+    /// The owner holds the lock more than once and asked to downgrade one hold: its
+    /// holds are one holder, so the others would turn shared with it.
+    Downgrade {
+        /// The owner id.
+        owner: String,
+        /// Its holds.
+        holds: u32,
+    },
     /// The name is in use as another primitive (a mutex or read-write lock against a
     /// semaphore).
     OtherPrimitive {
@@ -97,6 +109,7 @@ impl Refusal {
     pub fn code(&self) -> &'static str {
         match self {
             Refusal::Upgrade { .. } => "upgrade",
+            Refusal::Downgrade { .. } => "downgrade",
             Refusal::OtherPrimitive { .. } => "primitive",
             Refusal::PermitCount { .. } => "permits",
         }
@@ -108,6 +121,9 @@ impl Refusal {
             Refusal::Upgrade { owner } => format!(
                 "owner {owner:?} holds it shared and asked for it exclusive; upgrading a shared hold would deadlock, release it first"
             ),
+            Refusal::Downgrade { owner, holds } => format!(
+                "owner {owner:?} holds it {holds} times; a downgrade turns all of an owner's holds shared, so release the others first"
+            ),
             Refusal::OtherPrimitive { used, asked } => format!(
                 "it is in use as {}, and {} was asked for; a name is one kind of lock at a time, use another name",
                 primitive(*used),
@@ -116,6 +132,14 @@ impl Refusal {
             Refusal::PermitCount { used, asked } => format!(
                 "it is in use as a semaphore with {used} permits; asked with {asked}; use the same count everywhere"
             ),
+        }
+    }
+
+    /// The refusal as the error a caller gets for `name`.
+    pub(crate) fn conflict(&self, name: &crate::LockName) -> crate::Error {
+        crate::Error::Conflict {
+            name: name.to_string(),
+            reason: self.message(),
         }
     }
 
@@ -171,6 +195,24 @@ pub(crate) fn reentry(held: LockKind, asked: LockKind, owner: &str) -> Result<()
             owner: owner.to_string(),
         }),
         _ => same_primitive(held, asked),
+    }
+}
+
+/// Whether the holder of `held`, with `holds` holds, may turn them shared (rule 5): `Ok(true)`
+/// to change, `Ok(false)` when they are shared already (a downgrade sent again after its
+/// answer was lost).
+pub(crate) fn downgrade(held: LockKind, holds: u32, owner: &str) -> Result<bool, Refusal> {
+    match held {
+        LockKind::Shared => Ok(false),
+        LockKind::Exclusive if holds > 1 => Err(Refusal::Downgrade {
+            owner: owner.to_string(),
+            holds,
+        }),
+        LockKind::Exclusive => Ok(true),
+        LockKind::Permit { .. } => Err(Refusal::OtherPrimitive {
+            used: held,
+            asked: LockKind::Shared,
+        }),
     }
 }
 
@@ -432,6 +474,24 @@ mod tests {
         assert_eq!(
             decide(&[], &permits, None, &ask("a", P2, false)),
             Decision::Grant
+        );
+    }
+
+    #[test]
+    fn a_writer_alone_downgrades_and_a_reader_already_has() {
+        assert_eq!(downgrade(X, 1, "a"), Ok(true));
+        assert_eq!(downgrade(S, 1, "a"), Ok(false));
+        assert_eq!(downgrade(S, 3, "a"), Ok(false));
+        let refused = downgrade(X, 2, "a").unwrap_err();
+        let want = Refusal::Downgrade {
+            owner: "a".into(),
+            holds: 2,
+        };
+        assert_eq!(refused, want);
+        assert!(refused.message().contains("release the others first"));
+        assert_eq!(
+            downgrade(P2, 1, "a"),
+            Err(Refusal::OtherPrimitive { used: P2, asked: S })
         );
     }
 

@@ -403,6 +403,20 @@ pub trait Store: Debug + Send + Sync + 'static {
         })
     }
 
+    /// Turns the hold `lease` into a read hold ([`LockKind::Shared`]) in place, with the
+    /// same token and lease, as one atomic step, by the lock rules (crate docs): refused
+    /// ([`Error::Conflict`](crate::Error)) unless it is an exclusive hold and its owner's
+    /// only one; already shared is done.
+    /// Readers it now admits are let in or woken as by a release. `Renewal::Lost` if the
+    /// hold is gone.
+    async fn downgrade(&self, lease: &Lease) -> Result<Renewal> {
+        let _ = lease;
+        Err(crate::Error::Unsupported {
+            store: self.describe_store(),
+            what: "downgrading a write lock".into(),
+        })
+    }
+
     /// Resolves once the holders of `name` may differ from `seen` (a [`describe`] of it,
     /// compared with [`LockState::same_holders`]): a grant, a release, a force-release, a
     /// proclamation. Checks first, so a change made after `seen` was read and before this

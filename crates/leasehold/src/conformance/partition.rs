@@ -100,6 +100,10 @@ impl Store for Partition {
         self.pass(&self.renewals)?;
         self.inner.proclaim(lease, value).await
     }
+    async fn downgrade(&self, lease: &Lease) -> Result<Renewal> {
+        self.pass(&self.renewals)?;
+        self.inner.downgrade(lease).await
+    }
     async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
         self.inner.watch(name, seen).await
     }

@@ -85,6 +85,17 @@ impl EtcdStore {
         self.inner.acquisitions.locked().get(id).cloned()
     }
 
+    /// The next recheck of the queued acquisition `id` reads the queue: its line, which
+    /// follows deletions only, cannot tell where it stands now (a holder ahead was
+    /// downgraded).
+    pub(super) fn look_again(&self, id: &LeaseId) {
+        if let Some(State::Queued { seen, .. }) =
+            (self.inner.acquisitions.locked().get_mut(id)).map(|a| &mut a.state)
+        {
+            *seen = 0;
+        }
+    }
+
     pub(super) fn record(&self, id: &LeaseId, acquisition: Acquisition) {
         self.inner
             .acquisitions

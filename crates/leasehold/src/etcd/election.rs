@@ -1,22 +1,55 @@
-//! Elections: the value a holder publishes (in its queue key's entry), replaced by
-//! `proclaim`, and `watch`, an etcd watch of the queue woken by any change there.
+//! A holder's entry rewritten in place, and the watches that hear of it: the value an
+//! election's leader publishes (`proclaim`) and `watch`, an etcd watch of the queue woken
+//! by any change there; a writer's downgrade to a reader, and the watch that lets the
+//! readers behind it know (they otherwise wait for deletions only).
 
 use std::time::Duration;
 
 use super::acquisitions::{Acquisition, State};
 use super::queue::*;
-use super::reentry::Role;
-use super::rpc::{prefix_end, Compare};
+use super::reentry::{Holding, Role};
+use super::rpc::{self, prefix_end, Compare, KeyValue};
 use super::wait::WatchEnd;
 use super::EtcdStore;
-use crate::store::{Lease, LockState, Renewal, Store};
-use crate::{LockName, Locked, Result};
+use crate::store::{Lease, LockKind, LockState, Renewal, Store};
+use crate::{rules, LockName, Locked, Result};
 
 impl EtcdStore {
-    /// Replaces the value in the entry of the queue key that holds through `lease` (its
-    /// own hold or a re-entry's): a put that keeps the key's lease, so its create
-    /// revision (the token) stays, compared against the entry it was read from.
+    /// The election's proclamation: the holder's entry with `value`.
     pub(super) async fn proclaim_value(&self, lease: &Lease, value: &str) -> Result<Renewal> {
+        self.rewrite_holder(lease, |now| {
+            Ok(Some(Entry {
+                value: Some(value.to_string()),
+                ..now.member.entry.clone()
+            }))
+        })
+        .await
+    }
+
+    /// A downgrade: the holder's entry as a reader's, by the lock rules. Readers waiting
+    /// behind it learn it from [`downgraded`](Self::downgraded): it deletes nothing.
+    pub(super) async fn downgrade_hold(&self, lease: &Lease) -> Result<Renewal> {
+        self.rewrite_holder(lease, |now| {
+            let entry = &now.member.entry;
+            let change = rules::downgrade(entry.kind, now.count(), &entry.owner)
+                .map_err(|refusal| refusal.conflict(&lease.name))?;
+            Ok(change.then(|| Entry {
+                kind: LockKind::Shared,
+                ..entry.clone()
+            }))
+        })
+        .await
+    }
+
+    /// Replaces the entry of the queue key that holds through `lease` (its own hold or a
+    /// re-entry's) with what `change` makes of it (`None`: nothing to change): a put that
+    /// keeps the key's lease, so its create revision (the token) stays, compared against
+    /// the entry and the re-entries it was read with.
+    async fn rewrite_holder(
+        &self,
+        lease: &Lease,
+        change: impl Fn(&Holding) -> Result<Option<Entry>>,
+    ) -> Result<Renewal> {
         let (key, create) = match self.acquisition(&lease.id) {
             Some(Acquisition {
                 key,
@@ -29,12 +62,16 @@ impl EtcdStore {
                 _ => return Ok(Renewal::Lost),
             },
         };
+        let holds = holds_prefix(&lease.name, create);
         loop {
             // A key that held once holds until it is deleted: nothing queues ahead of it.
             let Some(now) = self.holding(&lease.name, &key, create).await? else {
                 return Ok(Renewal::Lost);
             };
-            let mut compare = vec![Compare::modified_at(&key, now.member.kv.mod_revision)];
+            let mut compare = vec![
+                Compare::modified_at(&key, now.member.kv.mod_revision),
+                Compare::created_before(&holds, &prefix_end(&holds), now.revision + 1),
+            ];
             match now.role(&lease.id) {
                 None => return Ok(Renewal::Lost),
                 Some(Role::Carrier) => {}
@@ -44,9 +81,8 @@ impl EtcdStore {
                     compare.push(Compare::modified_at(&hold.key, hold.mod_revision))
                 }
             }
-            let entry = Entry {
-                value: Some(value.to_string()),
-                ..now.member.entry.clone()
+            let Some(entry) = change(&now)? else {
+                return Ok(Renewal::Renewed);
             };
             let answer = self
                 .call_txn(txn(compare, vec![rewrite(&key, &entry)], vec![]))
@@ -105,6 +141,43 @@ impl EtcdStore {
             tracing::debug!(%name, error = %broken, "watch of the holders broke; watching again");
             tokio::time::sleep(trouble).await;
             trouble = (trouble * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Resolves at the first rewrite of a queue key of `name` into a reader's entry
+    /// after revision `seen`: a writer's downgrade, which readers waiting behind it must
+    /// hear of and which deletes nothing. Other rewrites of readers' keys (moved to
+    /// another etcd lease) wake it too, and so does a watch compacted away: the caller
+    /// looks again.
+    pub(super) async fn downgraded(&self, name: &LockName, seen: i64) -> Result<()> {
+        let prefix = queue_prefix(name);
+        let end = prefix_end(&prefix);
+        let puts = vec![rpc::NO_DELETE];
+        let Some((mut watch, _)) = self.watch_from(&prefix, end, seen + 1, puts).await? else {
+            return Ok(());
+        };
+        let reader = |kv: &KeyValue| {
+            kv.mod_revision > kv.create_revision
+                && serde_json::from_slice::<Entry>(&kv.value)
+                    .is_ok_and(|e| e.kind == LockKind::Shared)
+        };
+        loop {
+            let Some(answer) = watch.message().await else {
+                return Err(self.watch_ended());
+            };
+            let answer = match self.deletions(answer) {
+                Ok(answer) => answer,
+                Err(WatchEnd::Compacted) => return Ok(()),
+                Err(WatchEnd::Broken(error)) => return Err(error),
+            };
+            if answer
+                .events
+                .iter()
+                .filter_map(|e| e.kv.as_ref())
+                .any(reader)
+            {
+                return Ok(());
+            }
         }
     }
 }

@@ -100,6 +100,10 @@
 //!   lease (`ignore_lease`), so the token stays. `watch` is an etcd watch of the queue's
 //!   keys, puts and deletions, started before it reads the holders; it wakes at every
 //!   join too, and reads again.
+//! - **Downgrade**: the same compared rewrite, of the entry's kind (and only while the
+//!   key has no re-entry hold keys: a compare that none was created since the read).
+//!   It deletes nothing, so a waiting reader also watches the queue for puts that
+//!   rewrite a key into a reader's entry, and reads the queue again when one comes.
 //! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
 //!   Renewal checks both the lease and the key. A force-release deletes the key and its
 //!   hold keys: every hold ends.
@@ -127,7 +131,8 @@
 // - acquire.rs: the attempt: passes that put or re-read our key and settle where it stands.
 // - reentry.rs: re-entry holds, each on a lease of its own (taking, renewing, releasing).
 // - wait.rs: waiting and watches; line.rs: a process's waiters on one watch.
-// - election.rs: a holder's published value (proclaim), and watching the holders.
+// - election.rs: a holder's entry rewritten (proclaim, downgrade), and the watches that
+//   hear of it.
 // - store.rs: the `Store` impl, routing each call to the rooms above.
 // - rpc/: the etcd v3 messages, the client that fails over, watches on one stream.
 

@@ -11,8 +11,8 @@ use super::rpc::{prefix_end, Compare, Op, RangeRequest};
 use super::wait::Blocker;
 use super::{EtcdLease, EtcdStore};
 use crate::store::{
-    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockState, Released, Renewal,
-    Store, WaiterInfo, Watermark,
+    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockKind, LockState,
+    Released, Renewal, Store, WaiterInfo, Watermark,
 };
 use crate::{FencingToken, LockName, Result};
 
@@ -87,38 +87,17 @@ impl Store for EtcdStore {
 
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
         let seen = since.0 as i64;
-        match self.acquisition(&req.lease) {
-            Some(Acquisition {
-                state: State::Outside { blocker, .. },
-                ..
-            }) => {
-                self.deleted(&blocker, seen).await?;
-                Ok(None)
+        let wait = self.deletion_lets_in(req, seen);
+        if req.kind != LockKind::Shared {
+            return wait.await;
+        }
+        // A reader is also let in by a writer's downgrade, which deletes nothing.
+        tokio::select! {
+            done = wait => done,
+            downgraded = self.downgraded(&req.name, seen) => {
+                self.look_again(&req.lease);
+                downgraded.map(|()| None)
             }
-            Some(Acquisition {
-                key,
-                lease: Some(lease),
-                state:
-                    State::Queued {
-                        create,
-                        waiting,
-                        attempted,
-                        ..
-                    },
-                ..
-            }) => {
-                let ours = Ours {
-                    key,
-                    lease,
-                    create,
-                    attempted,
-                };
-                match self.wait_in_line(req, &ours, waiting, seen).await? {
-                    Some(grant) => Ok(Some(self.on_full_lease(req, grant).await)),
-                    None => Ok(None),
-                }
-            }
-            _ => std::future::pending().await,
         }
     }
 
@@ -159,6 +138,10 @@ impl Store for EtcdStore {
 
     async fn proclaim(&self, lease: &Lease, value: &str) -> Result<Renewal> {
         self.proclaim_value(lease, value).await
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Renewal> {
+        self.downgrade_hold(lease).await
     }
 
     async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
@@ -274,6 +257,46 @@ impl Store for EtcdStore {
 }
 
 impl EtcdStore {
+    /// Resolves once a deletion may let `req` in: for a waiter outside the queue, of
+    /// what keeps it out; for a queued one, in its line (see [`wait_in_line`]).
+    ///
+    /// [`wait_in_line`]: Self::wait_in_line
+    async fn deletion_lets_in(&self, req: &AcquireRequest, seen: i64) -> Result<Option<Grant>> {
+        match self.acquisition(&req.lease) {
+            Some(Acquisition {
+                state: State::Outside { blocker, .. },
+                ..
+            }) => {
+                self.deleted(&blocker, seen).await?;
+                Ok(None)
+            }
+            Some(Acquisition {
+                key,
+                lease: Some(lease),
+                state:
+                    State::Queued {
+                        create,
+                        waiting,
+                        attempted,
+                        ..
+                    },
+                ..
+            }) => {
+                let ours = Ours {
+                    key,
+                    lease,
+                    create,
+                    attempted,
+                };
+                match self.wait_in_line(req, &ours, waiting, seen).await? {
+                    Some(grant) => Ok(Some(self.on_full_lease(req, grant).await)),
+                    None => Ok(None),
+                }
+            }
+            _ => std::future::pending().await,
+        }
+    }
+
     /// Deletes our key if it is unchanged since `modified` and has no re-entry holds,
     /// and keeps its lease for the next acquisition, refreshed on the way if it has aged.
     /// Whether it did.

@@ -730,6 +730,10 @@ impl Store for LocalStore {
         (self.with(&lease.name, |r, _| r.proclaim(lease, value))).await
     }
 
+    async fn downgrade(&self, lease: &Lease) -> Result<Renewal> {
+        (self.with(&lease.name, |r, _| r.downgrade(lease))).await?
+    }
+
     async fn watch(&self, name: &LockName, seen: &LockState) -> Result<()> {
         let watching = self.watching();
         if !watching {

@@ -43,7 +43,8 @@
 //! - Elections: a hold's value (an election leader's) is kept in the record, with the
 //!   hold and with the fair waiter it will be handed to; a request with a value never
 //!   takes the hot path, and one without adds nothing to it. `proclaim` rewrites the
-//!   holder's value in one script. A `watch` notes itself in the record's header (an
+//!   holder's value in one script (and `downgrade` its kind, handing over to or waking
+//!   the readers it admits, as a release does). A `watch` notes itself in the record's header (an
 //!   id, its client's channel, an expiry it refreshes every 5 s) and looks in the same
 //!   script; while a watcher is noted the record exists, so every call on the lock runs
 //!   a record script, which publishes the watcher's id when the holders (owner, token,

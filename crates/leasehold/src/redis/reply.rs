@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
-use crate::store::{Busy, HolderInfo, LockKind, Released, Watermark};
-use crate::{Error, FencingToken, RateDecision, Result};
+use crate::store::{Busy, HolderInfo, LockKind, Released, Renewal, Watermark};
+use crate::{rules, Error, FencingToken, LockName, RateDecision, Result};
 
 /// How a reply is sent.
 #[derive(Debug)]
@@ -192,6 +192,31 @@ pub(super) fn kind(word: &str, permits: i64) -> Option<LockKind> {
         }),
         _ => None,
     }
+}
+
+/// What downgrade.lua answered: 1 done, 0 the hold gone, or the holder's kind, permits,
+/// holds and owner, which the lock rules refuse.
+pub(super) fn downgrade(reply: &Value, name: &LockName) -> Result<Renewal> {
+    let refused = |fields: &[Value]| {
+        let [word, permits, holds, owner] = fields else {
+            return None;
+        };
+        let held = kind(&text(word)?, int(permits)?)?;
+        let holds = u32::try_from(int(holds)?).ok()?;
+        rules::downgrade(held, holds, &text(owner)?).err()
+    };
+    let refusal = match reply {
+        Value::Int(1) => return Ok(Renewal::Renewed),
+        Value::Int(0) => return Ok(Renewal::Lost),
+        Value::Array(fields) => refused(fields),
+        _ => None,
+    };
+    Err(match refusal {
+        Some(refusal) => refusal.conflict(name),
+        None => Error::Internal(format!(
+            "malformed downgrade reply from a Redis script: {reply:?}"
+        )),
+    })
 }
 
 /// A time in ms since the epoch.

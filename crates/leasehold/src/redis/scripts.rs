@@ -32,6 +32,7 @@ pub(super) struct Scripts {
     pub(super) held: Script,
     pub(super) describe: Script,
     pub(super) proclaim: Script,
+    pub(super) downgrade: Script,
     pub(super) watch: Script,
     pub(super) rate: Script,
 }
@@ -128,6 +129,13 @@ pub(super) fn scripts() -> &'static Scripts {
                 &Proclaim::default().fields(),
                 &[],
                 include_str!("proclaim.lua"),
+            ),
+            // The hold's lease alone, as held.lua's request.
+            downgrade: plain(
+                None,
+                &Held::default().fields(),
+                &[],
+                include_str!("downgrade.lua"),
             ),
             watch: LockScript {
                 hot: None,

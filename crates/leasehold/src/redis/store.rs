@@ -9,7 +9,7 @@ use redis::Value;
 use super::durability::cluster_masters;
 use super::errors::failed;
 use super::keys::{key, key_escape, key_unescape};
-use super::reply::{ReleaseReply, StateReply};
+use super::reply::{self, ReleaseReply, StateReply};
 use super::request::{Held, Proclaim, Release, Renew, Watch};
 use super::scripts::scripts;
 use super::state::State;
@@ -116,6 +116,15 @@ impl Store for RedisStore {
         } else {
             Renewal::Lost
         })
+    }
+
+    async fn downgrade(&self, lease: &Lease) -> Result<Renewal> {
+        let request = Held {
+            lease: lease.id.as_str(),
+        };
+        let reply: redis::Value =
+            (self.run(&scripts().downgrade, &lease.name, &request.fields())).await?;
+        reply::downgrade(&reply, &lease.name)
     }
 
     /// Notes a watcher in the lock's record and looks, in one script; then waits for a

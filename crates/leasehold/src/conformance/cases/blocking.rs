@@ -104,7 +104,7 @@ pub fn blocking_semaphore_limit(store: Arc<dyn Store>) {
 }
 
 /// Readers hold together and keep a writer out; the writer gets the lock once they are
-/// gone, and keeps readers out.
+/// gone, and keeps readers out until it downgrades to a reader.
 pub fn blocking_rwlock_readers_and_writer(store: Arc<dyn Store>) {
     let (a, b) = (client(&store), client(&store));
     let name = unique("blocking-rwlock");
@@ -115,13 +115,27 @@ pub fn blocking_rwlock_readers_and_writer(store: Arc<dyn Store>) {
         writer.try_lock().unwrap().is_none(),
         "a writer beside readers"
     );
-    let w = freed_for("the writer", writer, vec![r1, r2]);
+    let mut w = freed_for("the writer", writer, vec![r1, r2]);
     let reader = a.read(name.as_str()).unwrap();
     assert!(
         reader.try_lock().unwrap().is_none(),
         "a reader beside a writer"
     );
+    // Downgraded, the writer keeps its token and lets a reader in beside it.
+    let token = w.token();
+    w.downgrade().unwrap();
+    assert_eq!((w.kind(), w.token()), (crate::LockKind::Shared, token));
+    let beside = got(
+        "a reader beside the downgraded writer",
+        reader.try_lock().unwrap(),
+    );
+    let writer = b.write(name.as_str()).unwrap();
+    assert!(
+        writer.try_lock().unwrap().is_none(),
+        "a writer beside readers"
+    );
     assert_eq!(w.release().unwrap(), Released::Released);
+    assert_eq!(beside.release().unwrap(), Released::Released);
     assert!(reader.try_lock().unwrap().is_some());
 }
 

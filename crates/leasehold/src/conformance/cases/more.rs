@@ -1,11 +1,11 @@
-//! Several permits at once, and the free permits.
+//! Several permits at once, the free permits, and a write hold downgraded to a read hold.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{queued, LONG_TTL};
+use super::{busy, queued, LONG_TTL};
 use crate::conformance::{unique, within};
-use crate::store::Store;
+use crate::store::{LockKind, Store};
 use crate::{Error, Leasehold};
 
 /// `lock_many` takes `n` permits with tokens of their own; `free_permits` counts what is
@@ -89,4 +89,102 @@ pub async fn semaphore_many_permits(store: Arc<dyn Store>) {
         mutex.free_permits().await,
         Err(Error::InvalidOption { .. })
     ));
+}
+
+/// A downgraded write hold keeps its token and lease and lets the readers queued before
+/// any writer in (woken by the store: every lease here outlives the case), while writers,
+/// and readers behind a waiting writer, wait until it is released; in fair and non-fair
+/// mode. Downgrading a read hold, a permit, or one of several holds of an owner is
+/// refused and leaves the guard as it was; a hold that was taken away is lost.
+pub async fn downgrade_lets_readers_in(store: Arc<dyn Store>) {
+    let client = || Leasehold::from_store(store.clone());
+    for fair in [false, true] {
+        let name = unique(if fair { "downgrade-fair" } else { "downgrade" });
+        let (a, b, c, d) = (client(), client(), client(), client());
+        let lock = |c: &Leasehold, write: bool| {
+            let lock = match write {
+                true => c.write(name.as_str()),
+                false => c.read(name.as_str()),
+            };
+            lock.unwrap().with_ttl(LONG_TTL).with_fair(fair)
+        };
+        let mut writer = lock(&a, true).lock().await.unwrap();
+        let token = writer.token();
+        let reader = tokio::spawn({
+            let lock = lock(&b, false);
+            async move { lock.lock().await.unwrap() }
+        });
+        queued("a reader waiting for the writer", &a, &name, 1).await;
+        let next_writer = tokio::spawn({
+            let lock = lock(&c, true);
+            async move { lock.lock().await.unwrap() }
+        });
+        queued("a writer waiting behind the reader", &a, &name, 2).await;
+        writer.downgrade().await.unwrap();
+        assert_eq!(writer.kind(), LockKind::Shared);
+        assert_eq!(writer.token(), token, "a downgrade keeps the token");
+        writer.check().unwrap();
+        let read = within(
+            &format!("the reader let in by the downgrade (fair {fair})"),
+            reader,
+        )
+        .await
+        .unwrap();
+        let holders = a.describe(name.as_str()).await.unwrap().holders;
+        assert_eq!(holders.len(), 2, "fair {fair}: {holders:?}");
+        assert!(holders.iter().all(|h| h.kind == LockKind::Shared));
+        assert!(holders.iter().any(|h| h.token == token));
+        // A writer still waits, and so does a reader that would pass it.
+        busy(
+            &lock(&d, true),
+            "a writer got in beside the downgraded hold",
+        )
+        .await;
+        busy(&lock(&d, false), "a reader passed a waiting writer").await;
+        assert!(!next_writer.is_finished(), "a writer got in beside readers");
+        let again = writer.downgrade().await.unwrap_err();
+        assert!(matches!(again, Error::InvalidOption { .. }), "{again}");
+        let _ = writer.release().await.unwrap();
+        let _ = read.release().await.unwrap();
+        let last = within("the writer after the readers", next_writer)
+            .await
+            .unwrap();
+        assert!(last.token() > token);
+        let _ = last.release().await.unwrap();
+    }
+
+    let name = unique("downgrade-refused");
+    let locks = client();
+    let owned = || {
+        let lock = locks.write(name.as_str()).unwrap().with_ttl(LONG_TTL);
+        lock.with_owner("one-owner")
+    };
+    let mut first = owned().lock().await.unwrap();
+    let second = owned().lock().await.unwrap();
+    let refused = first.downgrade().await.unwrap_err();
+    assert!(matches!(refused, Error::Conflict { .. }), "{refused}");
+    assert_eq!(first.kind(), LockKind::Exclusive);
+    first
+        .check()
+        .expect("a refused downgrade leaves the guard held");
+    let _ = second.release().await.unwrap();
+    first.downgrade().await.unwrap();
+    let _ = first.release().await.unwrap();
+
+    // The name is free again: a semaphore may use it.
+    let semaphore = locks.semaphore(name.as_str(), 2).unwrap();
+    let mut permit = semaphore.with_ttl(LONG_TTL).lock().await.unwrap();
+    let refused = permit.downgrade().await.unwrap_err();
+    assert!(matches!(refused, Error::InvalidOption { .. }), "{refused}");
+    permit.check().unwrap();
+
+    let gone = unique("downgrade-gone");
+    let mut writer = (locks.write(gone.as_str()).unwrap())
+        .with_ttl(LONG_TTL)
+        .lock()
+        .await
+        .unwrap();
+    assert!(locks.force_release(gone.as_str()).await.unwrap());
+    let lost = writer.downgrade().await.unwrap_err();
+    assert!(matches!(lost, Error::Lost { .. }), "{lost}");
 }

@@ -13,8 +13,8 @@ use super::plan::{Asked, Op, Plan, Req, Shape};
 use super::shrink::Failure;
 use super::{Check, Counts, BOUNDED, CLIENTS, OWNERS, PROMPT};
 use crate::conformance::{unique, PATIENCE, SHORT_TTL};
-use crate::rules::Decision;
-use crate::store::{Released, Store};
+use crate::rules::{self, Decision};
+use crate::store::{LockKind, Released, Store};
 use crate::{Error, Leasehold, Lock, LockGuard};
 
 /// The lease of every request but the leaked ones: long enough that renewals under load
@@ -234,6 +234,7 @@ impl Driver {
             Op::Release { pick } => self.release(pick, None).await,
             Op::Handoff { pick, req } => self.release(pick, Some(req)).await,
             Op::Force { name } => self.force(name).await,
+            Op::Downgrade { pick } => self.downgrade(pick).await,
         }
     }
 
@@ -359,6 +360,52 @@ impl Driver {
         self.released(held.name, &held.owner);
         if let Some(req) = then {
             self.race(req).await?;
+        }
+        self.settle(PROMPT).await
+    }
+
+    /// Downgrades a held guard: done for a write hold that is its owner's only hold,
+    /// refused for one of several (the guard stays a writer's) and for a read hold or a
+    /// permit (the guard's own kind); the readers it admits must then be served.
+    async fn downgrade(&mut self, pick: u32) -> Check {
+        if self.held.is_empty() {
+            return self.skip("nothing held");
+        }
+        let i = pick as usize % self.held.len();
+        let (name, owner, id) = (
+            self.held[i].name,
+            self.held[i].owner.clone(),
+            self.held[i].id,
+        );
+        self.note(format!("g{id} {owner} n{name}"));
+        let model = &self.model[name];
+        let Some(holder) = model.holders.iter().position(|h| h.owner == owner) else {
+            return Err(format!("g{id} is held but the model has no holder {owner}"));
+        };
+        let (kind, holds) = (model.holders[holder].kind, model.holders[holder].holds);
+        let guard = &mut self.held[i].guard;
+        let asked = guard.kind();
+        let got = guard.downgrade().await;
+        let now = guard.kind();
+        let want = match asked {
+            LockKind::Exclusive => rules::downgrade(kind, holds, &owner),
+            _ => Ok(false),
+        };
+        self.note(format!("{asked:?} guard, {kind:?} x{holds}: {got:?}"));
+        match (asked, want, &got) {
+            (LockKind::Exclusive, Ok(_), Ok(())) => {
+                ensure!(now == LockKind::Shared, "g{id} downgraded but not shared");
+                self.model[name].holders[holder].kind = LockKind::Shared;
+                self.count("downgraded");
+            }
+            (LockKind::Exclusive, Err(_), Err(Error::Conflict { .. })) => {
+                ensure!(now == asked, "g{id} refused but changed");
+                self.count("downgrade refused");
+            }
+            (_, _, Err(Error::InvalidOption { .. })) if asked != LockKind::Exclusive => {
+                self.count("downgrade refused");
+            }
+            _ => return Err(format!("downgrading g{id} ({asked:?}) gave {got:?}")),
         }
         self.settle(PROMPT).await
     }

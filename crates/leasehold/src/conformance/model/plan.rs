@@ -119,6 +119,8 @@ pub(super) enum Op {
     /// Release a held guard and make `req` (a try) at once, racing the waiters the
     /// release lets in.
     Handoff { pick: u32, req: Req },
+    /// Downgrade a held guard to a read hold.
+    Downgrade { pick: u32 },
 }
 
 impl fmt::Display for Op {
@@ -135,6 +137,7 @@ impl fmt::Display for Op {
             Op::Expire { req } => write!(f, "expire   {req}"),
             Op::Force { name } => write!(f, "force    n{name}"),
             Op::Handoff { pick, req } => write!(f, "handoff  guard pick {pick}, then try {req}"),
+            Op::Downgrade { pick } => write!(f, "downgrade guard pick {pick}"),
         }
     }
 }
@@ -211,6 +214,9 @@ impl Plan {
                 pick: rng.next() as u32,
                 req: req(rng),
             },
+            75..=79 => Op::Downgrade {
+                pick: rng.next() as u32,
+            },
             _ => Op::Release {
                 pick: rng.next() as u32,
             },
@@ -261,6 +267,7 @@ mod tests {
         assert!(count(|op| matches!(op, Op::Release { .. })) > 100);
         assert!(count(|op| matches!(op, Op::Expire { .. })) > 10);
         assert!(count(|op| matches!(op, Op::Force { .. })) > 10);
+        assert!(count(|op| matches!(op, Op::Downgrade { .. })) > 50);
         let wrong = |op: &Op| match op {
             Op::Try { req, .. } | Op::Wait { req } | Op::Expire { req } => {
                 matches!(

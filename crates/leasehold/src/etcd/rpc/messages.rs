@@ -261,6 +261,8 @@ pub struct WatchCancelRequest {
 
 /// `WatchCreateRequest.FilterType.NOPUT`: deletions only.
 pub const NO_PUT: i32 = 0;
+/// `NODELETE`: puts only.
+pub const NO_DELETE: i32 = 1;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WatchCreateRequest {
