@@ -56,6 +56,11 @@ pub struct ElectArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
 
+    /// leasehold's own errors and log lines as JSON objects on stderr (the command's
+    /// output is its own)
+    #[arg(long)]
+    pub json: bool,
+
     /// The command to run while leading, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -87,6 +92,7 @@ impl ElectArgs {
                 value: Some(value),
             },
             grace: self.grace,
+            json: self.json,
             command: self.command,
         }
     }

@@ -31,7 +31,7 @@ pub fn errors_help() -> String {
         .map(|(code, kind)| format!("{kind} ({code})"))
         .collect();
     let text = format!(
-        "With --json (hold, release, status, list, limit, bench, torture), an error is one JSON \
+        "With --json (run, elect, hold, release, status, leader, list, limit, bench, torture), an error is one JSON \
 object on stderr, {{\"exit\": 75, \"kind\": \"not_acquired\", \"message\": \"...\"}}, whose kind \
 names the exit code: {}; signal (128+N).",
         kinds.join(", ")

@@ -407,6 +407,8 @@ impl Cli {
     /// Whether the command was given `--json`: then its errors are JSON too.
     fn json(&self) -> bool {
         match &self.command {
+            Command::Run(args) => args.json,
+            Command::Elect(args) => args.json,
             Command::Hold(args) => args.json,
             Command::Status(args) => args.json,
             Command::Leader(args) => args.json,

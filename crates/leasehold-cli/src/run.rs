@@ -27,6 +27,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = crate::parse_duration, allow_hyphen_values = true)]
     pub grace: Duration,
 
+    /// leasehold's own errors and log lines as JSON objects on stderr (the command's
+    /// output is its own)
+    #[arg(long)]
+    pub json: bool,
+
     /// The command to run, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,

@@ -177,6 +177,19 @@ fn busy_lock_with_json_is_a_not_acquired_object_under_any_exit_code() {
         3,
         "not_acquired",
     );
+    // run and elect: stdout is the command's (it never ran), the error is JSON.
+    for command in [
+        &["run", "--json", "-n", "k", "--", "true"][..],
+        &["elect", "--json", "-n", "k", "--", "true"],
+    ] {
+        let out = cli.run(command);
+        assert_eq!(out.stdout, "", "{command:?}");
+        let message = json_error(&out, 75, "not_acquired");
+        assert!(
+            message.contains(&format!("pid {}", holder.pid())),
+            "{message}"
+        );
+    }
 }
 
 #[test]
