@@ -70,7 +70,14 @@ async fn main() -> Result<(), Failure> {
             let end = Instant::now() + Duration::from_secs(secs);
             let (started, cpu) = (Instant::now(), cpu_us());
             let tasks: Vec<_> = (0..workers)
-                .map(|w| tokio::spawn(worker(mode, locks.clone(), format!("{mode}-{round}-{w}"), end)))
+                .map(|w| {
+                    tokio::spawn(worker(
+                        mode,
+                        locks.clone(),
+                        format!("{mode}-{round}-{w}"),
+                        end,
+                    ))
+                })
                 .collect();
             let mut cycles = 0;
             for task in tasks {

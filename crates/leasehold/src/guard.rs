@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::gate::Turn;
 use crate::keepalive::{Lifeline, Renewals, Status};
-use crate::metrics::Holding;
+use crate::metrics::{Call, Holding};
 use crate::options::{check_ttl, humanize};
 use crate::store::{Lease, LockKind, Released, Renewal, Store};
 use crate::{Error, FencingToken, LockName, Result};
@@ -505,7 +505,7 @@ async fn release(line: Arc<Lifeline>, turn: Option<Turn>, tasks: &TaskTracker) -
             None => line.store.release(&line.lease).await,
         }
     };
-    let released = line.meter.store_call("release", released).await;
+    let released = line.meter.store_call(Call::Release, released).await;
     line.meter.released(&released);
     again_on_trouble(&released, &line.store, &line.lease, ttl, tasks);
     released

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Mutex};
 use tokio::time::{sleep_until, timeout_at, Instant};
 
-use crate::metrics::{Loss, Meter};
+use crate::metrics::{Call, Loss, Meter};
 use crate::store::{Lease, Renewal, Store};
 use crate::Locked;
 use crate::Result;
@@ -117,7 +117,7 @@ impl Lifeline {
         }
         let renewal = self
             .meter
-            .store_call("renew", self.store.renew(&self.lease, ttl));
+            .store_call(Call::Renew, self.store.renew(&self.lease, ttl));
         let outcome = timeout_at(current.valid_until, renewal).await;
         self.meter
             .renewed(matches!(outcome, Ok(Ok(Renewal::Renewed))), sent);

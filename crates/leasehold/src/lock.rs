@@ -15,7 +15,7 @@ use tracing::Instrument;
 use crate::gate::{Gates, Until};
 use crate::guard::{release_or_again, LockGuard};
 use crate::keepalive::{jitter, safe_deadline, Lifeline, Renewals};
-use crate::metrics::Meter;
+use crate::metrics::{Call, Meter};
 use crate::options::{check_owner, check_permits, check_ttl, waiter_lease, DEFAULT_TTL};
 use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Renewal, Requester,
@@ -276,7 +276,7 @@ impl Leasehold {
         let name = self.stored(name.into_lock_name()?)?;
         let meter = (self.meter).of(None, self.lock_name_metrics.then_some(&name));
         let held = meter
-            .store_call("force_release", self.store.force_release(&name))
+            .store_call(Call::ForceRelease, self.store.force_release(&name))
             .await?;
         meter.force_released();
         tracing::debug!(lock = %name, held, "force-released");
@@ -530,7 +530,7 @@ impl Lock {
         let lease = req.lease();
         let renewal = self
             .meter
-            .store_call("renew", self.store.renew(&lease, req.ttl));
+            .store_call(Call::Renew, self.store.renew(&lease, req.ttl));
         match self
             .bounded(renewal, bound, "confirming a late grant", resent)
             .await?
@@ -608,7 +608,9 @@ impl Lock {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
             let sent = Instant::now();
-            let attempt = self.meter.store_call("acquire", self.store.acquire(&req));
+            let attempt = self
+                .meter
+                .store_call(Call::Acquire, self.store.acquire(&req));
             let step = match self
                 .bounded(attempt, progress.bound, "an attempt", sent)
                 .await

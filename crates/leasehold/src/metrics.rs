@@ -1,17 +1,18 @@
 //! Every metric the library records, through the `metrics` facade: the core calls these
 //! small functions, so names and labels live here only (the crate docs list them). With
-//! no recorder installed each call is a no-op of the facade's.
+//! no recorder installed each call is a no-op of the facade's, and allocates nothing.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
-use ::metrics::{counter, gauge, histogram, Label};
+use ::metrics::{Key, Label, Level, Metadata};
 use tokio::time::Instant;
 
 use crate::store::{LockKind, Released, Store};
-use crate::{Error, LockGuard, LockName, Result};
+use crate::{Error, LockGuard, LockName, Locked, Result};
 
 pub(crate) const ACQUISITIONS: &str = "leasehold_acquisitions_total";
 pub(crate) const LOSSES: &str = "leasehold_losses_total";
@@ -26,96 +27,176 @@ pub(crate) const HELD: &str = "leasehold_held";
 pub(crate) const WAITING: &str = "leasehold_waiting";
 
 /// The labels of one lock handle's metrics: `store`, `kind`, and `lock` when the user
-/// opted in (a label per lock name can be too many series).
+/// opted in (a label per lock name can be too many series). Each metric's key (name and
+/// labels) is built once, so recording one allocates nothing, recorder or not.
 #[derive(Clone, Debug)]
 pub(crate) struct Meter {
-    labels: Arc<[Label]>,
+    keys: Arc<Keys>,
+    /// The keys of this meter's labels plus each lock kind, built on first use: lock
+    /// handles without a `lock` label share them (see [`of`](Self::of)).
+    kinds: Arc<Mutex<HashMap<&'static str, Arc<Keys>>>>,
+}
+
+/// Outcome (or reason, or call) label values, in the order of the keys built for them.
+const ACQUIRED: [&str; 4] = ["acquired", "timed_out", "refused", "error"];
+const LOST: [&str; 3] = ["renewal_failed", "gone", "force_released"];
+const RENEWED: [&str; 2] = ["ok", "failed"];
+const RELEASED: [&str; 4] = ["ok", "not_held", "resent", "error"];
+const CALLS: [&str; 4] = ["acquire", "renew", "release", "force_release"];
+
+/// A store call, timed (its `call` label: [`CALLS`], in this order).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Call {
+    Acquire = 0,
+    Renew = 1,
+    Release = 2,
+    ForceRelease = 3,
+}
+
+/// Every metric's key for one set of labels.
+#[derive(Debug)]
+struct Keys {
+    labels: Vec<Label>,
+    acquisitions: [Key; 4],
+    losses: [Key; 3],
+    renewals: [Key; 2],
+    releases: [Key; 4],
+    force_releases: Key,
+    wait: Key,
+    hold: Key,
+    renewal: Key,
+    store_calls: [Key; 4],
+    held: Key,
+    waiting: Key,
+}
+
+impl Keys {
+    fn new(labels: Vec<Label>) -> Self {
+        let plain = |name: &'static str| Key::from_parts(name, labels.clone());
+        let by = |name: &'static str, label: &'static str, value: &'static str| {
+            let mut all = labels.clone();
+            all.push(Label::new(label, value));
+            Key::from_parts(name, all)
+        };
+        Keys {
+            acquisitions: ACQUIRED.map(|v| by(ACQUISITIONS, "outcome", v)),
+            losses: LOST.map(|v| by(LOSSES, "reason", v)),
+            renewals: RENEWED.map(|v| by(RENEWALS, "outcome", v)),
+            releases: RELEASED.map(|v| by(RELEASES, "outcome", v)),
+            force_releases: plain(FORCE_RELEASES),
+            wait: plain(WAIT_SECONDS),
+            hold: plain(HOLD_SECONDS),
+            renewal: plain(RENEWAL_SECONDS),
+            store_calls: CALLS.map(|v| by(STORE_CALL_SECONDS, "call", v)),
+            held: plain(HELD),
+            waiting: plain(WAITING),
+            labels,
+        }
+    }
+}
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+fn count(key: &Key) {
+    ::metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+}
+
+fn record(key: &Key, since: Instant) {
+    let elapsed = since.elapsed();
+    ::metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(elapsed));
+}
+
+fn gauge(key: &Key, by: f64) {
+    ::metrics::with_recorder(|r| r.register_gauge(key, &METADATA).increment(by));
 }
 
 impl Meter {
     /// The labels of everything done on `store`.
     pub fn new(store: &dyn Store) -> Self {
         Meter {
-            labels: [Label::new("store", store_kind(store))].into(),
+            keys: Arc::new(Keys::new(vec![Label::new("store", store_kind(store))])),
+            kinds: Arc::default(),
         }
     }
 
     /// These labels plus a lock's `kind`, if any, and its `name`, if given.
     pub fn of(&self, kind: Option<LockKind>, name: Option<&LockName>) -> Self {
-        let mut labels = self.labels.to_vec();
+        let mut labels = self.keys.labels.clone();
         if let Some(kind) = kind {
             labels.push(Label::new("kind", kind.word()));
         }
-        if let Some(name) = name {
-            labels.push(Label::new("lock", name.to_string()));
-        }
+        let keys = match (name, kind) {
+            (Some(name), _) => {
+                labels.push(Label::new("lock", name.to_string()));
+                Arc::new(Keys::new(labels))
+            }
+            (None, None) => Arc::new(Keys::new(labels)),
+            (None, Some(kind)) => (self.kinds.locked().entry(kind.word()))
+                .or_insert_with(|| Arc::new(Keys::new(labels)))
+                .clone(),
+        };
         Meter {
-            labels: labels.into(),
+            keys,
+            kinds: self.kinds.clone(),
         }
-    }
-
-    fn with(&self, key: &'static str, value: &'static str) -> Vec<Label> {
-        let mut labels = self.labels.to_vec();
-        labels.push(Label::new(key, value));
-        labels
     }
 
     /// How an acquire that started at `started` ended; `waited` says whether it could wait.
     pub fn acquired(&self, acquired: &Result<Option<LockGuard>>, waited: bool, started: Instant) {
         let outcome = match acquired {
             Ok(Some(_)) => {
-                histogram!(WAIT_SECONDS, self.labels.to_vec()).record(started.elapsed());
-                "acquired"
+                record(&self.keys.wait, started);
+                0
             }
-            Ok(None) if waited => "timed_out",
-            Ok(None) | Err(Error::Conflict { .. }) => "refused",
-            Err(_) => "error",
+            Ok(None) if waited => 1,
+            Ok(None) | Err(Error::Conflict { .. }) => 2,
+            Err(_) => 3,
         };
-        counter!(ACQUISITIONS, self.with("outcome", outcome)).increment(1);
+        count(&self.keys.acquisitions[outcome]);
     }
 
     pub fn lost(&self, reason: Loss) {
-        let reason = match reason {
-            Loss::RenewalFailed => "renewal_failed",
-            Loss::Gone => "gone",
-            Loss::ForceReleased => "force_released",
+        let at = match reason {
+            Loss::RenewalFailed => 0,
+            Loss::Gone => 1,
+            Loss::ForceReleased => 2,
         };
-        counter!(LOSSES, self.with("reason", reason)).increment(1);
+        count(&self.keys.losses[at]);
     }
 
     /// A renewal (sent at `sent`) and whether the store confirmed it.
     pub fn renewed(&self, ok: bool, sent: Instant) {
-        histogram!(RENEWAL_SECONDS, self.labels.to_vec()).record(sent.elapsed());
-        let outcome = if ok { "ok" } else { "failed" };
-        counter!(RENEWALS, self.with("outcome", outcome)).increment(1);
+        record(&self.keys.renewal, sent);
+        count(&self.keys.renewals[usize::from(!ok)]);
     }
 
     /// A guard's release; one that met store trouble is sent again in the background.
     pub fn released(&self, released: &Result<Released>) {
         let outcome = match released {
-            Ok(Released::Released) => "ok",
-            Ok(Released::NotHeld) => "not_held",
-            Err(e) if e.is_retryable() => "resent",
-            Err(_) => "error",
+            Ok(Released::Released) => 0,
+            Ok(Released::NotHeld) => 1,
+            Err(e) if e.is_retryable() => 2,
+            Err(_) => 3,
         };
-        counter!(RELEASES, self.with("outcome", outcome)).increment(1);
+        count(&self.keys.releases[outcome]);
     }
 
     pub fn force_released(&self) {
-        counter!(FORCE_RELEASES, self.labels.to_vec()).increment(1);
+        count(&self.keys.force_releases);
     }
 
     /// `call` to the store, timed as `what`.
-    pub async fn store_call<T>(&self, what: &'static str, call: impl Future<Output = T>) -> T {
+    pub async fn store_call<T>(&self, what: Call, call: impl Future<Output = T>) -> T {
         let sent = Instant::now();
         let answer = call.await;
-        histogram!(STORE_CALL_SECONDS, self.with("call", what)).record(sent.elapsed());
+        record(&self.keys.store_calls[what as usize], sent);
         answer
     }
 
     /// Counts a held guard until dropped, then records how long it was held.
     pub fn holding(&self) -> Holding {
-        gauge!(HELD, self.labels.to_vec()).increment(1.0);
+        gauge(&self.keys.held, 1.0);
         Holding {
             meter: self.clone(),
             since: Instant::now(),
@@ -124,7 +205,7 @@ impl Meter {
 
     /// Counts a waiting task until dropped.
     pub fn waiting(&self) -> Waiting {
-        gauge!(WAITING, self.labels.to_vec()).increment(1.0);
+        gauge(&self.keys.waiting, 1.0);
         Waiting(self.clone())
     }
 
@@ -163,9 +244,8 @@ pub(crate) struct Holding {
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        let labels = self.meter.labels.to_vec();
-        histogram!(HOLD_SECONDS, labels.clone()).record(self.since.elapsed());
-        gauge!(HELD, labels).decrement(1.0);
+        record(&self.meter.keys.hold, self.since);
+        gauge(&self.meter.keys.held, -1.0);
     }
 }
 
@@ -175,7 +255,7 @@ pub(crate) struct Waiting(Meter);
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        gauge!(WAITING, self.0.labels.to_vec()).decrement(1.0);
+        gauge(&self.0.keys.waiting, -1.0);
     }
 }
 
