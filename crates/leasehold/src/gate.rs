@@ -256,6 +256,46 @@ impl Turn {
     }
 }
 
+impl Turn {
+    /// Puts the next waiting task in the store's queue with the request it would send
+    /// (with how long it waited here, as a hand-over does), then gives it the turn to
+    /// ask the store itself, which finds its place kept: how a hold that stops excluding
+    /// (a downgrade) lets the store see the writers waiting here before it lets anyone
+    /// else in. However this ends (dropped half-way too), the task gets the turn.
+    pub async fn queue_next(mut self, store: &dyn Store) {
+        let Some(gate) = self.0.take() else { return };
+        let Some(Waiting { mut req, since, tx }) = gate.next() else {
+            return;
+        };
+        req.waited = since.elapsed();
+        let given = TurnGiven {
+            tx: Some(tx),
+            gate: gate.clone(),
+        };
+        let _ = store.acquire(&req).await;
+        if given.tx.as_ref().is_some_and(|tx| tx.is_closed()) {
+            // The task gave up meanwhile: take its place out of the store's queue.
+            let _ = store.release(&req.lease()).await;
+        }
+    }
+}
+
+/// The turn of the task that `tx` reaches, given when dropped (or, if that task has
+/// given up, passed on).
+struct TurnGiven {
+    tx: Option<oneshot::Sender<Pass>>,
+    gate: Arc<Gate>,
+}
+
+impl Drop for TurnGiven {
+    fn drop(&mut self) {
+        let given = self.tx.take().is_some_and(|tx| tx.send(Pass::Turn).is_ok());
+        if !given {
+            self.gate.pass_turn();
+        }
+    }
+}
+
 impl Drop for Turn {
     fn drop(&mut self) {
         if let Some(gate) = self.0.take() {

@@ -292,7 +292,11 @@ impl LockGuard {
 
     /// Turns this write hold into a read hold in place: the same lease, token and
     /// renewal, with nobody let in between (unlike a release and a new read). Readers
-    /// waiting for it are let in at once; writers wait until it is released.
+    /// waiting for it are let in at once; writers wait until it is released. Writers of
+    /// this process waiting behind this one (tasks without an owner id queue in the
+    /// process first) join the store's queue before the downgrade, so readers that came
+    /// after them wait: in fair mode by arrival; in non-fair mode, readers already in the
+    /// store's queue before they joined it come in first.
     ///
     /// Only a write (or mutex) hold that is its owner's only hold can be: a read hold
     /// or a permit is [`Error::InvalidOption`], and an owner holding the lock more than
@@ -302,7 +306,7 @@ impl LockGuard {
     ///
     /// ```
     /// # async fn job(locks: leasehold::Leasehold) -> leasehold::Result<()> {
-    /// let mut guard = locks.write("config").lock().await?;
+    /// let mut guard = locks.write("config")?.lock().await?;
     /// // ... write the new config ...
     /// guard.downgrade().await?;
     /// // ... read it back beside other readers; no writer gets in before the release ...
@@ -332,6 +336,12 @@ impl LockGuard {
         }
         self.check()?;
         let line = self.held().line.clone();
+        // Writers of this process waiting behind this one at its gate are not in the
+        // store's queue: the next joins it first, so that readers arriving after it
+        // do not pass it (fair ones keep their place by arrival).
+        if let Some(turn) = self.held.as_mut().and_then(|held| held.turn.take()) {
+            turn.queue_next(line.store.as_ref()).await;
+        }
         let unanswered = Unanswered(Some(line.clone()));
         let answer = line.store.downgrade(&line.lease).await;
         // Otherwise (or if this call is dropped while it waits) the hold may have turned

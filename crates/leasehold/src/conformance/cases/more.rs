@@ -94,11 +94,13 @@ pub async fn semaphore_many_permits(store: Arc<dyn Store>) {
 /// A downgraded write hold keeps its token and lease and lets the readers queued before
 /// any writer in (woken by the store: every lease here outlives the case), while writers,
 /// and readers behind a waiting writer, wait until it is released; in fair and non-fair
-/// mode. Downgrading a read hold, a permit, or one of several holds of an owner is
+/// mode, with the waiting writer in another client or in the holder's. Downgrading a read hold, a permit, or one of several holds of an owner is
 /// refused and leaves the guard as it was; a hold that was taken away is lost.
 pub async fn downgrade_lets_readers_in(store: Arc<dyn Store>) {
     let client = || Leasehold::from_store(store.clone());
-    for fair in [false, true] {
+    // The writer waiting behind the downgraded hold is of another client, or of the
+    // holder's (waiting in its process first, where the store cannot see it).
+    for (fair, same_client) in [(false, false), (true, false), (false, true), (true, true)] {
         let name = unique(if fair { "downgrade-fair" } else { "downgrade" });
         let (a, b, c, d) = (client(), client(), client(), client());
         let lock = |c: &Leasehold, write: bool| {
@@ -116,7 +118,7 @@ pub async fn downgrade_lets_readers_in(store: Arc<dyn Store>) {
         });
         queued("a reader waiting for the writer", &a, &name, 1).await;
         let next_writer = tokio::spawn({
-            let lock = lock(&c, true);
+            let lock = lock(if same_client { &a } else { &c }, true);
             async move { lock.lock().await.unwrap() }
         });
         queued("a writer waiting behind the reader", &a, &name, 2).await;
@@ -125,7 +127,7 @@ pub async fn downgrade_lets_readers_in(store: Arc<dyn Store>) {
         assert_eq!(writer.token(), token, "a downgrade keeps the token");
         writer.check().unwrap();
         let read = within(
-            &format!("the reader let in by the downgrade (fair {fair})"),
+            &format!("the reader let in by the downgrade (fair {fair}, same client {same_client})"),
             reader,
         )
         .await
@@ -141,6 +143,11 @@ pub async fn downgrade_lets_readers_in(store: Arc<dyn Store>) {
         )
         .await;
         busy(&lock(&d, false), "a reader passed a waiting writer").await;
+        busy(
+            &lock(&b, false),
+            "a reader of the writer's client passed it",
+        )
+        .await;
         assert!(!next_writer.is_finished(), "a writer got in beside readers");
         let again = writer.downgrade().await.unwrap_err();
         assert!(matches!(again, Error::InvalidOption { .. }), "{again}");

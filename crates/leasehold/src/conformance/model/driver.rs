@@ -395,7 +395,13 @@ impl Driver {
         match (asked, want, &got) {
             (LockKind::Exclusive, Ok(_), Ok(())) => {
                 ensure!(now == LockKind::Shared, "g{id} downgraded but not shared");
-                self.model[name].holders[holder].kind = LockKind::Shared;
+                let model = &mut self.model[name];
+                model.holders[holder].kind = LockKind::Shared;
+                // The next writer at its gate asks the store now.
+                if let Some(turn) = model.holders[holder].turn.take() {
+                    model.pass_turn(turn);
+                }
+                self.held[i].turn = None;
                 self.count("downgraded");
             }
             (LockKind::Exclusive, Err(_), Err(Error::Conflict { .. })) => {
