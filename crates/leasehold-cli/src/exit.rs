@@ -93,6 +93,18 @@ pub fn print(text: &str) -> Result<(), Failure> {
         .map_err(|e| Failure::new(INTERNAL, format!("cannot write to standard output: {e}")))
 }
 
+/// A warning on stderr: `leasehold: warning: ...`, or with `json` a log line as the
+/// JSON log prints one.
+pub fn warning(json: bool, message: &str) {
+    match json {
+        true => eprintln!(
+            "{}",
+            serde_json::json!({"level": "WARN", "target": "leasehold", "message": message})
+        ),
+        false => eprintln!("leasehold: warning: {message}"),
+    }
+}
+
 /// An expected failure: what to print and which code to exit with.
 #[derive(Debug)]
 pub struct Failure {

@@ -276,7 +276,7 @@ async fn run_with(
     }
     let mut watchdog = Watchdog::start(guard.valid_until())
         .inspect_err(|e| {
-            eprintln!("leasehold: warning: cannot start the watchdog ({e}); if leasehold is killed, what the command started may outlive the lock");
+            exit::warning(args.json, &format!("cannot start the watchdog ({e}); if leasehold is killed, what the command started may outlive the lock"));
         })
         .ok();
     let group = watchdog.as_ref().map(|w| w.pid);
@@ -303,7 +303,7 @@ async fn run_with(
     if losing {
         release_losing(&locks, guard).await;
     } else {
-        release_after(guard, &args.lock.name).await;
+        release_after(guard, &args.lock.name, args.json).await;
     }
     Ok(code)
 }
@@ -385,8 +385,8 @@ async fn stop(
             Ok(_) => exit_code(status),
             Err(lost) => {
                 kill_group(pgid, libc::SIGKILL);
-                eprintln!("leasehold: {lost}; the command ended after that");
-                ExitCode::from(exit::LOST)
+                let why = format!("{lost}; the command ended after that");
+                Failure::new(exit::LOST, why).report(args.json)
             }
         },
         Ended::Lost {
@@ -394,14 +394,14 @@ async fn stop(
             at_deadline,
             why,
         } => {
-            eprintln!(
-                "leasehold: {why}; stopping the command ({})",
-                stop_plan(
-                    kill_at.saturating_duration_since(Instant::now()),
-                    at_deadline,
-                    args.grace
-                )
+            let plan = stop_plan(
+                kill_at.saturating_duration_since(Instant::now()),
+                at_deadline,
+                args.grace,
             );
+            // Said now, while the command is being stopped; the exit code comes after.
+            let code = Failure::new(exit::LOST, format!("{why}; stopping the command ({plan})"))
+                .report(args.json);
             kill_group(pgid, libc::SIGTERM);
             tokio::select! {
                 _ = child.wait() => {}
@@ -412,20 +412,21 @@ async fn stop(
             }
             // Whatever is left in its group must not outlive the lock either.
             kill_group(pgid, libc::SIGKILL);
-            ExitCode::from(exit::LOST)
+            code
         }
     }
 }
 
 /// Releases after the command; if the store is away, does not wait on it: the lease
 /// ends the lock anyway.
-async fn release_after(guard: LockGuard, name: &str) {
+async fn release_after(guard: LockGuard, name: &str, json: bool) {
     let released = match tokio::time::timeout(RELEASE_PATIENCE, guard.release()).await {
         Ok(released) => released.map_err(|e| e.to_string()),
         Err(_) => Err(format!("no answer within {}", humanize(RELEASE_PATIENCE))),
     };
     if let Err(e) = released {
-        eprintln!("leasehold: could not release lock \"{name}\" ({e}); it ends with its lease");
+        let why = format!("could not release lock \"{name}\" ({e}); it ends with its lease");
+        exit::warning(json, &why);
     }
 }
 

@@ -1,6 +1,7 @@
 //! `--json` output of the real binary, every line parsed with serde_json: `hold --json`'s
 //! held and end lines (released on a signal, lost to a force-release), `release --force
-//! --json`, and errors as one JSON object on stderr with a stable `kind` per exit code.
+//! --json`, and errors (`run --json`'s lost lock too) as one JSON object on stderr with a
+//! stable `kind` per exit code.
 //!
 //! Each test has its own store: a temporary local directory, or its own redis-server.
 
@@ -129,6 +130,22 @@ fn force_release_shows_as_lost(cli: &Cli) {
     assert_eq!(again[0]["was_held"], false, "{out:?}");
     assert_eq!(again[0]["holders"], Value::Array(vec![]), "{out:?}");
     cli.assert_all_free("k");
+}
+
+/// `run --json` whose lock is force-released: the command's output is its own, and the
+/// loss is one `lost` object on stderr, said while the command is being stopped.
+#[test]
+fn run_json_lost_is_one_lost_object_and_exit_76() {
+    let cli = Cli::new("json-run-lost");
+    let command = ["sh", "-c", "echo started; exec sleep 60"];
+    let args = [&["run", "--json", "--grace", "1s", "k", "--"][..], &command].concat();
+    let mut run = cli.spawn("run", &args);
+    assert_eq!(run.wait_for_line("the command's first line"), "started");
+    cli.run(&["release", "--force", "k"]).expect(0);
+    run.expect_exit(76);
+    assert_eq!(run.stdout(), "started\n");
+    let message = error_object(&run.stderr(), 76, "lost");
+    assert!(message.contains("stopping the command"), "{message}");
 }
 
 #[test]
