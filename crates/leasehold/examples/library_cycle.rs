@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use common::{median, store_cycle, Failure};
 use leasehold::{Leasehold, MemoryStore};
 
+// The Redis floors' scripts in it are not used here.
+#[allow(dead_code)]
 mod common;
 
 const MODES: [&str; 2] = ["store", "leasehold"];
