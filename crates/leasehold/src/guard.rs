@@ -69,9 +69,6 @@ struct Held {
     kind: LockKind,
     owner: String,
     acquired: Instant,
-    /// This process's turn at the lock (see gate.rs): the release hands the lock to the
-    /// next task of this process, or passes the turn on after the store release.
-    turn: Option<Turn>,
     /// Where the release runs when the guard is dropped (see `Leasehold::shutdown`).
     tasks: TaskTracker,
     /// The `held` gauge and the hold time, until the hold ends.
@@ -100,16 +97,17 @@ impl LockGuard {
                 kind,
                 owner,
                 acquired: Instant::now(),
-                turn: None,
                 tasks: tasks.clone(),
                 _holding: holding,
             }),
         }
     }
 
-    pub(crate) fn with_turn(mut self, turn: Option<Turn>) -> Self {
-        if let Some(held) = self.held.as_mut() {
-            held.turn = turn;
+    /// The hold came through this process's gate with `turn` (see
+    /// [`Lifeline::keep_turn`]).
+    pub(crate) fn with_turn(self, turn: Option<Turn>) -> Self {
+        if let (Some(held), Some(turn)) = (self.held.as_ref(), turn) {
+            held.line.keep_turn(turn);
         }
         self
     }
@@ -339,7 +337,7 @@ impl LockGuard {
         // Writers of this process waiting behind this one at its gate are not in the
         // store's queue: the next joins it first, so that readers arriving after it
         // do not pass it (fair ones keep their place by arrival).
-        if let Some(turn) = self.held.as_mut().and_then(|held| held.turn.take()) {
+        if let Some(turn) = line.take_turn() {
             turn.queue_next(line.store.as_ref()).await;
         }
         let unanswered = Unanswered(Some(line.clone()));
@@ -389,7 +387,7 @@ impl LockGuard {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
         tokio::task::consume_budget().await;
-        let released = release(held.line.clone(), held.turn, &held.tasks).await?;
+        let released = release(held.line.clone(), &held.tasks).await?;
         tracing::debug!(
             lock = %held.line.lease.name,
             token = held.token.0,
@@ -405,6 +403,8 @@ impl LockGuard {
     pub fn leak(mut self) -> Lease {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
+        // The lock stays held, but not by a task of this process: the next asks the store.
+        drop(held.line.take_turn());
         held.line.lease.clone()
     }
 }
@@ -493,11 +493,11 @@ impl Drop for LockGuard {
         let Some(held) = self.held.take() else { return };
         held.line.close();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (line, turn, tasks) = (held.line, held.turn, held.tasks);
+            let (line, tasks) = (held.line, held.tasks);
             let release = {
                 let tasks = tasks.clone();
                 async move {
-                    let _ = release(line, turn, &tasks).await;
+                    let _ = release(line, &tasks).await;
                 }
             };
             tasks.spawn_on(release, &runtime);
@@ -507,10 +507,10 @@ impl Drop for LockGuard {
 
 /// Ends a hold: through this process's gate when it has the turn (handing the lock to the
 /// next task in one store step), else by a plain store release.
-async fn release(line: Arc<Lifeline>, turn: Option<Turn>, tasks: &TaskTracker) -> Result<Released> {
+async fn release(line: Arc<Lifeline>, tasks: &TaskTracker) -> Result<Released> {
     let ttl = line.status.borrow().ttl;
     let released = async {
-        match turn {
+        match line.take_turn() {
             Some(turn) => turn.release(line.store.as_ref(), &line.lease).await,
             None => line.store.release(&line.lease).await,
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Mutex};
 use tokio::time::{sleep_until, timeout_at, Instant};
 
+use crate::gate::Turn;
 use crate::metrics::{Call, Loss, Meter};
 use crate::store::{Lease, Renewal, Store};
 use crate::Locked;
@@ -56,6 +57,10 @@ pub(crate) struct Lifeline {
     /// The one task that waits for the store to say the lease is gone ([`Store::ended`]),
     /// started by the first [`watch_ended`](Self::watch_ended); it ends with the lease.
     ended_watch: std::sync::Mutex<Option<tokio_util::task::AbortOnDropHandle<()>>>,
+    /// This process's turn at the lock (see gate.rs), if the hold came through it: the
+    /// release hands the lock to the next task of this process. Passed on as soon as the
+    /// hold is known lost, so the process's other tasks need not wait for the guard's end.
+    turn: std::sync::Mutex<Option<Turn>>,
 }
 
 impl Lifeline {
@@ -84,6 +89,7 @@ impl Lifeline {
             renewing: Mutex::new(()),
             closed: AtomicBool::new(false),
             ended_watch: std::sync::Mutex::new(None),
+            turn: std::sync::Mutex::new(None),
         })
     }
 
@@ -100,6 +106,19 @@ impl Lifeline {
             s.lost = Some(reason.to_string());
             true
         });
+        drop(self.take_turn());
+    }
+
+    /// Keeps the gate's `turn` with this hold, unless it is lost already.
+    pub fn keep_turn(&self, turn: Turn) {
+        *self.turn.locked() = Some(turn);
+        if self.status.borrow().lost.is_some() {
+            drop(self.take_turn());
+        }
+    }
+
+    pub fn take_turn(&self) -> Option<Turn> {
+        self.turn.locked().take()
     }
 
     /// Renews for `ttl`. The answer counts only if it arrives before the current safe

@@ -33,7 +33,8 @@ pub use cases::exclusion::{
     bad_input_rejected, drop_releases, mutual_exclusion, tokens_and_reentry, try_and_bounded_waits,
 };
 pub use cases::leases::{
-    expiry_after_holder_dies, force_release_is_seen_as_lost, lost_fires_before_takeover,
+    expiry_after_holder_dies, force_release_is_seen_as_lost,
+    force_released_holder_lets_its_process_in, lost_fires_before_takeover,
     missed_release_is_sent_again, release_is_idempotent, renewal_keeps_lock,
     renews_again_after_a_restart,
 };
@@ -114,7 +115,8 @@ macro_rules! conformance_suite {
             tokens_and_reentry,
             fifo_when_fair, hand_over_renews_to_the_full_ttl, hand_over_to_a_dropped_waiter_is_not_lost,
             semaphore_limit, read_write_rules, lock_rules, release_is_idempotent,
-            force_release_is_seen_as_lost, cancelled_wait_leaves_no_trace,
+            force_release_is_seen_as_lost, force_released_holder_lets_its_process_in,
+            cancelled_wait_leaves_no_trace,
             timed_out_wait_leaves_the_queue, bad_input_rejected, model_based,
             election_one_leader_at_a_time, election_observe_proclaim_resign,
             election_dead_leader_is_replaced, election_paused_leader_knows_first,

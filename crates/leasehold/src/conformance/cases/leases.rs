@@ -235,3 +235,30 @@ pub async fn force_release_is_seen_as_lost(store: Arc<dyn Store>) {
     assert_eq!(guard.release().await.unwrap(), Released::NotHeld);
     let _ = next.release().await.unwrap();
 }
+
+/// A holder of its process's turn (tasks of an ownerless mutex queue in their process
+/// first) that is force-released passes the turn on as soon as it knows: the task waiting
+/// behind it gets the lock while the lost guard is still alive.
+pub async fn force_released_holder_lets_its_process_in(store: Arc<dyn Store>) {
+    let locks = Leasehold::from_store(store);
+    let name = unique("force-turn");
+    let lock = || {
+        let lock = locks.mutex(name.as_str()).unwrap();
+        lock.with_ttl(Duration::from_secs(3600))
+    };
+    let guard = granted(&lock(), "a free lock").await;
+    let waiter = tokio::spawn({
+        let lock = lock();
+        async move { lock.lock().await.unwrap() }
+    });
+    queued("a task waiting behind the holder", &locks, &name, 1).await;
+    assert!(locks.force_release(name.as_str()).await.unwrap());
+    // With a one-hour lease no renewal comes within the test: the store must say it.
+    within("the guard to see the loss", guard.lost()).await;
+    let next = within("the waiting task, while the lost guard lives", waiter)
+        .await
+        .unwrap();
+    assert!(next.token() > guard.token());
+    drop(guard);
+    let _ = next.release().await.unwrap();
+}
