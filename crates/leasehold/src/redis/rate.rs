@@ -1,9 +1,10 @@
 //! Rate-limiter decisions, several to a round trip. A line (one per server; on a
-//! cluster, one per key) has one call on its way at a time; what is asked meanwhile
-//! waits and goes, together, in the next: tasks hammering limiters share the round trip,
-//! the script's fixed cost and each key's GET and SET (rate.lua decides them in the order
-//! asked). Before taking what waits, the sender yields once, so the tasks its last
-//! answers woke ask again first and ride along rather than one of them going alone.
+//! cluster, one per key) has one call on its way at a time (more only when a full call
+//! waits, [`IN_FLIGHT`]); what is asked meanwhile waits and goes, together, in the next:
+//! tasks hammering limiters share the round trip, the script's fixed cost and each key's
+//! GET and SET (rate.lua decides them in the order asked). Before taking what waits, the
+//! sender yields once, so the tasks its last answers woke ask again first and ride along
+//! rather than one of them going alone.
 //!
 //! The calls are sent from spawned tasks, never from the caller's future, so a caller
 //! that gives up cannot strand the decisions that rode with it.
@@ -21,9 +22,10 @@ use crate::store::RateRequest;
 use crate::{Error, LockName, RateDecision, Result};
 
 /// Calls of one line on their way at once, at most. A call beyond the first goes out
-/// only when a full call ([`MOST`]) waits: fewer ride best in the next call, as the
-/// calls in flight would carry too few each to share the server's work, and every call
-/// costs both ends a round of system calls (`docs/BENCHMARKS.md`, rate limiter).
+/// only when a full call ([`MOST`]) waits: below that, decisions do better waiting for
+/// the next call, as overlapping calls carry too few each to share the server's work and
+/// every call costs both ends a round of system calls (`docs/BENCHMARKS.md`, rate
+/// limiter).
 const IN_FLIGHT: usize = 4;
 /// Decisions in one call at most.
 const MOST: usize = 128;
