@@ -272,6 +272,46 @@ mod redis {
         );
     }
 
+    /// A paused server: every decision fails as unavailable within the request timeout
+    /// of the call it rode in (sent once more after a timeout), including those asked
+    /// while an earlier call was waiting for the server, which fail with it rather than
+    /// wait for a call of their own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn decisions_asked_of_a_paused_server_fail_within_the_request_timeout() {
+        let server = RedisServer::start();
+        let timeout = Duration::from_secs(1);
+        let limits = Leasehold::builder(&server.url())
+            .request_timeout(timeout)
+            .build()
+            .await
+            .unwrap();
+        let limiter =
+            (limits.rate_limiter(unique("rate-paused").as_str(), Rate::per_second(10), 5)).unwrap();
+        assert!(limiter.try_acquire(1).await.unwrap().allowed);
+        server.pause();
+        let mut handles = Vec::new();
+        for _ in 0..6 {
+            let limiter = limiter.clone();
+            handles.push(tokio::spawn(async move {
+                let asked = std::time::Instant::now();
+                let answer = limiter.try_acquire(1).await;
+                (answer, asked.elapsed())
+            }));
+            // Later askers come while the first call waits for the server.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for h in handles {
+            let (answer, took) = within("a decision of a paused server", h).await.unwrap();
+            assert!(
+                matches!(answer, Err(Error::Unavailable { .. })),
+                "{answer:?}"
+            );
+            // A call and its resend: 2 s; one more call of their own would be 4 s.
+            assert!(took < 2 * timeout + Duration::from_secs(1), "{took:?}");
+        }
+        server.resume();
+    }
+
     #[tokio::test]
     async fn a_key_that_is_not_a_limiter_is_reported_as_unreadable() {
         let server = RedisServer::start();

@@ -1,8 +1,10 @@
-//! Rate-limiter decisions, several to a round trip. A decision asked while
-//! [`IN_FLIGHT`] calls are already on their way waits, with whatever else is asked
-//! meanwhile, for the next call: tasks hammering limiters then share the round trip, the
-//! script's fixed cost and each key's GET and SET (rate.lua decides them in the order
-//! asked). A decision asked when the line is free goes at once, alone.
+//! Rate-limiter decisions, several to a round trip. A line (one per server; on a
+//! cluster, one per key) has one call on its way at a time (more only when a full call
+//! waits, [`IN_FLIGHT`]); what is asked meanwhile waits and goes, together, in the next:
+//! tasks hammering limiters share the round trip, the script's fixed cost and each key's
+//! GET and SET (rate.lua decides them in the order asked). Before taking what waits, the
+//! sender yields once, so the tasks its last answers woke ask again first and ride along
+//! rather than one of them going alone.
 //!
 //! The calls are sent from spawned tasks, never from the caller's future, so a caller
 //! that gives up cannot strand the decisions that rode with it.
@@ -19,10 +21,11 @@ use super::{errors::failed, reply, Conn, RedisStore};
 use crate::store::RateRequest;
 use crate::{Error, LockName, RateDecision, Result};
 
-/// Calls of one line on their way at once. What is asked while they are waits and goes
-/// in the next. Four did best with eight tasks on two idle cores (`docs/BENCHMARKS.md`):
-/// one call at a time leaves the line idle while answers travel back; many carry too few
-/// decisions each to share the server's work.
+/// Calls of one line on their way at once, at most. A call beyond the first goes out
+/// only when a full call ([`MOST`]) waits: below that, decisions do better waiting for
+/// the next call, as overlapping calls carry too few each to share the server's work and
+/// every call costs both ends a round of system calls (`docs/BENCHMARKS.md`, rate
+/// limiter).
 const IN_FLIGHT: usize = 4;
 /// Decisions in one call at most.
 const MOST: usize = 128;
@@ -63,13 +66,13 @@ impl RedisStore {
             },
             answer,
         };
-        let batch = {
+        let turn = {
             let mut lines = self.inner.rates.0.lock().unwrap_or_else(|e| e.into_inner());
             let waiting = lines.entry(line.clone()).or_default();
             waiting.waiting.push(asked);
             take_turn(waiting)
         };
-        if let Some(batch) = batch {
+        if turn {
             // The turn is the spawned task's from here: a task dropped before it first
             // runs (its runtime ended) still gives the line's place back.
             let turn = Turn {
@@ -77,7 +80,7 @@ impl RedisStore {
                 line,
                 done: false,
             };
-            tokio::spawn(turn.send_line(batch));
+            tokio::spawn(turn.send_line());
         }
         answered.await.unwrap_or_else(|_| {
             Err(Error::Internal(
@@ -86,8 +89,9 @@ impl RedisStore {
         })
     }
 
-    /// One rate.lua call for `batch`, each decision to its asker.
-    async fn send_batch(&self, mut batch: Vec<Asked>) {
+    /// One rate.lua call for `batch`, each decision to its asker; the error if the server
+    /// did not answer in time.
+    async fn send_batch(&self, mut batch: Vec<Asked>) -> Option<Error> {
         // KEYS: each limiter's key once, in the order first asked.
         let mut names: Vec<&LockName> = Vec::new();
         let mut indices = Vec::with_capacity(batch.len());
@@ -128,6 +132,7 @@ impl RedisStore {
         };
         // A call sent again after a dropped connection whose first send took effect too
         // counts its units twice: the limiter lets fewer through, never more.
+        let mut timed_out = false;
         let answers = match self.send(script, command).await {
             Ok(reply) => reply::decisions(&reply).and_then(|d| match d.len() == batch.len() {
                 true => Ok(d),
@@ -137,7 +142,10 @@ impl RedisStore {
                     batch.len()
                 ))),
             }),
-            Err(e) => Err(failed(&self.inner.shown, e)),
+            Err(e) => {
+                timed_out = e.is_timeout();
+                Err(failed(&self.inner.shown, e))
+            }
         };
         match answers {
             Ok(answers) => {
@@ -145,11 +153,13 @@ impl RedisStore {
                     let answer = answer.ok_or_else(|| self.corrupt(&asked));
                     let _ = asked.answer.send(answer);
                 }
+                None
             }
             Err(e) => {
                 for asked in batch.drain(..) {
                     let _ = asked.answer.send(Err(copy(&e, &self.inner.shown)));
                 }
+                timed_out.then_some(e)
             }
         }
     }
@@ -167,14 +177,11 @@ impl RedisStore {
     }
 }
 
-/// The batch to send now, if the line has room for another call.
-fn take_turn(line: &mut Line) -> Option<Vec<Asked>> {
-    if line.in_flight >= IN_FLIGHT {
-        return None;
-    }
-    line.in_flight += 1;
-    let n = line.waiting.len().min(MOST);
-    Some(line.waiting.drain(..n).collect())
+/// Whether the line has room for another call, which the caller then makes.
+fn take_turn(line: &mut Line) -> bool {
+    let room = line.in_flight == 0 || (line.in_flight < IN_FLIGHT && line.waiting.len() >= MOST);
+    line.in_flight += room as usize;
+    room
 }
 
 /// The same error for each decision of a failed call (errors are not `Clone`).
@@ -202,25 +209,40 @@ struct Turn {
 }
 
 impl Turn {
-    /// Sends `batch`, then what waits on the line, until nothing does.
-    async fn send_line(mut self, mut batch: Vec<Asked>) {
+    /// Sends what waits on the line, a call at a time, until nothing does.
+    async fn send_line(mut self) {
         loop {
-            self.store.send_batch(batch).await;
-            let rates = &self.store.inner.rates;
-            let mut lines = rates.0.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(waiting) = lines.get_mut(&self.line) else {
-                return;
-            };
-            if waiting.waiting.is_empty() {
-                waiting.in_flight -= 1;
-                if waiting.in_flight == 0 {
-                    lines.remove(&self.line);
+            // The tasks woken by the last answers (or by anything else) run first and
+            // ask again: they go in this call, not the next.
+            tokio::task::yield_now().await;
+            let batch = {
+                let rates = &self.store.inner.rates;
+                let mut lines = rates.0.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(line) = lines.get_mut(&self.line) else {
+                    return;
+                };
+                if line.waiting.is_empty() {
+                    line.in_flight -= 1;
+                    if line.in_flight == 0 {
+                        lines.remove(&self.line);
+                    }
+                    self.done = true;
+                    return;
                 }
-                self.done = true;
-                return;
+                let n = line.waiting.len().min(MOST);
+                line.waiting.drain(..n).collect()
+            };
+            if let Some(e) = self.store.send_batch(batch).await {
+                // The server did not answer in time: what waited behind the call fails
+                // with it rather than wait as long again.
+                let rates = &self.store.inner.rates;
+                let mut lines = rates.0.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(line) = lines.get_mut(&self.line) {
+                    for asked in line.waiting.drain(..) {
+                        let _ = asked.answer.send(Err(copy(&e, &self.store.inner.shown)));
+                    }
+                }
             }
-            let n = waiting.waiting.len().min(MOST);
-            batch = waiting.waiting.drain(..n).collect();
         }
     }
 }
