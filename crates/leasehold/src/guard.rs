@@ -342,8 +342,8 @@ impl LockGuard {
         }
         let unanswered = Unanswered(Some(line.clone()));
         let answer = line.store.downgrade(&line.lease).await;
-        // Otherwise (or if this call is dropped while it waits) the hold may have turned
-        // shared or not: the guard can no longer say it holds alone.
+        // After any other answer (or if this call is dropped while it waits) the hold may
+        // have turned shared or not: `unanswered` marks the guard lost when dropped.
         if matches!(answer, Ok(_) | Err(Error::Conflict { .. })) {
             unanswered.answered();
         }
