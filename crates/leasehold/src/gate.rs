@@ -227,32 +227,12 @@ impl Turn {
             gate.pass_turn();
             return released;
         }
-        let Some(Waiting { mut req, since, tx }) = gate.next() else {
+        let Some(next) = gate.next() else {
             return store.release(lease).await;
         };
-        let sent = Instant::now();
-        req.waited = sent - since;
-        let outcome = store.transfer(lease, &req).await;
-        let pass = match &outcome {
-            Ok((_, Attempt::Granted(grant))) => Pass::Granted(grant.clone(), sent),
-            Ok(_) => Pass::Turn,
-            Err(_) => {
-                // Outcome unknown: undo the new acquisition by its id before the task,
-                // which asks the store itself, reuses that id.
-                let _ = store.release(&req.lease()).await;
-                Pass::Turn
-            }
-        };
-        if tx.send(pass).is_err() {
-            // The task gave up meanwhile: take back what the store gave it (the lock, or
-            // a place in its queue, which would hold up a fair queue until its waiter
-            // lease ended), and pass the turn on.
-            if outcome.is_ok() {
-                let _ = store.release(&req.lease()).await;
-            }
-            gate.pass_turn();
-        }
-        outcome.map(|(released, _)| released)
+        // Boxed: the hand-over's state (the request, the store's answer) is not carried
+        // by every release, most of which have nobody to hand over to.
+        Box::pin(hand_over(&gate, next, store, lease)).await
     }
 }
 
@@ -294,6 +274,40 @@ impl Drop for TurnGiven {
             self.gate.pass_turn();
         }
     }
+}
+
+/// Releases `lease` and makes `next`'s request in one store step ([`Store::transfer`]),
+/// and passes it what came of it: the lock, or the turn to ask the store itself.
+async fn hand_over(
+    gate: &Gate,
+    next: Waiting,
+    store: &dyn Store,
+    lease: &Lease,
+) -> Result<Released> {
+    let Waiting { mut req, since, tx } = next;
+    let sent = Instant::now();
+    req.waited = sent - since;
+    let outcome = store.transfer(lease, &req).await;
+    let pass = match &outcome {
+        Ok((_, Attempt::Granted(grant))) => Pass::Granted(grant.clone(), sent),
+        Ok(_) => Pass::Turn,
+        Err(_) => {
+            // Outcome unknown: undo the new acquisition by its id before the task,
+            // which asks the store itself, reuses that id.
+            let _ = store.release(&req.lease()).await;
+            Pass::Turn
+        }
+    };
+    if tx.send(pass).is_err() {
+        // The task gave up meanwhile: take back what the store gave it (the lock, or
+        // a place in its queue, which would hold up a fair queue until its waiter
+        // lease ended), and pass the turn on.
+        if outcome.is_ok() {
+            let _ = store.release(&req.lease()).await;
+        }
+        gate.pass_turn();
+    }
+    outcome.map(|(released, _)| released)
 }
 
 impl Drop for Turn {
