@@ -87,7 +87,8 @@ impl LockGuard {
     ) -> Self {
         let status = line.status.subscribe();
         renewals.add(&line);
-        let holding = line.meter.holding();
+        let acquired = Instant::now();
+        let holding = line.meter.holding(acquired);
         LockGuard {
             held: Some(Held {
                 line,
@@ -96,7 +97,7 @@ impl LockGuard {
                 holds,
                 kind,
                 owner,
-                acquired: Instant::now(),
+                acquired,
                 tasks: tasks.clone(),
                 _holding: holding,
             }),
@@ -515,7 +516,10 @@ async fn release(line: Arc<Lifeline>, tasks: &TaskTracker) -> Result<Released> {
             None => line.store.release(&line.lease).await,
         }
     };
-    let released = line.meter.store_call(Call::Release, released).await;
+    let released = line
+        .meter
+        .store_call(Call::Release, Instant::now(), released)
+        .await;
     line.meter.released(&released);
     again_on_trouble(&released, &line.store, &line.lease, ttl, tasks);
     released

@@ -136,7 +136,7 @@ impl Lifeline {
         }
         let renewal = self
             .meter
-            .store_call(Call::Renew, self.store.renew(&self.lease, ttl));
+            .store_call(Call::Renew, sent, self.store.renew(&self.lease, ttl));
         let outcome = timeout_at(current.valid_until, renewal).await;
         self.meter
             .renewed(matches!(outcome, Ok(Ok(Renewal::Renewed))), sent);

@@ -276,7 +276,11 @@ impl Leasehold {
         let name = self.stored(name.into_lock_name()?)?;
         let meter = (self.meter).of(None, self.lock_name_metrics.then_some(&name));
         let held = meter
-            .store_call(Call::ForceRelease, self.store.force_release(&name))
+            .store_call(
+                Call::ForceRelease,
+                Instant::now(),
+                self.store.force_release(&name),
+            )
             .await?;
         meter.force_released();
         tracing::debug!(lock = %name, held, "force-released");
@@ -453,7 +457,6 @@ impl Lock {
                     Wait::Forever => Until::Forever,
                 };
                 let undo = Pending::new(self.store.clone(), &req, &self.tasks);
-                let arrived = Instant::now();
                 let gate = self.gates.gate(&self.name, self.fair);
                 match self
                     .meter
@@ -470,7 +473,7 @@ impl Lock {
                     // arrived here, as a hand-over would have kept it.
                     Some((turn, None)) => {
                         if self.fair {
-                            req.waited = arrived.elapsed();
+                            req.waited = started.elapsed();
                         }
                         Some(turn)
                     }
@@ -530,7 +533,7 @@ impl Lock {
         let lease = req.lease();
         let renewal = self
             .meter
-            .store_call(Call::Renew, self.store.renew(&lease, req.ttl));
+            .store_call(Call::Renew, resent, self.store.renew(&lease, req.ttl));
         match self
             .bounded(renewal, bound, "confirming a late grant", resent)
             .await?
@@ -610,7 +613,7 @@ impl Lock {
             let sent = Instant::now();
             let attempt = self
                 .meter
-                .store_call(Call::Acquire, self.store.acquire(&req));
+                .store_call(Call::Acquire, sent, self.store.acquire(&req));
             let step = match self
                 .bounded(attempt, progress.bound, "an attempt", sent)
                 .await

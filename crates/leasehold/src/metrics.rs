@@ -186,20 +186,24 @@ impl Meter {
         count(&self.keys.force_releases);
     }
 
-    /// `call` to the store, timed as `what`.
-    pub async fn store_call<T>(&self, what: Call, call: impl Future<Output = T>) -> T {
-        let sent = Instant::now();
+    /// `call` to the store, sent at `sent` (the caller's clock read), timed as `what`.
+    pub async fn store_call<T>(
+        &self,
+        what: Call,
+        sent: Instant,
+        call: impl Future<Output = T>,
+    ) -> T {
         let answer = call.await;
         record(&self.keys.store_calls[what as usize], sent);
         answer
     }
 
-    /// Counts a held guard until dropped, then records how long it was held.
-    pub fn holding(&self) -> Holding {
+    /// Counts a guard held since `since` until dropped, then records how long it was held.
+    pub fn holding(&self, since: Instant) -> Holding {
         gauge(&self.keys.held, 1.0);
         Holding {
             meter: self.clone(),
-            since: Instant::now(),
+            since,
         }
     }
 
