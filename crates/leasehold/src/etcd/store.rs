@@ -20,7 +20,10 @@ use crate::{FencingToken, LockName, Result};
 impl Store for EtcdStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         match self.attempt(req).await? {
-            Attempt::Granted(grant) => Ok(Attempt::Granted(self.on_full_lease(req, grant).await)),
+            // Boxed, as the calls of an attempt are (see `pass`).
+            Attempt::Granted(grant) => Ok(Attempt::Granted(
+                Box::pin(self.on_full_lease(req, grant)).await,
+            )),
             busy => Ok(busy),
         }
     }
@@ -92,7 +95,7 @@ impl Store for EtcdStore {
                 state: State::Outside { blocker, .. },
                 ..
             }) => {
-                self.deleted(&blocker, seen).await?;
+                Box::pin(self.deleted(&blocker, seen)).await?;
                 Ok(None)
             }
             Some(Acquisition {
@@ -113,8 +116,10 @@ impl Store for EtcdStore {
                     create,
                     attempted,
                 };
+                // Thousands of waiters wait here: the hand-over's calls are boxed, so
+                // that each carries only what it needs while it waits (see `wait_in_line`).
                 match self.wait_in_line(req, &ours, waiting, seen).await? {
-                    Some(grant) => Ok(Some(self.on_full_lease(req, grant).await)),
+                    Some(grant) => Ok(Some(Box::pin(self.on_full_lease(req, grant)).await)),
                     None => Ok(None),
                 }
             }
@@ -138,7 +143,8 @@ impl Store for EtcdStore {
                 Ok(true) => return Ok(()),
                 Ok(false) => {
                     // Compacted past `seen`: is our key still there?
-                    let now = self.range(range_key(&key)).await?;
+                    // Boxed, as `deleted`'s calls are: every held lock waits here.
+                    let now = Box::pin(self.range(range_key(&key))).await?;
                     match now.kvs.first() {
                         Some(kv) if kv.create_revision <= modified => {
                             seen = now.header.map_or(seen, |h| h.revision)
