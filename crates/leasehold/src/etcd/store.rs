@@ -90,13 +90,15 @@ impl Store for EtcdStore {
 
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
         let seen = since.0 as i64;
-        match self.acquisition(&req.lease) {
+        // What a queued waiter keeps while it waits: the copy of its record (its holder
+        // and marker too) goes at the end of this statement.
+        let (ours, waiting) = match self.acquisition(&req.lease) {
             Some(Acquisition {
                 state: State::Outside { blocker, .. },
                 ..
             }) => {
                 Box::pin(self.deleted(&blocker, seen)).await?;
-                Ok(None)
+                return Ok(None);
             }
             Some(Acquisition {
                 key,
@@ -116,14 +118,15 @@ impl Store for EtcdStore {
                     create,
                     attempted,
                 };
-                // Thousands of waiters wait here: the hand-over's calls are boxed, so
-                // that each carries only what it needs while it waits (see `wait_in_line`).
-                match self.wait_in_line(req, &ours, waiting, seen).await? {
-                    Some(grant) => Ok(Some(Box::pin(self.on_full_lease(req, grant)).await)),
-                    None => Ok(None),
-                }
+                (ours, waiting)
             }
-            _ => std::future::pending().await,
+            _ => return std::future::pending().await,
+        };
+        // Thousands of waiters wait here: the hand-over's calls are boxed, so that each
+        // carries only what it needs while it waits (see `wait_in_line`).
+        match self.wait_in_line(req, &ours, waiting, seen).await? {
+            Some(grant) => Ok(Some(Box::pin(self.on_full_lease(req, grant)).await)),
+            None => Ok(None),
         }
     }
 

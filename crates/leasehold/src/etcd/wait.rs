@@ -170,10 +170,14 @@ impl EtcdStore {
             };
             let turn = match line.join(&ours.key, &waiting.ahead, waiting.room, seen) {
                 Joined::Over(turn) => turn,
-                Joined::Waiting(mut place) => match place.turn().await {
-                    Some(turn) => turn,
-                    None => return Err(self.watch_ended()),
-                },
+                Joined::Waiting(mut place) => {
+                    // The line keeps the keys ahead now (and drops them as they go).
+                    drop(std::mem::take(&mut waiting.ahead));
+                    match place.turn().await {
+                        Some(turn) => turn,
+                        None => return Err(self.watch_ended()),
+                    }
+                }
                 Joined::Ended if fresh => return Err(self.watch_ended()),
                 Joined::Ended => continue,
                 // Behind our owner's key: look again (see `behind_owner`).
