@@ -240,3 +240,39 @@ impl EtcdStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::acquire::tests::{request, started};
+    use crate::store::{Lease, Store, Watermark};
+    use crate::LockName;
+
+    /// What thousands of waiters (and held locks) each keep while they wait is the state
+    /// of these futures: the calls to etcd inside them are boxed, so that they stay small
+    /// (before, 12 KB for an attempt waiting for its admission, 4 KB for a wait in line).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_futures_that_wait_stay_small() {
+        let (_server, store) = started().await;
+        let name = LockName::new("small-futures").unwrap();
+        let req = request(&name, "o");
+        let lease = Lease {
+            name: name.clone(),
+            id: req.lease.clone(),
+        };
+        let sizes = [
+            ("acquire", std::mem::size_of_val(&*store.acquire(&req))),
+            (
+                "changed",
+                std::mem::size_of_val(&*store.changed(&req, Watermark(0))),
+            ),
+            ("ended", std::mem::size_of_val(&*store.ended(&lease))),
+            (
+                "keep_alive",
+                std::mem::size_of_val(&store.keep_alive(super::super::leases::borrowed(1))),
+            ),
+        ];
+        for (call, size) in sizes {
+            assert!(size <= 1024, "{call}: {size} bytes");
+        }
+    }
+}
