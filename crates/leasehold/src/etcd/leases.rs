@@ -513,6 +513,40 @@ mod tests {
         }
     }
 
+    /// A release dropped once sent (a bounded undo that gave up on it) and sent again
+    /// ends with no lease left in etcd, whatever etcd did with the first. (Before, the
+    /// first forgot the acquisition, and the second, finding the key by id or finding
+    /// nothing, left its lease keyless in etcd until its TTL.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_sent_again_after_a_dropped_one_leaves_no_lease_behind() {
+        let (server, store) = started().await;
+        let name = LockName::new("release-again").unwrap();
+        let req = request(&name, "o");
+        assert!(matches!(
+            store.attempt(&req).await.unwrap(),
+            crate::store::Attempt::Granted(_)
+        ));
+        let lease = Lease {
+            name,
+            id: req.lease.clone(),
+        };
+        let dropped = store.release(&lease).now_or_never();
+        assert!(dropped.is_none(), "the release waits for etcd");
+        store.release(&lease).await.unwrap();
+        let (queue, _) = store.queue(&lease.name).await.unwrap();
+        assert!(queue.is_empty(), "the key is gone");
+        drop(store);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !leases(&server).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "leases left: {:?}",
+                leases(&server)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     #[test]
     fn lease_seconds_round_up() {
         assert_eq!(lease_seconds(Duration::from_millis(100)), 1);

@@ -33,7 +33,10 @@ impl Store for EtcdStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        let known = self.forget(&lease.id);
+        // The record goes once etcd has answered: a release whose call failed (or was
+        // dropped) is retried the same way, and its etcd lease spared or revoked, rather
+        // than left keyless in etcd until its TTL by a retry that no longer knows it.
+        let known = self.acquisition(&lease.id);
         let (key, create, own) = match known {
             Some(Acquisition {
                 lease: Some(etcd_lease),
@@ -43,6 +46,7 @@ impl Store for EtcdStore {
                 // Whatever etcd did with the unanswered attempt, its key goes with the lease
                 // (or with the full lease a cancelled hand-over moved it to).
                 self.revoke(etcd_lease.id).await?;
+                self.forget(&lease.id);
                 self.moved_off(&lease.id, None);
                 return Ok(Released::Released);
             }
@@ -63,6 +67,7 @@ impl Store for EtcdStore {
                     .delete_alone(&lease.name, &key, &marker, etcd_lease, create, modified)
                     .await?
                 {
+                    self.forget(&lease.id);
                     self.moved_off(&lease.id, None);
                     return Ok(Released::Released);
                 }
@@ -74,13 +79,26 @@ impl Store for EtcdStore {
                 state: State::Held { create, .. },
                 ..
             }) => (key, create, lease),
-            Some(_) => return Ok(Released::NotHeld),
+            Some(_) => {
+                self.forget(&lease.id);
+                return Ok(Released::NotHeld);
+            }
             None => match self.find(&lease.name, &lease.id).await? {
                 Some((member, ..)) => (member.kv.key, member.kv.create_revision, None),
                 None => return Ok(Released::NotHeld),
             },
         };
-        self.release_hold(lease, &key, create, own).await
+        let released = self.release_hold(lease, &key, create, own).await?;
+        self.forget(&lease.id);
+        if released == Released::NotHeld {
+            // Our key or hold was gone already (an earlier release applied unseen, a
+            // force-release): the leases it was on carry nothing of ours now.
+            if let Some(own) = own.filter(|l| l.ours) {
+                self.revoke_later(own.id);
+            }
+            self.moved_off(&lease.id, None);
+        }
+        Ok(released)
     }
 
     async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
