@@ -372,7 +372,7 @@ impl EtcdStore {
                 return Ok(Pass::Done(self.outside(req, queue, &prefix, revision)));
             }
         };
-        let ahead: Vec<Vec<u8>> = queue[..mine].iter().map(|m| m.kv.key.clone()).collect();
+        let ahead: Vec<KeyId> = queue[..mine].iter().map(|m| KeyId::of(&m.kv.key)).collect();
         let here = Standing {
             waiting: Some(Waiting {
                 room: ahead.len() - 1,
@@ -427,7 +427,7 @@ impl EtcdStore {
             return Err(self.refuse(req, key, Some(create), lease, refusal).await);
         }
         let here = Standing {
-            waiting: writer_waiting(at, |i| keys[i].key.clone()),
+            waiting: writer_waiting(at, |i| &keys[i].key),
             position: at,
         };
         let ours = Ours {
