@@ -66,6 +66,10 @@ impl EtcdStore {
     }
 
     /// One pass: a waiting key looks again where it stands; anything else puts its key.
+    ///
+    /// Each call that talks to etcd is boxed: thousands of waiters' attempts wait for
+    /// their admission at once, and each would otherwise carry the largest of these
+    /// calls' states (about 12 KB) while it waits.
     async fn pass(&self, req: &AcquireRequest) -> Result<Step> {
         let started = Instant::now();
         let mut known = self.acquisition(&req.lease);
@@ -78,7 +82,7 @@ impl EtcdStore {
         {
             // A re-entry whose answer was lost: its hold key, if it was put, goes with its
             // lease. (Reused for a queue key, the lease would keep it.)
-            self.revoke(lease.id).await?;
+            Box::pin(self.revoke(lease.id)).await?;
             self.forget(&req.lease);
             known = None;
         }
@@ -103,16 +107,19 @@ impl EtcdStore {
                 attempted: started,
             };
             if !waiting.second && self.line_covers(req, &ours.key, seen) {
-                return self.recheck_in_line(req, ours, waiting, *busy).await;
+                return Box::pin(self.recheck_in_line(req, ours, waiting, *busy)).await;
             }
-            return self.recheck(req, ours, waiting.second).await;
+            return Box::pin(self.recheck(req, ours, waiting.second)).await;
         }
         // One admission for the whole put (lease, Txn, join): admitted call by call,
         // thousands of waiters arriving at once would each get their waiter lease early
         // and put their key seconds later, on a lease about to end.
         let _admitted = self.inner.puts.acquire().await;
-        let put = self.prepare(req, known).await?;
-        self.put(req, &put, started).await
+        Box::pin(async {
+            let put = self.prepare(req, known).await?;
+            self.put(req, &put, started).await
+        })
+        .await
     }
 
     /// Chooses the lease and names the key a pass puts, and records the attempt as
@@ -365,7 +372,7 @@ impl EtcdStore {
                 return Ok(Pass::Done(self.outside(req, queue, &prefix, revision)));
             }
         };
-        let ahead: Vec<Vec<u8>> = queue[..mine].iter().map(|m| m.kv.key.clone()).collect();
+        let ahead: Vec<KeyId> = queue[..mine].iter().map(|m| KeyId::of(&m.kv.key)).collect();
         let here = Standing {
             waiting: Some(Waiting {
                 room: ahead.len() - 1,
@@ -420,7 +427,7 @@ impl EtcdStore {
             return Err(self.refuse(req, key, Some(create), lease, refusal).await);
         }
         let here = Standing {
-            waiting: writer_waiting(at, |i| keys[i].key.clone()),
+            waiting: writer_waiting(at, |i| &keys[i].key),
             position: at,
         };
         let ours = Ours {

@@ -452,6 +452,20 @@ mod tests {
         list.lines().skip(1).map(str::to_owned).collect()
     }
 
+    /// Waits (10 s at most) until etcd has no lease: a dropped store revokes its spare
+    /// leases in the background.
+    async fn no_lease_left(server: &leasehold_testkit::EtcdServer) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !leases(server).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "leases left: {:?}",
+                leases(server)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// A hand-over's move onto the full lease, cancelled once sent (the lock loop drops
     /// it when its wake-up comes first) and then asked again, goes onto the same lease;
     /// once released and the store dropped, etcd has no lease left. (Before, the first
@@ -502,15 +516,29 @@ mod tests {
             Released::Released
         ));
         drop(store);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !leases(&server).is_empty() {
-            assert!(
-                Instant::now() < deadline,
-                "leases left: {:?}",
-                leases(&server)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        no_lease_left(&server).await;
+    }
+
+    /// A release dropped once sent (a bounded undo that gave up on it) and sent again
+    /// ends with no lease left in etcd, whatever etcd did with the first. (Before, the
+    /// first forgot the acquisition, and the second, finding the key by id or finding
+    /// nothing, left its lease keyless in etcd until its TTL.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_sent_again_after_a_dropped_one_leaves_no_lease_behind() {
+        let (server, store) = started().await;
+        let name = LockName::new("release-again").unwrap();
+        let req = request(&name, "o");
+        let granted = store.acquire(&req).await.unwrap();
+        assert!(matches!(granted, crate::store::Attempt::Granted(_)));
+        let lease = req.lease();
+        let dropped = store.release(&lease).now_or_never();
+        assert!(dropped.is_none(), "the release waits for etcd");
+        // Released, or NotHeld if etcd applied the first.
+        let _ = store.release(&lease).await.unwrap();
+        let (queue, _) = store.queue(&name).await.unwrap();
+        assert!(queue.is_empty(), "the key is gone");
+        drop(store);
+        no_lease_left(&server).await;
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::oneshot;
 
+use super::queue::KeyId;
 use super::rpc::Watch;
 use crate::Locked;
 
@@ -62,7 +63,7 @@ pub(super) struct Line {
 #[derive(Default)]
 struct State {
     /// Recent deletions, oldest first: (revision, key).
-    log: VecDeque<(i64, Vec<u8>)>,
+    log: VecDeque<(i64, KeyId)>,
     /// Every deletion after this revision is in `log` (or was applied before it joined).
     complete_after: i64,
     waiting: HashMap<u64, Waiter>,
@@ -71,8 +72,8 @@ struct State {
 }
 
 struct Waiter {
-    own: Vec<u8>,
-    ahead: HashSet<Vec<u8>>,
+    own: KeyId,
+    ahead: HashSet<KeyId>,
     /// How many keys may remain ahead when it holds.
     room: usize,
     /// Deletions at or before this revision are already reflected in `ahead`.
@@ -134,7 +135,7 @@ impl Line {
 
     /// Joins the waiter whose key is `own`, with the keys `ahead` of it that could keep it
     /// out as read at revision `seen`, `room` of which may remain when it holds.
-    pub fn join(self: &Arc<Self>, own: &[u8], ahead: &[Vec<u8>], room: usize, seen: i64) -> Joined {
+    pub fn join(self: &Arc<Self>, own: &[u8], ahead: &[KeyId], room: usize, seen: i64) -> Joined {
         let over = |state: std::sync::MutexGuard<'_, State>, turn| {
             // A line nobody waits in ends.
             if state.waiting.is_empty() {
@@ -150,11 +151,12 @@ impl Line {
         if seen < state.complete_after {
             return Joined::Gap(state.complete_after);
         }
-        let mut ahead: HashSet<Vec<u8>> = ahead.iter().cloned().collect();
+        let own = KeyId::of(own);
+        let mut ahead: HashSet<KeyId> = ahead.iter().cloned().collect();
         let mut gone = false;
         for (revision, key) in &state.log {
             if *revision > seen {
-                gone |= key == own;
+                gone |= *key == own;
                 ahead.remove(key);
             }
         }
@@ -170,7 +172,7 @@ impl Line {
         state.waiting.insert(
             id,
             Waiter {
-                own: own.to_vec(),
+                own,
                 ahead,
                 room,
                 seen,
@@ -185,13 +187,14 @@ impl Line {
     }
 
     fn deleted(&self, revision: i64, key: &[u8]) {
+        let key = KeyId::of(key);
         let mut state = self.state.locked();
         if state.log.len() == LOG {
             if let Some((oldest, _)) = state.log.pop_front() {
                 state.complete_after = oldest;
             }
         }
-        state.log.push_back((revision, key.to_vec()));
+        state.log.push_back((revision, key.clone()));
         let over: Vec<(u64, Turn)> = state
             .waiting
             .iter_mut()
@@ -200,7 +203,7 @@ impl Line {
                 if w.own == key {
                     return Some((id, Turn::Gone));
                 }
-                (w.ahead.remove(key) && w.ahead.len() <= w.room).then_some((id, Turn::Free))
+                (w.ahead.remove(&key) && w.ahead.len() <= w.room).then_some((id, Turn::Free))
             })
             .collect();
         for (id, turn) in over {
@@ -213,10 +216,11 @@ impl Line {
     /// Whether every deletion in the queue after revision `seen` is known here (a
     /// waiter that read it at `seen` may join), and none of them was `own`.
     pub fn covers(&self, own: &[u8], seen: i64) -> bool {
+        let own = KeyId::of(own);
         let state = self.state.locked();
         !state.ended
             && seen >= state.complete_after
-            && !(state.log.iter()).any(|(revision, key)| *revision > seen && key == own)
+            && !(state.log.iter()).any(|(revision, key)| *revision > seen && *key == own)
     }
 
     fn ended(&self) -> bool {
@@ -272,8 +276,8 @@ async fn read(line: Arc<Line>, mut watch: Watch) {
 mod tests {
     use super::*;
 
-    fn key(k: &str) -> Vec<u8> {
-        k.as_bytes().to_vec()
+    fn key(k: &str) -> KeyId {
+        KeyId::of(k.as_bytes())
     }
 
     fn line(since: i64) -> Arc<Line> {

@@ -74,11 +74,44 @@ pub(super) struct Standing {
     pub(super) position: usize,
 }
 
+/// A key of one queue as its waiters keep it. What follows the queue's prefix is the hex
+/// id of the lease the key was named after: kept as that id where it reads back exactly,
+/// a key ahead costs a waiter no allocation (thousands of waiters keep the keys ahead of
+/// them, in their record and in their line). Any other key keeps its bytes, so two
+/// keys of one queue are equal exactly when their ids are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum KeyId {
+    Lease(i64),
+    Other(Box<[u8]>),
+}
+
+impl KeyId {
+    /// The id of a queue's `key`: lock names have no control characters, so its suffix is
+    /// what follows its last NUL.
+    pub(super) fn of(key: &[u8]) -> KeyId {
+        let suffix = key.rsplit(|&b| b == 0).next().unwrap_or(key);
+        // As `queue_key` writes an id: lowercase hex, no leading zero.
+        let canonical = (1..=16).contains(&suffix.len())
+            && (suffix[0] != b'0' || suffix.len() == 1)
+            && suffix
+                .iter()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        let id = canonical
+            .then(|| std::str::from_utf8(suffix).ok())
+            .flatten()
+            .and_then(|hex| i64::from_str_radix(hex, 16).ok());
+        match id {
+            Some(id) => KeyId::Lease(id),
+            None => KeyId::Other(key.into()),
+        }
+    }
+}
+
 /// What a waiting key waits for: the deletion of keys ahead of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Waiting {
     /// The keys ahead whose deletion can let it in (see [`EtcdStore::wait_in_line`]).
-    pub(super) ahead: Vec<Vec<u8>>,
+    pub(super) ahead: Vec<KeyId>,
     /// How many of them may remain when it holds.
     pub(super) room: usize,
     /// Behind a waiting key of its own owner: when `ahead` is down to `room`, it does not
@@ -88,9 +121,9 @@ pub(super) struct Waiting {
 
 /// A writer waits for every key ahead of it. `key(i)`: the `i`th key of the queue, in
 /// create order.
-pub(super) fn writer_waiting(at: usize, key: impl Fn(usize) -> Vec<u8>) -> Option<Waiting> {
+pub(super) fn writer_waiting<'a>(at: usize, key: impl Fn(usize) -> &'a [u8]) -> Option<Waiting> {
     (at > 0).then(|| Waiting {
-        ahead: (0..at).map(key).collect(),
+        ahead: (0..at).map(|i| KeyId::of(key(i))).collect(),
         room: 0,
         second: false,
     })
@@ -116,10 +149,10 @@ pub(super) fn standing(queue: &[Member], at: usize) -> Standing {
         };
     }
     let keys = |members: &mut dyn Iterator<Item = &Member>| {
-        members.map(|m| m.kv.key.clone()).collect::<Vec<_>>()
+        members.map(|m| KeyId::of(&m.kv.key)).collect::<Vec<_>>()
     };
     let waiting = match queue[at].entry.kind {
-        LockKind::Exclusive => writer_waiting(at, |i| queue[i].kv.key.clone()),
+        LockKind::Exclusive => writer_waiting(at, |i| &queue[i].kv.key),
         // A reader waits for the writers ahead of it.
         LockKind::Shared => Some(Waiting {
             ahead: keys(
@@ -352,13 +385,35 @@ mod tests {
     /// Waiting for the keys `ahead` (by index), `room` of which may remain.
     fn waits_for(ahead: &[u8], room: usize) -> Option<Waiting> {
         Some(Waiting {
-            ahead: ahead.iter().map(|&i| vec![b'k', i]).collect(),
+            ahead: ahead.iter().map(|&i| KeyId::of(&[b'k', i])).collect(),
             room,
             second: false,
         })
     }
 
     use LockKind::{Exclusive as W, Shared as R};
+
+    #[test]
+    fn a_key_is_kept_as_its_lease_id_where_that_reads_back_exactly() {
+        let name = LockName::new("n").unwrap();
+        for id in [0, 0x1f, i64::MAX] {
+            assert_eq!(KeyId::of(&queue_key(&name, id)), KeyId::Lease(id));
+        }
+        // Not as `queue_key` writes an id: kept whole, so never equal to an id's key.
+        let odd = [
+            "01f",
+            "1F",
+            "+1f",
+            "-1",
+            "",
+            "8000000000000000",
+            "1ffffffffffffffff",
+        ];
+        for odd in odd.into_iter().chain(["owner-id"]) {
+            let key = [queue_prefix(&name), odd.as_bytes().to_vec()].concat();
+            assert_eq!(KeyId::of(&key), KeyId::Other(key.clone().into()), "{odd:?}");
+        }
+    }
 
     #[test]
     fn a_writer_waits_for_every_key_ahead() {

@@ -269,6 +269,10 @@ impl EtcdStore {
                     // would name that key again.
                     Some(own) if queue_key(name, own.id) == key => self.revoke_later(own.id),
                     Some(own) => self.spare(own),
+                    // Found by id, its record gone: the lease the hold was on carries
+                    // nothing now (a lease with a key is never spare), and nobody else
+                    // would end it before its TTL.
+                    None if own.is_none() && freed != 0 => self.revoke_later(freed),
                     None => {}
                 }
                 let kept = (freed != m.kv.lease).then_some(m.kv.lease);

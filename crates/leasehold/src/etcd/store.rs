@@ -20,7 +20,10 @@ use crate::{FencingToken, LockName, Result};
 impl Store for EtcdStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
         match self.attempt(req).await? {
-            Attempt::Granted(grant) => Ok(Attempt::Granted(self.on_full_lease(req, grant).await)),
+            // Boxed, as the calls of an attempt are (see `pass`).
+            Attempt::Granted(grant) => Ok(Attempt::Granted(
+                Box::pin(self.on_full_lease(req, grant)).await,
+            )),
             busy => Ok(busy),
         }
     }
@@ -30,7 +33,10 @@ impl Store for EtcdStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        let known = self.forget(&lease.id);
+        // The record goes once etcd has answered: a release whose call failed (or was
+        // dropped) is retried the same way, and its etcd lease spared or revoked, rather
+        // than left keyless in etcd until its TTL by a retry that no longer knows it.
+        let known = self.acquisition(&lease.id);
         let (key, create, own) = match known {
             Some(Acquisition {
                 lease: Some(etcd_lease),
@@ -40,6 +46,7 @@ impl Store for EtcdStore {
                 // Whatever etcd did with the unanswered attempt, its key goes with the lease
                 // (or with the full lease a cancelled hand-over moved it to).
                 self.revoke(etcd_lease.id).await?;
+                self.forget(&lease.id);
                 self.moved_off(&lease.id, None);
                 return Ok(Released::Released);
             }
@@ -60,6 +67,7 @@ impl Store for EtcdStore {
                     .delete_alone(&lease.name, &key, &marker, etcd_lease, create, modified)
                     .await?
                 {
+                    self.forget(&lease.id);
                     self.moved_off(&lease.id, None);
                     return Ok(Released::Released);
                 }
@@ -71,13 +79,26 @@ impl Store for EtcdStore {
                 state: State::Held { create, .. },
                 ..
             }) => (key, create, lease),
-            Some(_) => return Ok(Released::NotHeld),
+            Some(_) => {
+                self.forget(&lease.id);
+                return Ok(Released::NotHeld);
+            }
             None => match self.find(&lease.name, &lease.id).await? {
                 Some((member, ..)) => (member.kv.key, member.kv.create_revision, None),
                 None => return Ok(Released::NotHeld),
             },
         };
-        self.release_hold(lease, &key, create, own).await
+        let released = self.release_hold(lease, &key, create, own).await?;
+        self.forget(&lease.id);
+        if released == Released::NotHeld {
+            // Our key or hold was gone already (an earlier release applied unseen, a
+            // force-release): the leases it was on carry nothing of ours now.
+            if let Some(own) = own.filter(|l| l.ours) {
+                self.revoke_later(own.id);
+            }
+            self.moved_off(&lease.id, None);
+        }
+        Ok(released)
     }
 
     async fn transfer(&self, from: &Lease, to: &AcquireRequest) -> Result<(Released, Attempt)> {
@@ -94,7 +115,7 @@ impl Store for EtcdStore {
         // A reader is also let in by a writer's downgrade, which deletes nothing.
         tokio::select! {
             done = wait => done,
-            downgraded = self.downgraded(&req.name, seen) => {
+            downgraded = Box::pin(self.downgraded(&req.name, seen)) => {
                 self.look_again(&req.lease);
                 downgraded.map(|()| None)
             }
@@ -117,7 +138,8 @@ impl Store for EtcdStore {
                 Ok(true) => return Ok(()),
                 Ok(false) => {
                     // Compacted past `seen`: is our key still there?
-                    let now = self.range(range_key(&key)).await?;
+                    // Boxed, as `deleted`'s calls are: every held lock waits here.
+                    let now = Box::pin(self.range(range_key(&key))).await?;
                     match now.kvs.first() {
                         Some(kv) if kv.create_revision <= modified => {
                             seen = now.header.map_or(seen, |h| h.revision)
@@ -262,13 +284,15 @@ impl EtcdStore {
     ///
     /// [`wait_in_line`]: Self::wait_in_line
     async fn deletion_lets_in(&self, req: &AcquireRequest, seen: i64) -> Result<Option<Grant>> {
-        match self.acquisition(&req.lease) {
+        // What a queued waiter keeps while it waits: the copy of its record (its holder
+        // and marker too) goes at the end of this statement.
+        let (ours, waiting) = match self.acquisition(&req.lease) {
             Some(Acquisition {
                 state: State::Outside { blocker, .. },
                 ..
             }) => {
-                self.deleted(&blocker, seen).await?;
-                Ok(None)
+                Box::pin(self.deleted(&blocker, seen)).await?;
+                return Ok(None);
             }
             Some(Acquisition {
                 key,
@@ -288,12 +312,15 @@ impl EtcdStore {
                     create,
                     attempted,
                 };
-                match self.wait_in_line(req, &ours, waiting, seen).await? {
-                    Some(grant) => Ok(Some(self.on_full_lease(req, grant).await)),
-                    None => Ok(None),
-                }
+                (ours, waiting)
             }
-            _ => std::future::pending().await,
+            _ => return std::future::pending().await,
+        };
+        // Thousands of waiters wait here: the hand-over's calls are boxed, so that each
+        // carries only what it needs while it waits (see `wait_in_line`).
+        match self.wait_in_line(req, &ours, waiting, seen).await? {
+            Some(grant) => Ok(Some(Box::pin(self.on_full_lease(req, grant)).await)),
+            None => Ok(None),
         }
     }
 

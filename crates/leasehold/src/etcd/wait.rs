@@ -35,17 +35,20 @@ impl EtcdStore {
     /// that starts in the past from a loop that runs every 100 ms, which would delay a
     /// hand-over by up to that. A read after the watch exists covers the gap: the key
     /// gone, or replaced by a newer one, is a deletion since `seen`.
+    ///
+    /// Every held lock waits here (for `lost`): the watch's start and the read are boxed,
+    /// so that what it keeps while it waits is the watch alone.
     pub(super) async fn deleted(&self, blocker: &Blocker, seen: i64) -> Result<bool> {
         let (key, range_end, start) = match blocker {
             Blocker::Key(key) => (key.clone(), Vec::new(), 0),
             Blocker::Queue(prefix) => (prefix.clone(), prefix_end(prefix), seen + 1),
         };
-        let (mut events, now) = match self.watch_deletes(&key, range_end, start).await? {
+        let (mut events, now) = match Box::pin(self.watch_deletes(&key, range_end, start)).await? {
             Some(created) => created,
             None => return Ok(false),
         };
         if start == 0 && now > seen {
-            let current = self.range(range_key(&key)).await?;
+            let current = Box::pin(self.range(range_key(&key))).await?;
             let same = current
                 .kvs
                 .first()
@@ -143,7 +146,8 @@ impl EtcdStore {
     /// watches the queue for deletions once for all its waiters (see line.rs), and a
     /// waiter holds when enough of the keys that could keep it out have gone: the release
     /// that lets it in reaches it as one event, with no read or watch of its own on the
-    /// hand-over's path.
+    /// hand-over's path. The calls to etcd (a watch to start, a read) are boxed: a waiter
+    /// waiting here carries its place in line, not their states (about 3 KB).
     pub(super) async fn wait_in_line(
         &self,
         req: &AcquireRequest,
@@ -157,7 +161,8 @@ impl EtcdStore {
                 Some(line) => (line, false),
                 None => {
                     let end = prefix_end(&prefix);
-                    let Some((watch, since)) = self.watch_deletes(&prefix, end, 0).await? else {
+                    let watching = Box::pin(self.watch_deletes(&prefix, end, 0));
+                    let Some((watch, since)) = watching.await? else {
                         return Ok(None);
                     };
                     (self.inner.lines.start(&prefix, watch, since), true)
@@ -165,17 +170,21 @@ impl EtcdStore {
             };
             let turn = match line.join(&ours.key, &waiting.ahead, waiting.room, seen) {
                 Joined::Over(turn) => turn,
-                Joined::Waiting(mut place) => match place.turn().await {
-                    Some(turn) => turn,
-                    None => return Err(self.watch_ended()),
-                },
+                Joined::Waiting(mut place) => {
+                    // The line keeps the keys ahead now (and drops them as they go).
+                    drop(std::mem::take(&mut waiting.ahead));
+                    match place.turn().await {
+                        Some(turn) => turn,
+                        None => return Err(self.watch_ended()),
+                    }
+                }
                 Joined::Ended if fresh => return Err(self.watch_ended()),
                 Joined::Ended => continue,
                 // Behind our owner's key: look again (see `behind_owner`).
                 Joined::Gap(_) if waiting.second => return Ok(None),
                 Joined::Gap(since) => {
                     // The line started after our read: read again, as of its start.
-                    let (queue, revision) = self.look(&req.name, &prefix, since).await?;
+                    let (queue, revision) = Box::pin(self.look(&req.name, &prefix, since)).await?;
                     let Some(at) = queue.iter().position(|m| m.kv.key == ours.key) else {
                         return Ok(None);
                     };
@@ -228,6 +237,42 @@ impl EtcdStore {
         match self.granted(req, ours, ours.create) {
             Attempt::Granted(grant) => Some(grant),
             Attempt::Busy(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::acquire::tests::{request, started};
+    use crate::store::{Lease, Store, Watermark};
+    use crate::LockName;
+
+    /// What thousands of waiters (and held locks) each keep while they wait is the state
+    /// of these futures: the calls to etcd inside them are boxed, so that they stay small
+    /// (before, 12 KB for an attempt waiting for its admission, 4 KB for a wait in line).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_futures_that_wait_stay_small() {
+        let (_server, store) = started().await;
+        let name = LockName::new("small-futures").unwrap();
+        let req = request(&name, "o");
+        let lease = Lease {
+            name: name.clone(),
+            id: req.lease.clone(),
+        };
+        let sizes = [
+            ("acquire", std::mem::size_of_val(&*store.acquire(&req))),
+            (
+                "changed",
+                std::mem::size_of_val(&*store.changed(&req, Watermark(0))),
+            ),
+            ("ended", std::mem::size_of_val(&*store.ended(&lease))),
+            (
+                "keep_alive",
+                std::mem::size_of_val(&store.keep_alive(super::super::leases::borrowed(1))),
+            ),
+        ];
+        for (call, size) in sizes {
+            assert!(size <= 1024, "{call}: {size} bytes");
         }
     }
 }

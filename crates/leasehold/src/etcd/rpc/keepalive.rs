@@ -96,9 +96,11 @@ impl Client {
                     if let Some(old) = open.take() {
                         old.end();
                     }
-                    let (requests, answers) = self
-                        .open("/etcdserverpb.Lease/LeaseKeepAlive", LeaseId { id })
-                        .await?;
+                    // Boxed: every waiting key's recheck waits here, and carries the
+                    // keepalive's answer, not the opening of a stream (about 2 KB).
+                    let (requests, answers) =
+                        Box::pin(self.open("/etcdserverpb.Lease/LeaseKeepAlive", LeaseId { id }))
+                            .await?;
                     let stream = Arc::new(KeepAliveStream {
                         member: self.current.load(Ordering::Relaxed),
                         requests,

@@ -19,7 +19,7 @@ impl Client {
     /// watch costs one message, not a new HTTP/2 stream and etcd watch stream. The first
     /// message of the watch is etcd's answer to the create.
     pub async fn watch(&self, create: WatchCreateRequest) -> Result<Watch, Status> {
-        let (sender, mut events) = mpsc::unbounded_channel();
+        let (sender, mut events) = mpsc::unbounded_channel::<Answer>();
         let request = WatchRequest {
             request: Some(WatchOp::Create(create)),
         };
@@ -73,6 +73,11 @@ impl Client {
 /// The client's watch stream.
 pub(super) type Watches = OneStream<WatchStream>;
 
+/// A watch's answer on its way to the watch, boxed: a channel allocates room for 32 of
+/// what it carries when it opens, 3.5 KB of bare answers for every watch (every held
+/// lock and every line has one) against 0.3 KB of boxes.
+type Answer = Box<WatchResponse>;
+
 impl Shared for WatchStream {
     fn member(&self) -> usize {
         self.member
@@ -97,14 +102,14 @@ pub(super) struct WatchStream {
 #[derive(Debug, Default)]
 struct Routes {
     /// Creates sent and not yet answered, in the order sent: etcd answers them in order.
-    pending: VecDeque<mpsc::UnboundedSender<WatchResponse>>,
-    by_id: HashMap<i64, mpsc::UnboundedSender<WatchResponse>>,
+    pending: VecDeque<mpsc::UnboundedSender<Answer>>,
+    by_id: HashMap<i64, mpsc::UnboundedSender<Answer>>,
     ended: bool,
 }
 
 impl WatchStream {
     /// Sends a create on this stream; `false` if the stream has ended.
-    fn add(&self, create: &WatchRequest, sender: &mpsc::UnboundedSender<WatchResponse>) -> bool {
+    fn add(&self, create: &WatchRequest, sender: &mpsc::UnboundedSender<Answer>) -> bool {
         let mut routes = self.routes.locked();
         // Under the lock, so creates are sent in the order of `pending`.
         if routes.ended || self.requests.send(create.clone()).is_err() {
@@ -122,7 +127,7 @@ impl WatchStream {
                 return;
             };
             let canceled = answer.canceled;
-            if sender.send(answer).is_ok() && !canceled {
+            if sender.send(Box::new(answer)).is_ok() && !canceled {
                 routes.by_id.insert(id, sender);
             } else if !canceled {
                 // Its waiter left before the answer came.
@@ -134,7 +139,7 @@ impl WatchStream {
             return;
         };
         let canceled = answer.canceled;
-        if sender.send(answer).is_err() || canceled {
+        if sender.send(Box::new(answer)).is_err() || canceled {
             routes.by_id.remove(&id);
             if !canceled {
                 self.cancel(id);
@@ -173,18 +178,19 @@ pub struct Watch {
     stream: Arc<WatchStream>,
     /// etcd's id for it; `None` if etcd refused it.
     id: Option<i64>,
-    first: Option<WatchResponse>,
-    events: mpsc::UnboundedReceiver<WatchResponse>,
+    first: Option<Answer>,
+    events: mpsc::UnboundedReceiver<Answer>,
 }
 
 impl Watch {
     /// The next answer for this watch (the first is the create's); `None` when the stream
     /// has ended.
     pub async fn message(&mut self) -> Option<WatchResponse> {
-        match self.first.take() {
-            Some(first) => Some(first),
-            None => self.events.recv().await,
-        }
+        let answer = match self.first.take() {
+            Some(first) => first,
+            None => self.events.recv().await?,
+        };
+        Some(*answer)
     }
 }
 
