@@ -314,6 +314,10 @@ impl EtcdStore {
                 Ok(Pass::Again(Retry::BesideOwner))
             }
             None => {
+                // Nothing of ours is in etcd but the lease: forget the record that names
+                // it before sparing it, so that an undo of this attempt (cancelled while it
+                // re-enters) cannot revoke it under the acquisition that takes it next.
+                self.forget(&req.lease);
                 self.spare(lease);
                 self.behind_owner(req, queue, at, None, lease, revision, started)
                     .await
