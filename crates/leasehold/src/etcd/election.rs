@@ -9,9 +9,9 @@ use super::acquisitions::{Acquisition, State};
 use super::queue::*;
 use super::reentry::{Holding, Role};
 use super::rpc::{self, prefix_end, Compare, KeyValue};
-use super::wait::WatchEnd;
+use super::wait::{Blocker, WatchEnd};
 use super::EtcdStore;
-use crate::store::{Lease, LockKind, LockState, Renewal, Store};
+use crate::store::{AcquireRequest, Lease, LockKind, LockState, Renewal, Store};
 use crate::{rules, LockName, Locked, Result};
 
 impl EtcdStore {
@@ -144,13 +144,20 @@ impl EtcdStore {
         }
     }
 
-    /// Resolves at the first rewrite of a queue key of `name` into a reader's entry
-    /// after revision `seen`: a writer's downgrade, which readers waiting behind it must
-    /// hear of and which deletes nothing. Other rewrites of readers' keys (moved to
-    /// another etcd lease) wake it too, and so does a watch compacted away: the caller
-    /// looks again.
-    pub(super) async fn downgraded(&self, name: &LockName, seen: i64) -> Result<()> {
-        let prefix = queue_prefix(name);
+    /// Resolves at the first rewrite, after revision `seen`, of a key that keeps the
+    /// reader `req` out into a reader's entry: a writer's downgrade, which readers waiting
+    /// behind it must hear of and which deletes nothing. A watch compacted away resolves
+    /// it too: the caller looks again.
+    pub(super) async fn downgraded(&self, req: &AcquireRequest, seen: i64) -> Result<()> {
+        let state = self.acquisition(&req.lease).map(|a| a.state);
+        let keeps_out = |key: &[u8]| match &state {
+            Some(State::Queued { waiting, .. }) => waiting.ahead.contains(&KeyId::of(key)),
+            Some(State::Outside {
+                blocker: Blocker::Key(blocker),
+            }) => key == blocker.as_slice(),
+            _ => true,
+        };
+        let prefix = queue_prefix(&req.name);
         let end = prefix_end(&prefix);
         let puts = vec![rpc::NO_DELETE];
         let Some((mut watch, _)) = self.watch_from(&prefix, end, seen + 1, puts).await? else {
@@ -158,6 +165,7 @@ impl EtcdStore {
         };
         let reader = |kv: &KeyValue| {
             kv.mod_revision > kv.create_revision
+                && keeps_out(&kv.key)
                 && serde_json::from_slice::<Entry>(&kv.value)
                     .is_ok_and(|e| e.kind == LockKind::Shared)
         };

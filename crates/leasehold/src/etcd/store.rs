@@ -108,17 +108,24 @@ impl Store for EtcdStore {
 
     async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
         let seen = since.0 as i64;
-        let wait = self.deletion_lets_in(req, seen);
-        if req.kind != LockKind::Shared {
-            return wait.await;
-        }
-        // A reader is also let in by a writer's downgrade, which deletes nothing.
-        tokio::select! {
-            done = wait => done,
-            downgraded = Box::pin(self.downgraded(&req.name, seen)) => {
-                self.look_again(&req.lease);
-                downgraded.map(|()| None)
-            }
+        let grant = match req.kind {
+            // A reader is also let in by a writer's downgrade, which deletes nothing.
+            // Raced only while it waits: a grant, once come, is seen through.
+            LockKind::Shared => tokio::select! {
+                grant = self.deletion_lets_in(req, seen) => grant?,
+                downgraded = Box::pin(self.downgraded(req, seen)) => {
+                    downgraded?;
+                    self.look_again(&req.lease);
+                    None
+                }
+            },
+            _ => self.deletion_lets_in(req, seen).await?,
+        };
+        match grant {
+            // The hand-over's calls are boxed, so that each waiter carries only what it
+            // needs while it waits (see `wait_in_line`).
+            Some(grant) => Ok(Some(Box::pin(self.on_full_lease(req, grant)).await)),
+            None => Ok(None),
         }
     }
 
@@ -280,7 +287,8 @@ impl Store for EtcdStore {
 
 impl EtcdStore {
     /// Resolves once a deletion may let `req` in: for a waiter outside the queue, of
-    /// what keeps it out; for a queued one, in its line (see [`wait_in_line`]).
+    /// what keeps it out; for a queued one, in its line (see [`wait_in_line`]), with the
+    /// grant of a hand-over, whose key is still to move to a full lease.
     ///
     /// [`wait_in_line`]: Self::wait_in_line
     async fn deletion_lets_in(&self, req: &AcquireRequest, seen: i64) -> Result<Option<Grant>> {
@@ -316,12 +324,7 @@ impl EtcdStore {
             }
             _ => return std::future::pending().await,
         };
-        // Thousands of waiters wait here: the hand-over's calls are boxed, so that each
-        // carries only what it needs while it waits (see `wait_in_line`).
-        match self.wait_in_line(req, &ours, waiting, seen).await? {
-            Some(grant) => Ok(Some(Box::pin(self.on_full_lease(req, grant)).await)),
-            None => Ok(None),
-        }
+        self.wait_in_line(req, &ours, waiting, seen).await
     }
 
     /// Deletes our key if it is unchanged since `modified` and has no re-entry holds,
