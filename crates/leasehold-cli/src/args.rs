@@ -124,6 +124,13 @@ pub fn held_with(name: &str, owner: &str) -> String {
 }
 
 impl LockArgs {
+    /// What messages call it: an election (a lock that carries a value) or a lock.
+    pub fn noun(&self) -> &'static str {
+        match self.value {
+            Some(_) => "election",
+            None => "lock",
+        }
+    }
     /// The lock handle these flags describe.
     pub fn lock(&self, locks: &Leasehold) -> Result<Lock, Failure> {
         let lock = match (self.permits, self.shared) {

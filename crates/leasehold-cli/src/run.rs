@@ -80,9 +80,10 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
     }
     let state = locks.describe(args.name.as_str()).await.ok();
     let holder = state.as_ref().and_then(|s| s.holders.first());
-    let (what, held) = match args.value {
-        Some(_) => ("election", "is led by"),
-        None => ("lock", "is held by"),
+    let what = args.noun();
+    let held = match args.value {
+        Some(_) => "is led by",
+        None => "is held by",
     };
     let held_by = match holder {
         Some(h) => format!(
@@ -157,7 +158,8 @@ async fn acquire_or_signal(
     Err(Failure::new(
         128 + signal as u8,
         format!(
-            "stopped waiting for lock \"{}\" on signal {signal}",
+            "stopped waiting for {} \"{}\" on signal {signal}",
+            args.noun(),
             args.name
         ),
     ))
@@ -352,10 +354,14 @@ async fn supervise(
 fn lost_now(args: &RunArgs, guard: &LockGuard) -> Ended {
     let now = Instant::now();
     let valid_until = guard.valid_until();
+    let noun = args.lock.noun();
     let why = match guard.check() {
-        Err(lost) => lost.to_string(),
+        // The library's message names a lock; an election's is said as one.
+        Err(lost) => lost
+            .to_string()
+            .replacen("lock \"", &format!("{noun} \""), 1),
         Ok(_) => format!(
-            "lock \"{}\" is about to be lost: it could not be renewed and ends in {}",
+            "{noun} \"{}\" is about to be lost: it could not be renewed and ends in {}",
             args.lock.name,
             humanize(valid_until.saturating_duration_since(now))
         ),

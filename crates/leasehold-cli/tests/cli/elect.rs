@@ -48,8 +48,11 @@ fn elect_without_a_wait_exits_75_naming_the_leader_and_leader_shows_it() {
     assert!(!cli.exists("ran"), "{}", out.stderr);
     // The election is the lock of its name: status shows the leader holding it.
     assert_eq!(cli.holders("e")[0]["value"], "10.0.0.7:80");
-    leader.signal(libc::SIGTERM);
-    leader.exit_code();
+    // Deposed: the leader's command is stopped, and the message names the election.
+    cli.run(&["release", "--force", "e"]).expect(0);
+    leader.expect_exit(76);
+    let stderr = leader.stderr();
+    assert!(stderr.contains("election \"e\" is lost"), "{stderr}");
     cli.assert_all_free("e");
 }
 
