@@ -186,6 +186,16 @@ impl Gate {
         }
     }
 
+    /// The turn, if nobody has it.
+    pub fn free_turn(self: &Arc<Self>) -> Option<Turn> {
+        let mut state = self.0.locked();
+        if state.busy {
+            return None;
+        }
+        state.busy = true;
+        Some(Turn(Some(self.clone())))
+    }
+
     /// The next task still waiting, or `None` after marking the gate free.
     fn next(&self) -> Option<Waiting> {
         let mut state = self.0.locked();

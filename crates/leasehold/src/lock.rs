@@ -456,13 +456,18 @@ impl Lock {
                     Wait::Until(deadline) => Until::Deadline(deadline),
                     Wait::Forever => Until::Forever,
                 };
-                let undo = Pending::new(self.store.clone(), &req, &self.tasks);
                 let gate = self.gates.gate(&self.name, self.fair);
-                match self
-                    .meter
-                    .waiting_while(gate.enter(&req, until, undo))
-                    .await
-                {
+                let undo = || Pending::new(self.store.clone(), &req, &self.tasks);
+                // The turn of a free gate is taken at once; a wait for it is boxed, so
+                // that acquires that never wait here do not carry its state (0.6 KB).
+                let entered = match gate.free_turn() {
+                    Some(turn) => Some((turn, None)),
+                    None => {
+                        let waited = Box::pin(gate.enter(&req, until, undo()));
+                        self.meter.waiting_while(waited).await
+                    }
+                };
+                match entered {
                     None => return Ok(None),
                     // Handed over by the task before us, in one store step.
                     Some((turn, Some((grant, sent)))) => {

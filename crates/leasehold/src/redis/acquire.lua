@@ -3,7 +3,7 @@
 -- channel (the client's), wall (the client's clock, ms: display only), waiter_lease ms
 -- (how long a place in the queue lasts unless renewed), fresh (1: the first attempt of
 -- this acquisition, so not queued; else 0); in a transfer, released (the hold released
--- first) and waited (how long, ms, the request already waited in its process); value
+-- first) and waited (how long, µs, the request already waited in its process); value
 -- (nil for none), kept with the hold it is granted (a re-entry keeps the holder's).
 -- Replies (reply.rs): reply.granted (token, holds, released) when granted;
 --   reply.busy when not (position 0: not queued, retry_in -1: no time; the holder in
@@ -82,11 +82,11 @@ end
 -- transfer's request may have waited in its process for a while: it keeps the place it
 -- would have had), else at the end. How many are ahead, and where its entry goes in W.
 local function place()
-  if arrived == now then return q, #W + 1 end
+  if arrived == now_us then return q, #W + 1 end
   local n, s = 0, 1
   while s <= #W do
     local w, next = waiter_at(s)
-    if tonumber(w.a) > arrived then break end
+    if arrival_us(w.a) > arrived then break end
     n, s = n + 1, next
   end
   return n, s

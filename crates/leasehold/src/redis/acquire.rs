@@ -63,7 +63,7 @@ impl RedisStore {
         from: Option<&'a Lease>,
         fresh: bool,
     ) -> Acquire<'a> {
-        let waited = req.waited.as_millis() as u64;
+        let waited = req.waited.as_micros() as u64;
         let (released, waited) = match from {
             Some(from) => (Some(from.id.as_str()), Some(waited)),
             // A request that waited in its process (its gate's turn came without a

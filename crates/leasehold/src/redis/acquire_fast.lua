@@ -3,15 +3,15 @@
 local expires, waiter_expires = now + req_ttl, now + req_waiter_lease
 -- When the request arrived: now, or as long ago as it waited in its process
 -- (req_waited, a transfer's or a gate's; see place() in acquire.lua).
-local arrived = now
-if req_waited then arrived = now - req_waited end
+local arrived = now_us
+if req_waited then arrived = now_us - req_waited end
 local mine_before = '\30' .. req_lease .. '\31' .. req_owner .. '\31' .. req_kind .. '\31' ..
   req_permits .. '\31'
 local mine_after = '\31' .. req_wall .. '\31' .. req_host .. '\31' .. req_pid .. '\31' ..
   expires .. '\31' .. req_channel .. (req_value and '\31' .. req_value or '')
 local function mine_waiter()
   return '\30' .. req_lease .. '\31' .. req_kind .. '\31' .. req_fair .. '\31' .. req_owner ..
-    '\31' .. req_permits .. '\31' .. req_host .. '\31' .. req_pid .. '\31' .. arrived .. '\31' ..
+    '\31' .. req_permits .. '\31' .. req_host .. '\31' .. req_pid .. '\31' .. string.format('%d', arrived) .. '\31' ..
     req_channel .. '\31' .. req_ttl .. '\31' .. req_waiter_lease .. '\31' .. waiter_expires ..
     (req_value and '\31' .. req_value or '')
 end

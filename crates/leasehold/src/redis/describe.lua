@@ -18,7 +18,7 @@ local waiters, s = {}, 1
 while s <= #W do
   local w, next = waiter_at(s)
   waiters[#waiters + 1] = {o = w.o, k = w.k, p = tonumber(w.p), n = w.n, i = tonumber(w.i),
-                           a = tonumber(w.a)}
+                           a = math.floor(arrival_us(w.a) / 1000)}
   s = next
 end
 -- cjson writes an empty list as {}; the client reads either.

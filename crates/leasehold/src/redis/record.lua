@@ -23,8 +23,8 @@
 --           holder is the holds of one owner (more than one after re-entry), which
 --           share its kind, permits, token, acquired time and value.
 --   waiter  l lease, k kind, f fair (0|1), o owner, p permits, n host, i pid, a arrived
---           ms (server time; earlier than its request for a task that first waited in
---           its process), c client channel, x lease ttl ms, y waiter lease ms, e waiter
+--           µs (server time; earlier than its request for a task that first waited in
+--           its process; ms in records of older versions: see arrival_us), c client channel, x lease ttl ms, y waiter lease ms, e waiter
 --           lease expiry ms, and v the value it will hold with, if any (\31 v). In
 --           arrival order, the head first.
 -- Every call and step costs in Redis's Lua, a string-to-number conversion or a format as
@@ -32,6 +32,13 @@
 -- script parses only the entries it needs (one pattern match each), keeps fields as
 -- strings and converts only the numbers it computes with.
 -- Expiry times are the server's (TIME), in ms; clients' clocks are never used for them.
+
+-- A waiter's arrival in µs; older versions wrote ms (under 1e14, which in µs is 1973).
+local function arrival_us(a)
+  a = tonumber(a)
+  if a < 1e14 then return a * 1000 end
+  return a
+end
 
 local function pack_hold(h)
   return '\30' .. h.l .. '\31' .. h.o .. '\31' .. h.k .. '\31' .. h.p .. '\31' .. h.t .. '\31' ..

@@ -101,7 +101,7 @@ pub(super) struct Acquire<'a> {
     /// A transfer's hold, released first; `Some("")` for an acquire that waited in its
     /// process (see acquire.rs).
     pub(super) released: Option<&'a str>,
-    /// How long the request already waited in its process, ms.
+    /// How long the request already waited in its process, µs.
     pub(super) waited: Option<u64>,
     /// Kept with the hold granted (an election's); sent only when there is one, after
     /// `released` and `waited` (see acquire.rs).
