@@ -172,7 +172,10 @@ impl Gate {
             undo: Some(undo),
         };
         let pass = match until {
-            Until::Deadline(deadline) => timeout_at(deadline, &mut expecting.rx).await.ok()?,
+            // Boxed: a timer is large, and most waits here have no deadline.
+            Until::Deadline(deadline) => Box::pin(timeout_at(deadline, &mut expecting.rx))
+                .await
+                .ok()?,
             _ => (&mut expecting.rx).await,
         };
         if let Some(mut undo) = expecting.undo.take() {

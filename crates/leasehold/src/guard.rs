@@ -388,7 +388,9 @@ impl LockGuard {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
         tokio::task::consume_budget().await;
-        let released = release(held.line.clone(), &held.tasks).await?;
+        // Boxed: a task that waits for a lock and then releases it carries the larger of
+        // the two futures while it waits (thousands of waiters, on a busy name).
+        let released = Box::pin(release(held.line.clone(), &held.tasks)).await?;
         tracing::debug!(
             lock = %held.line.lease.name,
             token = held.token.0,
