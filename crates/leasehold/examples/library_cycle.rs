@@ -11,11 +11,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{median, store_cycle, Failure};
+use common::{lock_cycle, median, store_cycle, Failure};
 use leasehold::{Leasehold, MemoryStore};
 
-// The Redis floors' scripts in it are not used here.
-#[allow(dead_code)]
 mod common;
 
 const MODES: [&str; 2] = ["store", "leasehold"];
@@ -27,13 +25,7 @@ async fn worker(mode: &str, locks: Leasehold, name: String, end: Instant) -> Res
     let mut cycles = 0;
     while Instant::now() < end {
         match mode {
-            "leasehold" => {
-                let guard = (lock.try_lock_for(Duration::from_secs(5)).await?)
-                    .ok_or("the lock was busy")?;
-                if guard.release().await? != leasehold::Released::Released {
-                    return Err("the release found the lease ended".into());
-                }
-            }
+            "leasehold" => lock_cycle(&lock).await?,
             _ => store_cycle(&locks, &name, &requester).await?,
         }
         cycles += 1;

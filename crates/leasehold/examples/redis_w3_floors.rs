@@ -26,7 +26,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{median, store_cycle, Failure, RELEASE, TOKEN_ACQUIRE};
+use common::{lock_cycle, median, store_cycle, Failure, RELEASE, TOKEN_ACQUIRE};
 use leasehold::Leasehold;
 use redis::aio::MultiplexedConnection;
 
@@ -71,13 +71,7 @@ async fn worker(
     while Instant::now() < end {
         cycles += 1;
         match mode {
-            "leasehold" => {
-                let guard = (lock.try_lock_for(Duration::from_secs(5)).await?)
-                    .ok_or("the lock was busy")?;
-                if guard.release().await? != leasehold::Released::Released {
-                    return Err("the release found the lease ended".into());
-                }
-            }
+            "leasehold" => lock_cycle(&lock).await?,
             "store" => store_cycle(&locks, &name, &requester).await?,
             "layout" => {
                 let lease = leasehold::store::LeaseId::random();

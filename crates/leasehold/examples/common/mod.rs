@@ -1,4 +1,6 @@
-//! What the Redis floor examples share: the floors' scripts, a bare store cycle, medians.
+//! What the examples share: the Redis floors' scripts, a bare store cycle, a lock cycle,
+//! medians. Each example uses part of it.
+#![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +40,15 @@ pub async fn store_cycle(
         _ => return Err("the lock was busy".into()),
     }
     match store.release(&req.lease()).await? {
+        Released::Released => Ok(()),
+        _ => Err("the release found the lease ended".into()),
+    }
+}
+
+/// One `try_lock_for` + `release` of `lock`, as `leasehold bench` W3 does.
+pub async fn lock_cycle(lock: &leasehold::Lock) -> Result<(), Failure> {
+    let guard = (lock.try_lock_for(Duration::from_secs(5)).await?).ok_or("the lock was busy")?;
+    match guard.release().await? {
         Released::Released => Ok(()),
         _ => Err("the release found the lease ended".into()),
     }
