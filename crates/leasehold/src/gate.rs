@@ -77,6 +77,13 @@ struct State {
     queue: VecDeque<Waiting>,
 }
 
+impl State {
+    /// Takes the turn if nobody has it; whether it did.
+    fn take_turn(&mut self) -> bool {
+        !std::mem::replace(&mut self.busy, true)
+    }
+}
+
 #[derive(Debug)]
 struct Waiting {
     /// The request the task would send.
@@ -149,8 +156,7 @@ impl Gate {
     ) -> Option<(Turn, Option<(Grant, Instant)>)> {
         let rx = {
             let mut state = self.0.locked();
-            if !state.busy {
-                state.busy = true;
+            if state.take_turn() {
                 undo.disarm();
                 return Some((Turn(Some(self.clone())), None));
             }
@@ -191,12 +197,8 @@ impl Gate {
 
     /// The turn, if nobody has it.
     pub fn free_turn(self: &Arc<Self>) -> Option<Turn> {
-        let mut state = self.0.locked();
-        if state.busy {
-            return None;
-        }
-        state.busy = true;
-        Some(Turn(Some(self.clone())))
+        let taken = self.0.locked().take_turn();
+        taken.then(|| Turn(Some(self.clone())))
     }
 
     /// The next task still waiting, or `None` after marking the gate free.

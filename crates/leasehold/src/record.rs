@@ -13,7 +13,7 @@ use crate::store::{
     AcquireRequest, Attempt, Busy, Grant, HolderInfo, Lease, LockKind, LockState, Released,
     Renewal, WaiterInfo, Watermark,
 };
-use crate::{rules, Error, FencingToken, Result};
+use crate::{rules, FencingToken, Result};
 
 /// Says whether the process `pid` on `host` may still be running.
 pub(crate) type Alive<'a> = &'a dyn Fn(&str, u32) -> bool;
@@ -257,12 +257,7 @@ impl Record {
             rules::Decision::Reenter(i) => Admit::Reenter(i),
             rules::Decision::Grant => Admit::Grant,
             rules::Decision::Wait { holder, waiter } => Admit::Wait { holder, waiter, me },
-            rules::Decision::Refuse(refusal) => {
-                return Err(Error::Conflict {
-                    name: self.name.clone(),
-                    reason: refusal.message(),
-                })
-            }
+            rules::Decision::Refuse(refusal) => return Err(refusal.conflict(&self.name)),
         })
     }
 
@@ -407,7 +402,7 @@ impl Record {
         };
         let holds = holder.holds.len() as u32;
         let change = rules::downgrade(holder.kind, holds, &holder.owner)
-            .map_err(|refusal| refusal.conflict(&lease.name))?;
+            .map_err(|refusal| refusal.conflict(lease.name.as_str()))?;
         if change {
             holder.kind = LockKind::Shared;
             self.version += 1;

@@ -136,7 +136,7 @@ impl Refusal {
     }
 
     /// The refusal as the error a caller gets for `name`.
-    pub(crate) fn conflict(&self, name: &crate::LockName) -> crate::Error {
+    pub(crate) fn conflict(&self, name: &str) -> crate::Error {
         crate::Error::Conflict {
             name: name.to_string(),
             reason: self.message(),

@@ -59,10 +59,7 @@ pub(super) struct Ours {
 }
 
 pub(super) fn conflict(req: &AcquireRequest, refusal: rules::Refusal) -> Error {
-    Error::Conflict {
-        name: req.name.to_string(),
-        reason: refusal.message(),
-    }
+    refusal.conflict(req.name.as_str())
 }
 
 pub(super) fn grant(

@@ -32,7 +32,7 @@ impl EtcdStore {
         self.rewrite_holder(lease, |now| {
             let entry = &now.member.entry;
             let change = rules::downgrade(entry.kind, now.count(), &entry.owner)
-                .map_err(|refusal| refusal.conflict(&lease.name))?;
+                .map_err(|refusal| refusal.conflict(lease.name.as_str()))?;
             Ok(change.then(|| Entry {
                 kind: LockKind::Shared,
                 ..entry.clone()

@@ -212,7 +212,7 @@ pub(super) fn downgrade(reply: &Value, name: &LockName) -> Result<Renewal> {
         _ => None,
     };
     Err(match refusal {
-        Some(refusal) => refusal.conflict(name),
+        Some(refusal) => refusal.conflict(name.as_str()),
         None => Error::Internal(format!(
             "malformed downgrade reply from a Redis script: {reply:?}"
         )),
