@@ -11,7 +11,7 @@ use crate::gate::Turn;
 use crate::keepalive::{Lifeline, Renewals, Status};
 use crate::metrics::{Call, Holding};
 use crate::options::{check_ttl, humanize};
-use crate::store::{Lease, LockKind, Released, Renewal, Store};
+use crate::store::{AcquireRequest, Grant, Lease, LockKind, Released, Renewal, Store};
 use crate::{Error, FencingToken, LockName, Result};
 
 /// A held lock. Renewed in the background while it lives.
@@ -76,27 +76,25 @@ struct Held {
 }
 
 impl LockGuard {
+    /// The guard of `grant`, answered to `req` by `acquired`.
     pub(crate) fn start(
         line: Arc<Lifeline>,
-        renewals: &Arc<Renewals>,
-        tasks: &TaskTracker,
-        token: FencingToken,
-        holds: u32,
-        kind: LockKind,
-        owner: String,
+        (renewals, tasks): (&Arc<Renewals>, &TaskTracker),
+        grant: &Grant,
+        req: &AcquireRequest,
+        acquired: Instant,
     ) -> Self {
         let status = line.status.subscribe();
         renewals.add(&line);
-        let acquired = Instant::now();
         let holding = line.meter.holding(acquired);
         LockGuard {
             held: Some(Held {
                 line,
                 status,
-                token,
-                holds,
-                kind,
-                owner,
+                token: grant.token,
+                holds: grant.holds,
+                kind: req.kind,
+                owner: req.owner.clone(),
                 acquired,
                 tasks: tasks.clone(),
                 _holding: holding,
@@ -111,6 +109,11 @@ impl LockGuard {
             held.line.keep_turn(turn);
         }
         self
+    }
+
+    /// When the store's grant was seen.
+    pub(crate) fn acquired_at(&self) -> Instant {
+        self.held().acquired
     }
 
     fn held(&self) -> &Held {

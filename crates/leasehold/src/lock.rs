@@ -374,7 +374,7 @@ impl Lock {
     /// Cancel-safe: a cancelled attempt that the store may have granted is released in
     /// the background by its acquisition id.
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
-        self.acquire(Wait::No).await
+        self.acquire(Wait::No, Instant::now()).await
     }
 
     /// Waits as long as it takes.
@@ -389,7 +389,7 @@ impl Lock {
     /// Cancel-safe: dropping the future leaves the queue and releases anything the store
     /// granted meanwhile, in the background, by acquisition id.
     pub async fn lock(&self) -> Result<LockGuard> {
-        match self.acquire(Wait::Forever).await? {
+        match self.acquire(Wait::Forever, Instant::now()).await? {
             Some(guard) => Ok(guard),
             None => Err(Error::Internal(
                 "an unbounded wait ended without the lock".into(),
@@ -402,9 +402,10 @@ impl Lock {
     /// # Cancel safety
     /// As [`lock`](Self::lock).
     pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
-        match Instant::now().checked_add(wait) {
-            Some(deadline) => self.acquire(Wait::Until(deadline)).await,
-            None => self.acquire(Wait::Forever).await,
+        let now = Instant::now();
+        match now.checked_add(wait) {
+            Some(deadline) => self.acquire(Wait::Until(deadline), now).await,
+            None => self.acquire(Wait::Forever, now).await,
         }
     }
 
@@ -413,7 +414,8 @@ impl Lock {
     /// # Cancel safety
     /// As [`lock`](Self::lock).
     pub async fn try_lock_until(&self, deadline: std::time::Instant) -> Result<Option<LockGuard>> {
-        self.acquire(Wait::Until(deadline.into())).await
+        self.acquire(Wait::Until(deadline.into()), Instant::now())
+            .await
     }
 
     fn request(&self, enqueue: bool) -> Result<AcquireRequest> {
@@ -440,14 +442,18 @@ impl Lock {
         })
     }
 
-    async fn acquire(&self, wait: Wait) -> Result<Option<LockGuard>> {
+    /// An acquire that began at `started` (the caller's clock read: each read costs, and
+    /// an uncontended acquire needs only this one and the one at the store's answer).
+    async fn acquire(&self, wait: Wait, started: Instant) -> Result<Option<LockGuard>> {
         let mut req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::debug_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
-        let started = Instant::now();
         let acquired = async {
             let gated = self.kind == LockKind::Exclusive
                 && self.owner.is_none()
                 && (!self.fair || self.store.capabilities().queues_by_wait);
+            // When the first attempt is sent: at `started`, unless it waits at the gate
+            // first (counting a lease from earlier than its request is safe).
+            let mut first_sent = Some(started);
             let turn = if !gated {
                 None
             } else {
@@ -463,6 +469,7 @@ impl Lock {
                 let entered = match gate.free_turn() {
                     Some(turn) => Some((turn, None)),
                     None => {
+                        first_sent = None;
                         let waited = Box::pin(gate.enter(&req, until, undo()));
                         self.meter.waiting_while(waited).await
                     }
@@ -471,7 +478,8 @@ impl Lock {
                     None => return Ok(None),
                     // Handed over by the task before us, in one store step.
                     Some((turn, Some((grant, sent)))) => {
-                        return Ok(Some(self.guard(&req, grant, sent).with_turn(Some(turn))))
+                        let guard = self.guard(&req, grant, sent, Instant::now());
+                        return Ok(Some(guard.with_turn(Some(turn))));
                     }
                     // Our turn to ask (the task before us gave up, or its hold ended
                     // without a hand-over): a fair request keeps its place by when it
@@ -486,7 +494,7 @@ impl Lock {
             };
             // Boxed: a task waiting at the gate (thousands of them, on a busy name) then
             // carries a pointer rather than the store loop's state, about 2 KB.
-            let guard = Box::pin(self.acquire_from_store(req, wait)).await?;
+            let guard = Box::pin(self.acquire_from_store(req, wait, started, first_sent)).await?;
             Ok(guard.map(|g| g.with_turn(turn)))
         }
         .instrument(span)
@@ -496,8 +504,9 @@ impl Lock {
         acquired
     }
 
-    /// The guard of a granted acquisition whose request was sent at `sent`.
-    fn guard(&self, req: &AcquireRequest, grant: Grant, sent: Instant) -> LockGuard {
+    /// The guard of a granted acquisition whose request was sent at `sent` and answered
+    /// by `now`.
+    fn guard(&self, req: &AcquireRequest, grant: Grant, sent: Instant, now: Instant) -> LockGuard {
         tracing::debug!(token = grant.token.0, holds = grant.holds, "acquired");
         let granted = grant.lease.unwrap_or(req.ttl);
         let line = Lifeline::new(
@@ -508,15 +517,7 @@ impl Lock {
             granted,
             self.meter.clone(),
         );
-        LockGuard::start(
-            line,
-            &self.renewals,
-            &self.tasks,
-            grant.token,
-            grant.holds,
-            req.kind,
-            req.owner.clone(),
-        )
+        LockGuard::start(line, (&self.renewals, &self.tasks), &grant, req, now)
     }
 
     /// The guard of a grant, or `None` if its lease lapsed before it arrived. A grant that
@@ -526,13 +527,12 @@ impl Lock {
     async fn accept(
         &self,
         req: &AcquireRequest,
-        grant: Grant,
-        sent: Instant,
+        (grant, sent, now): (Grant, Instant, Instant),
         bound: Option<Instant>,
     ) -> Result<Option<LockGuard>> {
         let granted = grant.lease.unwrap_or(req.ttl).min(req.ttl);
-        if safe_deadline(sent, granted) > Instant::now() {
-            return Ok(Some(self.guard(req, grant, sent)));
+        if safe_deadline(sent, granted) > now {
+            return Ok(Some(self.guard(req, grant, sent, now)));
         }
         let resent = Instant::now();
         let lease = req.lease();
@@ -549,7 +549,7 @@ impl Lock {
                     lease: None,
                     ..grant
                 };
-                Ok(Some(self.guard(req, grant, resent)))
+                Ok(Some(self.guard(req, grant, resent, Instant::now())))
             }
             Renewal::Lost => {
                 tracing::debug!("a grant arrived after its lease had lapsed");
@@ -558,18 +558,18 @@ impl Lock {
         }
     }
 
-    /// How a grant ends the acquire: with its guard, or with the error that confirming it
-    /// met (the attempt undone); `None` if its lease lapsed on the way, to ask again.
-    /// A store call it makes ends by `bound`, if any.
+    /// How a grant (to the request sent at the first instant, answered by the second)
+    /// ends the acquire: with its guard, or with the error that confirming it met (the
+    /// attempt undone); `None` if its lease lapsed on the way, to ask again. A store call
+    /// it makes ends by `bound`, if any.
     async fn settle(
         &self,
         req: &AcquireRequest,
-        grant: Grant,
-        sent: Instant,
+        answer: (Grant, Instant, Instant),
         pending: &mut Pending,
         bound: Option<Instant>,
     ) -> Option<Result<Option<LockGuard>>> {
-        match self.accept(req, grant, sent, bound).await {
+        match self.accept(req, answer, bound).await {
             Ok(Some(guard)) => {
                 pending.disarm();
                 Some(Ok(Some(guard)))
@@ -598,7 +598,15 @@ impl Lock {
     }
 
     /// Asks the store until the lock is granted or `wait` says to stop.
-    async fn acquire_from_store(&self, req: AcquireRequest, wait: Wait) -> Acquired {
+    /// `started` is when the acquire began; `first_sent`, when its first attempt counts as
+    /// sent, if no clock read is needed for it.
+    async fn acquire_from_store(
+        &self,
+        req: AcquireRequest,
+        wait: Wait,
+        started: Instant,
+        mut first_sent: Option<Instant>,
+    ) -> Acquired {
         let mut progress = Progress {
             wait,
             // However slow the store, a bounded wait ends soon after its deadline.
@@ -607,7 +615,7 @@ impl Lock {
                 _ => None,
             },
             pending: Pending::new(self.store.clone(), &req, &self.tasks),
-            started: Instant::now(),
+            started,
             answered: false,
             backoff: FIRST_BACKOFF,
             waiting: None,
@@ -615,10 +623,9 @@ impl Lock {
         loop {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
-            let sent = Instant::now();
-            let attempt = self
-                .meter
-                .store_call(Call::Acquire, sent, self.store.acquire(&req));
+            let sent = first_sent.take().unwrap_or_else(Instant::now);
+            let attempt =
+                (self.meter).store_call_answered(Call::Acquire, sent, self.store.acquire(&req));
             // Each step but a busy one's wait is boxed: an ungated waiter (thousands of
             // them) carries the wait's state, not that of a grant's confirmation or an
             // undo (0.7 KB more).
@@ -626,10 +633,10 @@ impl Lock {
                 .bounded(attempt, progress.bound, "an attempt", sent)
                 .await
             {
-                Ok(Attempt::Granted(grant)) => {
-                    Box::pin(self.granted(&req, grant, sent, &mut progress)).await
+                Ok((Attempt::Granted(grant), now)) => {
+                    Box::pin(self.granted(&req, (grant, sent, now), &mut progress)).await
                 }
-                Ok(Attempt::Busy(busy)) => self.busy(&req, busy, sent, &mut progress).await,
+                Ok((Attempt::Busy(busy), _)) => self.busy(&req, busy, sent, &mut progress).await,
                 Err(error) => Box::pin(self.trouble(error, &mut progress)).await,
             };
             if let ControlFlow::Break(done) = step {
@@ -654,21 +661,17 @@ impl Lock {
         }
     }
 
-    /// A grant to the attempt sent at `sent`: the acquire ends with its guard or the
-    /// error confirming it met; if its lease lapsed on the way, the same request is
-    /// asked again while the wait allows.
+    /// A grant to the attempt sent and answered at the `answer`'s instants: the acquire
+    /// ends with its guard or the error confirming it met; if its lease lapsed on the
+    /// way, the same request is asked again while the wait allows.
     async fn granted(
         &self,
         req: &AcquireRequest,
-        grant: Grant,
-        sent: Instant,
+        answer: (Grant, Instant, Instant),
         progress: &mut Progress,
     ) -> Step {
-        let bound = progress.bound;
-        if let Some(done) = self
-            .settle(req, grant, sent, &mut progress.pending, bound)
-            .await
-        {
+        let (bound, sent) = (progress.bound, answer.1);
+        if let Some(done) = self.settle(req, answer, &mut progress.pending, bound).await {
             return ControlFlow::Break(done);
         }
         // Lapsed on the way: ask again (the same request) while we may wait.
@@ -743,7 +746,8 @@ impl Lock {
                 // last request, so counting from it is safe.
                 Ok(Some(grant)) => {
                     let bound = progress.bound;
-                    let settled = Box::pin(self.settle(req, grant, sent, &mut progress.pending, bound));
+                    let answer = (grant, sent, Instant::now());
+                    let settled = Box::pin(self.settle(req, answer, &mut progress.pending, bound));
                     if let Some(done) = settled.await {
                         return ControlFlow::Break(done);
                     }

@@ -103,7 +103,11 @@ fn count(key: &Key) {
 }
 
 fn record(key: &Key, since: Instant) {
-    let elapsed = since.elapsed();
+    record_until(key, since, Instant::now());
+}
+
+fn record_until(key: &Key, since: Instant, now: Instant) {
+    let elapsed = now.saturating_duration_since(since);
     ::metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(elapsed));
 }
 
@@ -145,8 +149,8 @@ impl Meter {
     /// How an acquire that started at `started` ended; `waited` says whether it could wait.
     pub fn acquired(&self, acquired: &Result<Option<LockGuard>>, waited: bool, started: Instant) {
         let outcome = match acquired {
-            Ok(Some(_)) => {
-                record(&self.keys.wait, started);
+            Ok(Some(guard)) => {
+                record_until(&self.keys.wait, started, guard.acquired_at());
                 0
             }
             Ok(None) if waited => 1,
@@ -196,6 +200,20 @@ impl Meter {
         let answer = call.await;
         record(&self.keys.store_calls[what as usize], sent);
         answer
+    }
+
+    /// As [`store_call`](Self::store_call), with the clock read at its answer (for the
+    /// caller to use rather than read the clock again).
+    pub async fn store_call_answered<T>(
+        &self,
+        what: Call,
+        sent: Instant,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<(T, Instant)> {
+        let answer = call.await;
+        let now = Instant::now();
+        record_until(&self.keys.store_calls[what as usize], sent, now);
+        answer.map(|answer| (answer, now))
     }
 
     /// Counts a guard held since `since` until dropped, then records how long it was held.
