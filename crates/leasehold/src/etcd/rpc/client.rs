@@ -14,6 +14,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Request, Status, Streaming};
 use tonic_prost::ProstCodec;
 
+use super::body::Ending;
 use super::keepalive::KeepAlives;
 use super::watch::Watches;
 use super::{AuthenticateRequest, AuthenticateResponse, CALL_TIMEOUT, TRY_TIMEOUT};
@@ -298,10 +299,10 @@ impl Client {
         Err(last.unwrap_or_else(|| Status::unavailable("no etcd endpoint")))
     }
 
-    async fn grpc(&self, member: &Member) -> Result<tonic::client::Grpc<Channel>, Status> {
+    async fn grpc(&self, member: &Member) -> Result<tonic::client::Grpc<Ending>, Status> {
         if let Some(credentials) = &self.credentials {
             if member.token.locked().is_none() {
-                let mut grpc = tonic::client::Grpc::new(member.channel.clone());
+                let mut grpc = tonic::client::Grpc::new(Ending(member.channel.clone()));
                 grpc.ready().await.map_err(transport_status)?;
                 let answer: AuthenticateResponse = grpc
                     .unary(
@@ -322,7 +323,7 @@ impl Client {
                 *member.token.locked() = Some(token);
             }
         }
-        let mut grpc = tonic::client::Grpc::new(member.channel.clone());
+        let mut grpc = tonic::client::Grpc::new(Ending(member.channel.clone()));
         grpc.ready().await.map_err(transport_status)?;
         Ok(grpc)
     }

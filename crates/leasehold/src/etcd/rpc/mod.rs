@@ -8,6 +8,7 @@
 //! `messages`: the messages; `client`: calls that fail over between members; `watch`: the
 //! watches of a client on one stream; `keepalive`: its keepalives on one stream.
 
+mod body;
 mod client;
 mod keepalive;
 mod messages;
