@@ -41,6 +41,7 @@ const MODES: [&str; 5] = ["floor", "token", "layout", "store", "leasehold"];
 struct Figures {
     rate: f64,
     cpu_us: f64,
+    switches: f64,
     commands: f64,
     server_us: f64,
 }
@@ -136,13 +137,16 @@ async fn worker(
 }
 
 /// User + system CPU time of this process.
-fn cpu_time() -> Duration {
+/// CPU time of this process, and its context switches (voluntary and not): how often its
+/// threads slept or were put off, each a round trip through the kernel.
+fn cpu_time() -> (Duration, f64) {
     // SAFETY: an all-zero rusage is a valid value of this plain C struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `usage` is a valid out-pointer for getrusage.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    let switches = (usage.ru_nvcsw + usage.ru_nivcsw) as f64;
+    (tv(usage.ru_utime) + tv(usage.ru_stime), switches)
 }
 
 /// Calls and µs of the commands run since the last `CONFIG RESETSTAT`, but INFO's own.
@@ -197,12 +201,14 @@ async fn run(
     for task in tasks {
         cycles += task.await??;
     }
-    let (elapsed, cpu) = (started.elapsed(), cpu_time() - cpu);
+    let (elapsed, (cpu_after, switches_after)) = (started.elapsed(), cpu_time());
+    let (cpu, switches) = (cpu_after - cpu.0, switches_after - cpu.1);
     let (calls, usec) = commandstats(&mut admin).await?;
     let n = cycles as f64;
     Ok(Figures {
         rate: n / elapsed.as_secs_f64(),
         cpu_us: cpu.as_secs_f64() * 1e6 / n,
+        switches: switches / n,
         commands: calls / n,
         server_us: usec / n,
     })
@@ -245,12 +251,13 @@ async fn main() -> Result<(), Failure> {
     for (m, mode) in MODES.iter().enumerate() {
         let of = |f: &dyn Fn(&[Figures; MODES.len()]) -> f64| median(runs.iter().map(f).collect());
         println!(
-            "{mode:>9}: median {:.0} cycles/s, ratio to floor {:.2}, to token {:.2}, to layout {:.2}; client CPU {:.1} µs/cycle; Redis {:.2} commands, {:.1} µs/cycle",
+            "{mode:>9}: median {:.0} cycles/s, ratio to floor {:.2}, to token {:.2}, to layout {:.2}; client CPU {:.1} µs/cycle, {:.2} context switches/cycle; Redis {:.2} commands, {:.1} µs/cycle",
             of(&|r| r[m].rate),
             of(&|r| r[m].rate / r[0].rate),
             of(&|r| r[m].rate / r[1].rate),
             of(&|r| r[m].rate / r[2].rate),
             of(&|r| r[m].cpu_us),
+            of(&|r| r[m].switches),
             of(&|r| r[m].commands),
             of(&|r| r[m].server_us),
         );
