@@ -82,6 +82,15 @@ impl EtcdStore {
         self.inner.acquisitions.locked().get(id).cloned()
     }
 
+    /// What `read` makes of acquisition `id`'s state, if there is one (none copied).
+    pub(super) fn acquisition_state<T>(
+        &self,
+        id: &LeaseId,
+        read: impl FnOnce(&State) -> Option<T>,
+    ) -> Option<T> {
+        read(&self.inner.acquisitions.locked().get(id)?.state)
+    }
+
     /// The next recheck of the queued acquisition `id` reads the queue: its line, which
     /// follows deletions only, cannot tell where it stands now (a holder ahead was
     /// downgraded).

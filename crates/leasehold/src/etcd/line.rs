@@ -5,7 +5,7 @@
 //! of its own: the release's deletion reaches the process once, and only the waiter it lets
 //! in wakes.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::oneshot;
@@ -73,7 +73,8 @@ struct State {
 
 struct Waiter {
     own: KeyId,
-    ahead: HashSet<KeyId>,
+    /// A few keys (a list is smaller than a set, and as quick at this size).
+    ahead: Vec<KeyId>,
     /// How many keys may remain ahead when it holds.
     room: usize,
     /// Deletions at or before this revision are already reflected in `ahead`.
@@ -152,14 +153,15 @@ impl Line {
             return Joined::Gap(state.complete_after);
         }
         let own = KeyId::of(own);
-        let mut ahead: HashSet<KeyId> = ahead.iter().cloned().collect();
+        let mut ahead = ahead.to_vec();
         let mut gone = false;
         for (revision, key) in &state.log {
             if *revision > seen {
                 gone |= *key == own;
-                ahead.remove(key);
+                ahead.retain(|k| k != key);
             }
         }
+        ahead.shrink_to_fit();
         if gone {
             return over(state, Turn::Gone);
         }
@@ -203,7 +205,9 @@ impl Line {
                 if w.own == key {
                     return Some((id, Turn::Gone));
                 }
-                (w.ahead.remove(&key) && w.ahead.len() <= w.room).then_some((id, Turn::Free))
+                let at = w.ahead.iter().position(|k| *k == key)?;
+                w.ahead.swap_remove(at);
+                (w.ahead.len() <= w.room).then_some((id, Turn::Free))
             })
             .collect();
         for (id, turn) in over {
