@@ -898,11 +898,17 @@ impl Pending {
     /// or queued), waited for at most `patience`; then it goes on in the background (the
     /// lease stays armed, so dropping this sends it).
     async fn undo_within(&mut self, patience: Duration) {
+        if self.lease.is_some() {
+            // Boxed: rare, and every step of an attempt that may undo would carry it.
+            Box::pin(self.undo_now(patience)).await;
+        }
+    }
+
+    async fn undo_now(&mut self, patience: Duration) {
         let Some(lease) = self.lease.clone() else {
             return;
         };
-        // Boxed: rare, and every step of an attempt that may undo would carry it.
-        let undo = Box::pin(release_or_again(&self.store, &lease, self.ttl, &self.tasks));
+        let undo = release_or_again(&self.store, &lease, self.ttl, &self.tasks);
         if tokio::time::timeout(patience, undo).await.is_ok() {
             self.lease = None;
         }

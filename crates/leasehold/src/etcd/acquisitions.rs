@@ -79,7 +79,7 @@ pub(super) fn grant(
 
 impl EtcdStore {
     pub(super) fn acquisition(&self, id: &LeaseId) -> Option<Acquisition> {
-        self.inner.acquisitions.locked().get(id).cloned()
+        (self.inner.acquisitions.locked().get(id)).map(|a| (**a).clone())
     }
 
     /// What `read` makes of acquisition `id`'s state, if there is one (none copied).
@@ -106,11 +106,11 @@ impl EtcdStore {
         self.inner
             .acquisitions
             .locked()
-            .insert(id.clone(), acquisition);
+            .insert(id.clone(), Box::new(acquisition));
     }
 
     pub(super) fn forget(&self, id: &LeaseId) -> Option<Acquisition> {
-        self.inner.acquisitions.locked().remove(id)
+        self.inner.acquisitions.locked().remove(id).map(|a| *a)
     }
 
     pub(super) fn update(&self, id: &LeaseId, change: impl FnOnce(&mut Acquisition)) {

@@ -191,7 +191,7 @@ impl EtcdStore {
                     key,
                     state: State::Queued { waiting, .. },
                     ..
-                }) = acquisitions.get(&req.lease)
+                }) = acquisitions.get(&req.lease).map(|a| &**a)
                 else {
                     return Ok(Err(None));
                 };
@@ -240,7 +240,7 @@ impl EtcdStore {
 
     /// Our key while it waits in the queue, and whether it waits behind its owner's.
     fn queued_key(&self, req: &AcquireRequest) -> Option<(Ours, bool)> {
-        match self.inner.acquisitions.locked().get(&req.lease)? {
+        match &**self.inner.acquisitions.locked().get(&req.lease)? {
             Acquisition {
                 key,
                 lease: Some(lease),
