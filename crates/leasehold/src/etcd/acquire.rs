@@ -110,33 +110,20 @@ impl EtcdStore {
 
     /// What this client knows of `req`'s acquisition that a pass starts from.
     fn known(&self, req: &AcquireRequest, started: Instant) -> Known {
-        match self.acquisition(&req.lease) {
-            Some(Acquisition {
-                lease: Some(lease),
-                state: State::Unknown,
-                hold: Some(_),
-                ..
-            }) => Known::LostReentry(lease),
-            Some(Acquisition {
-                key,
-                lease: Some(lease),
-                state:
-                    State::Queued {
-                        create,
-                        waiting,
-                        seen,
-                        busy,
-                        ..
-                    },
-                ..
-            }) => {
+        let acquisitions = self.inner.acquisitions.locked();
+        let Some(known) = acquisitions.get(&req.lease) else {
+            return Known::Other;
+        };
+        if let (Some(lease), State::Unknown, Some(_)) = (known.lease, &known.state, &known.hold) {
+            return Known::LostReentry(lease);
+        }
+        match (known.queued(), &known.state) {
+            (Some((ours, waiting)), State::Queued { seen, busy, .. }) => {
                 let ours = Ours {
-                    key,
-                    lease,
-                    create,
                     attempted: started,
+                    ..ours
                 };
-                Known::Queued(ours, waiting, seen, busy)
+                Known::Queued(ours, waiting.clone(), *seen, busy.clone())
             }
             _ => Known::Other,
         }

@@ -49,6 +49,35 @@ pub(super) enum State {
     Held { create: i64, modified: i64 },
 }
 
+impl Acquisition {
+    /// Our key, if it waits in the queue, and its place there.
+    pub(super) fn queued(&self) -> Option<(Ours, &Waiting)> {
+        match self {
+            Acquisition {
+                key,
+                lease: Some(lease),
+                state:
+                    State::Queued {
+                        create,
+                        waiting,
+                        attempted,
+                        ..
+                    },
+                ..
+            } => Some((
+                Ours {
+                    key: key.clone(),
+                    lease: *lease,
+                    create: *create,
+                    attempted: *attempted,
+                },
+                waiting,
+            )),
+            _ => None,
+        }
+    }
+}
+
 /// Our key in the queue: a waiting acquisition's, or one a pass has just placed.
 pub(super) struct Ours {
     pub(super) key: Vec<u8>,

@@ -240,29 +240,9 @@ impl EtcdStore {
 
     /// Our key while it waits in the queue, and whether it waits behind its owner's.
     fn queued_key(&self, req: &AcquireRequest) -> Option<(Ours, bool)> {
-        match &**self.inner.acquisitions.locked().get(&req.lease)? {
-            Acquisition {
-                key,
-                lease: Some(lease),
-                state:
-                    State::Queued {
-                        create,
-                        waiting,
-                        attempted,
-                        ..
-                    },
-                ..
-            } => Some((
-                Ours {
-                    key: key.clone(),
-                    lease: *lease,
-                    create: *create,
-                    attempted: *attempted,
-                },
-                waiting.second,
-            )),
-            _ => None,
-        }
+        let acquisitions = self.inner.acquisitions.locked();
+        let (ours, waiting) = acquisitions.get(&req.lease)?.queued()?;
+        Some((ours, waiting.second))
     }
 
     /// The queue as of revision `at_least` or later. The member's own state (no quorum
