@@ -494,7 +494,9 @@ impl Lock {
             };
             // Boxed: a task waiting at the gate (thousands of them, on a busy name) then
             // carries a pointer rather than the store loop's state, about 2 KB.
-            let guard = Box::pin(self.acquire_from_store(req, wait, started, first_sent)).await?;
+            // The request stays here (it is no larger here for it): the box is what a
+            // waiter in a store's queue carries.
+            let guard = Box::pin(self.acquire_from_store(&req, wait, started, first_sent)).await?;
             Ok(guard.map(|g| g.with_turn(turn)))
         }
         .instrument(span)
@@ -534,6 +536,18 @@ impl Lock {
         if safe_deadline(sent, granted) > now {
             return Ok(Some(self.guard(req, grant, sent, now)));
         }
+        // Boxed: rare, and the largest step of an attempt (every waiter's attempt carries
+        // its steps while it waits for the store).
+        Box::pin(self.confirm_late(req, grant, bound)).await
+    }
+
+    /// [`accept`](Self::accept)'s grant that arrived late, confirmed by a renewal.
+    async fn confirm_late(
+        &self,
+        req: &AcquireRequest,
+        grant: Grant,
+        bound: Option<Instant>,
+    ) -> Result<Option<LockGuard>> {
         let resent = Instant::now();
         let lease = req.lease();
         let renewal = self
@@ -602,7 +616,7 @@ impl Lock {
     /// sent, if no clock read is needed for it.
     async fn acquire_from_store(
         &self,
-        req: AcquireRequest,
+        req: &AcquireRequest,
         wait: Wait,
         started: Instant,
         mut first_sent: Option<Instant>,
@@ -614,7 +628,7 @@ impl Lock {
                 Wait::Until(deadline) => Some(deadline + LATE_ANSWER),
                 _ => None,
             },
-            pending: Pending::new(self.store.clone(), &req, &self.tasks),
+            pending: Pending::new(self.store.clone(), req, &self.tasks),
             started,
             answered: false,
             backoff: FIRST_BACKOFF,
@@ -624,24 +638,52 @@ impl Lock {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
             let sent = first_sent.take().unwrap_or_else(Instant::now);
-            let attempt =
-                (self.meter).store_call_answered(Call::Acquire, sent, self.store.acquire(&req));
-            // Each step but a busy one's wait is boxed: an ungated waiter (thousands of
-            // them) carries the wait's state, not that of a grant's confirmation or an
-            // undo (0.7 KB more).
-            let step = match self
-                .bounded(attempt, progress.bound, "an attempt", sent)
-                .await
-            {
-                Ok((Attempt::Granted(grant), now)) => {
-                    Box::pin(self.granted(&req, (grant, sent, now), &mut progress)).await
-                }
-                Ok((Attempt::Busy(busy), _)) => self.busy(&req, busy, sent, &mut progress).await,
-                Err(error) => Box::pin(self.trouble(error, &mut progress)).await,
+            // The attempt and what its answer takes (a grant's confirmation, an undo, a
+            // backoff) are boxed: between attempts a waiter (thousands of them in a
+            // store's queue) keeps the loop's state and its wait, not theirs (0.9 KB).
+            let wake = match Box::pin(self.attempt(req, sent, &mut progress)).await {
+                ControlFlow::Break(done) => return done,
+                ControlFlow::Continue(None) => continue,
+                ControlFlow::Continue(Some(wake)) => wake,
             };
-            if let ControlFlow::Break(done) = step {
+            // Until the store signals a change, or `wake.at`; only a change that needs
+            // more (a hand-over's confirmation, a backoff) is boxed.
+            let changed = timeout_at(wake.at, self.store.changed(req, wake.watermark)).await;
+            let changed = match changed {
+                Ok(Ok(None)) | Err(_) => continue,
+                Ok(changed) => changed,
+            };
+            let step = Box::pin(self.after_change(req, changed, sent, wake.at, &mut progress));
+            if let ControlFlow::Break(done) = step.await {
                 return done;
             }
+        }
+    }
+
+    /// One attempt sent at `sent`, and the step its answer leads to: the acquire ends,
+    /// asks again at once, or waits for the [`Wake`] it returns.
+    async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        sent: Instant,
+        progress: &mut Progress,
+    ) -> ControlFlow<Acquired, Option<Wake>> {
+        let attempt =
+            (self.meter).store_call_answered(Call::Acquire, sent, self.store.acquire(req));
+        let step = match self
+            .bounded(attempt, progress.bound, "an attempt", sent)
+            .await
+        {
+            Ok((Attempt::Granted(grant), now)) => {
+                self.granted(req, (grant, sent, now), progress).await
+            }
+            Ok((Attempt::Busy(busy), _)) => return self.busy(req, busy, progress).await,
+            // Boxed: rare, and larger than the rest (its backoff's timer, an undo).
+            Err(error) => Box::pin(self.trouble(error, progress)).await,
+        };
+        match step {
+            ControlFlow::Break(done) => ControlFlow::Break(done),
+            ControlFlow::Continue(()) => ControlFlow::Continue(None),
         }
     }
 
@@ -686,15 +728,14 @@ impl Lock {
         }
     }
 
-    /// A busy answer to the attempt sent at `sent`: the acquire ends if it may not wait
-    /// (or no longer), else it waits for a chance to ask again.
+    /// A busy answer: the acquire ends if it may not wait (or no longer), else it waits
+    /// for a chance to ask again.
     async fn busy(
         &self,
         req: &AcquireRequest,
         busy: Busy,
-        sent: Instant,
         progress: &mut Progress,
-    ) -> Step {
+    ) -> ControlFlow<Acquired, Option<Wake>> {
         progress.answered = true;
         progress.backoff = FIRST_BACKOFF;
         let deadline = match progress.wait {
@@ -703,7 +744,7 @@ impl Lock {
                 return ControlFlow::Break(Ok(None));
             }
             Wait::Until(deadline) if Instant::now() >= deadline => {
-                Box::pin(progress.pending.undo_within(LATE_ANSWER)).await;
+                progress.pending.undo_within(LATE_ANSWER).await;
                 tracing::debug!(waited = ?progress.started.elapsed(), "gave up waiting");
                 return ControlFlow::Break(Ok(None));
             }
@@ -717,49 +758,45 @@ impl Lock {
             on_wait(&busy);
         }
         tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
-        self.until_changed(req, &busy, sent, deadline, progress)
-            .await
-    }
-
-    /// Waits to ask again: until the store signals a change, or a holder's lease (or a
-    /// waiter ahead) can have expired, or in time to refresh our own waiter lease, or
-    /// the `deadline`. A store that hands the lock over with the signal ends the acquire.
-    async fn until_changed(
-        &self,
-        req: &AcquireRequest,
-        busy: &Busy,
-        sent: Instant,
-        deadline: Option<Instant>,
-        progress: &mut Progress,
-    ) -> Step {
+        // Ask again when a holder's lease (or a waiter ahead) can have expired, or in time
+        // to refresh our own waiter lease, or at the deadline, if no change comes first.
         let refresh = waiter_lease(req.ttl) / 2;
         let retry_in = busy
             .retry_in
             .map_or(refresh, |d| (d + Duration::from_millis(1)).min(refresh));
-        let mut wake = Instant::now() + retry_in;
-        if let Some(deadline) = deadline {
-            wake = wake.min(deadline);
-        }
-        tokio::select! {
-            changed = self.store.changed(req, busy.watermark) => match changed {
-                // Handed over by the store: the lease runs from after `sent`, our
-                // last request, so counting from it is safe.
-                Ok(Some(grant)) => {
-                    let bound = progress.bound;
-                    let answer = (grant, sent, Instant::now());
-                    let settled = Box::pin(self.settle(req, answer, &mut progress.pending, bound));
-                    if let Some(done) = settled.await {
-                        return ControlFlow::Break(done);
-                    }
+        let at = Instant::now() + retry_in;
+        ControlFlow::Continue(Some(Wake {
+            watermark: busy.watermark,
+            at: deadline.map_or(at, |deadline| at.min(deadline)),
+        }))
+    }
+
+    /// What a change the store signalled leads to: a store that handed the lock over
+    /// with it ends the acquire; a failed signal is asked again after a backoff (by `at`
+    /// at the latest).
+    async fn after_change(
+        &self,
+        req: &AcquireRequest,
+        changed: Result<Option<Grant>>,
+        sent: Instant,
+        at: Instant,
+        progress: &mut Progress,
+    ) -> Step {
+        match changed {
+            // Handed over by the store: the lease runs from after `sent`, our last
+            // request, so counting from it is safe.
+            Ok(Some(grant)) => {
+                let (bound, answer) = (progress.bound, (grant, sent, Instant::now()));
+                if let Some(done) = self.settle(req, answer, &mut progress.pending, bound).await {
+                    return ControlFlow::Break(done);
                 }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::debug!(%error, "change notification failed; backing off");
-                    let backoff = Instant::now() + jitter(Duration::from_millis(50));
-                    sleep_until(backoff.min(wake)).await;
-                }
-            },
-            _ = sleep_until(wake) => {}
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(%error, "change notification failed; backing off");
+                let backoff = Instant::now() + jitter(Duration::from_millis(50));
+                sleep_until(backoff.min(at)).await;
+            }
         }
         ControlFlow::Continue(())
     }
@@ -803,6 +840,13 @@ type Acquired = Result<Option<LockGuard>>;
 
 /// Whether an acquire ends after a step, and with what.
 type Step = ControlFlow<Acquired>;
+
+/// What a busy answer leaves a waiter to wait for: a change since `watermark`, until
+/// `at` at the latest.
+struct Wake {
+    watermark: crate::store::Watermark,
+    at: Instant,
+}
 
 /// Where an acquire stands between attempts.
 struct Progress {
@@ -856,6 +900,13 @@ impl Pending {
     /// or queued), waited for at most `patience`; then it goes on in the background (the
     /// lease stays armed, so dropping this sends it).
     async fn undo_within(&mut self, patience: Duration) {
+        if self.lease.is_some() {
+            // Boxed: rare, and every step of an attempt that may undo would carry it.
+            Box::pin(self.undo_now(patience)).await;
+        }
+    }
+
+    async fn undo_now(&mut self, patience: Duration) {
         let Some(lease) = self.lease.clone() else {
             return;
         };

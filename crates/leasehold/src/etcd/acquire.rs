@@ -27,6 +27,15 @@ pub(super) enum Retry {
     KeyGone,
 }
 
+/// What a pass starts from: our key waiting in the queue (with its place, the revision
+/// it was read at, and what it was told); a re-entry whose answer was lost, on its lease;
+/// or a key to put.
+enum Known {
+    Queued(Ours, Waiting, i64, Box<Busy>),
+    LostReentry(EtcdLease),
+    Other,
+}
+
 /// What one pass of an attempt comes to.
 pub(super) type Step = Pass<Attempt, Retry>;
 
@@ -72,54 +81,52 @@ impl EtcdStore {
     /// calls' states (about 12 KB) while it waits.
     async fn pass(&self, req: &AcquireRequest) -> Result<Step> {
         let started = Instant::now();
-        let mut known = self.acquisition(&req.lease);
-        if let Some(Acquisition {
-            lease: Some(lease),
-            state: State::Unknown,
-            hold: Some(_),
-            ..
-        }) = known
-        {
-            // A re-entry whose answer was lost: its hold key, if it was put, goes with its
-            // lease. (Reused for a queue key, the lease would keep it.)
-            Box::pin(self.revoke(lease.id)).await?;
-            self.forget(&req.lease);
-            known = None;
-        }
-        if let Some(Acquisition {
-            key,
-            lease: Some(lease),
-            state:
-                State::Queued {
-                    create,
-                    waiting,
-                    seen,
-                    busy,
-                    ..
-                },
-            ..
-        }) = known
-        {
-            let ours = Ours {
-                key,
-                lease,
-                create,
-                attempted: started,
-            };
-            if !waiting.second && self.line_covers(req, &ours.key, seen) {
-                return Box::pin(self.recheck_in_line(req, ours, waiting, *busy)).await;
+        match self.known(req, started) {
+            Known::Queued(ours, waiting, seen, busy) => {
+                if !waiting.second && self.line_covers(req, &ours.key, seen) {
+                    return Box::pin(self.recheck_in_line(req, ours, waiting, *busy)).await;
+                }
+                return Box::pin(self.recheck(req, ours, waiting.second)).await;
             }
-            return Box::pin(self.recheck(req, ours, waiting.second)).await;
+            Known::LostReentry(lease) => {
+                // A re-entry whose answer was lost: its hold key, if it was put, goes with
+                // its lease. (Reused for a queue key, the lease would keep it.)
+                Box::pin(self.revoke(lease.id)).await?;
+                self.forget(&req.lease);
+            }
+            Known::Other => {}
         }
         // One admission for the whole put (lease, Txn, join): admitted call by call,
         // thousands of waiters arriving at once would each get their waiter lease early
-        // and put their key seconds later, on a lease about to end.
+        // and put their key seconds later, on a lease about to end. What is known of the
+        // attempt is read once admitted: thousands wait here, with nothing but the wait.
         let _admitted = self.inner.puts.acquire().await;
         Box::pin(async {
-            let put = self.prepare(req, known).await?;
+            let put = self.prepare(req, self.acquisition(&req.lease)).await?;
             self.put(req, &put, started).await
         })
         .await
+    }
+
+    /// What this client knows of `req`'s acquisition that a pass starts from.
+    fn known(&self, req: &AcquireRequest, started: Instant) -> Known {
+        let acquisitions = self.inner.acquisitions.locked();
+        let Some(known) = acquisitions.get(&req.lease) else {
+            return Known::Other;
+        };
+        if let (Some(lease), State::Unknown, Some(_)) = (known.lease, &known.state, &known.hold) {
+            return Known::LostReentry(lease);
+        }
+        match (known.queued(), &known.state) {
+            (Some((ours, waiting)), State::Queued { seen, busy, .. }) => {
+                let ours = Ours {
+                    attempted: started,
+                    ..ours
+                };
+                Known::Queued(ours, waiting.clone(), *seen, busy.clone())
+            }
+            _ => Known::Other,
+        }
     }
 
     /// Chooses the lease and names the key a pass puts, and records the attempt as

@@ -49,6 +49,35 @@ pub(super) enum State {
     Held { create: i64, modified: i64 },
 }
 
+impl Acquisition {
+    /// Our key, if it waits in the queue, and its place there.
+    pub(super) fn queued(&self) -> Option<(Ours, &Waiting)> {
+        match self {
+            Acquisition {
+                key,
+                lease: Some(lease),
+                state:
+                    State::Queued {
+                        create,
+                        waiting,
+                        attempted,
+                        ..
+                    },
+                ..
+            } => Some((
+                Ours {
+                    key: key.clone(),
+                    lease: *lease,
+                    create: *create,
+                    attempted: *attempted,
+                },
+                waiting,
+            )),
+            _ => None,
+        }
+    }
+}
+
 /// Our key in the queue: a waiting acquisition's, or one a pass has just placed.
 pub(super) struct Ours {
     pub(super) key: Vec<u8>,
@@ -79,7 +108,16 @@ pub(super) fn grant(
 
 impl EtcdStore {
     pub(super) fn acquisition(&self, id: &LeaseId) -> Option<Acquisition> {
-        self.inner.acquisitions.locked().get(id).cloned()
+        (self.inner.acquisitions.locked().get(id)).map(|a| (**a).clone())
+    }
+
+    /// What `read` makes of acquisition `id`'s state, if there is one (none copied).
+    pub(super) fn acquisition_state<T>(
+        &self,
+        id: &LeaseId,
+        read: impl FnOnce(&State) -> Option<T>,
+    ) -> Option<T> {
+        read(&self.inner.acquisitions.locked().get(id)?.state)
     }
 
     /// The next recheck of the queued acquisition `id` reads the queue: its line, which
@@ -97,11 +135,11 @@ impl EtcdStore {
         self.inner
             .acquisitions
             .locked()
-            .insert(id.clone(), acquisition);
+            .insert(id.clone(), Box::new(acquisition));
     }
 
     pub(super) fn forget(&self, id: &LeaseId) -> Option<Acquisition> {
-        self.inner.acquisitions.locked().remove(id)
+        self.inner.acquisitions.locked().remove(id).map(|a| *a)
     }
 
     pub(super) fn update(&self, id: &LeaseId, change: impl FnOnce(&mut Acquisition)) {

@@ -5,10 +5,9 @@
 //! of its own: the release's deletion reaches the process once, and only the waiter it lets
 //! in wakes.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
-
-use tokio::sync::oneshot;
+use std::task::{Context, Poll, Waker};
 
 use super::queue::KeyId;
 use super::rpc::Watch;
@@ -73,12 +72,16 @@ struct State {
 
 struct Waiter {
     own: KeyId,
-    ahead: HashSet<KeyId>,
+    /// A few keys (a list is smaller than a set, and as quick at this size).
+    ahead: Vec<KeyId>,
     /// How many keys may remain ahead when it holds.
     room: usize,
     /// Deletions at or before this revision are already reflected in `ahead`.
     seen: i64,
-    turn: oneshot::Sender<Turn>,
+    /// Set when its wait is over, and its task woken (no channel of its own: thousands
+    /// of waiters wait in lines).
+    turn: Option<Turn>,
+    waker: Option<Waker>,
 }
 
 /// Why a writer's wait is over.
@@ -104,13 +107,12 @@ pub(super) enum Joined {
 pub(super) struct Place {
     line: Arc<Line>,
     id: u64,
-    turn: oneshot::Receiver<Turn>,
 }
 
 impl Place {
     /// `None` if the line's watch ended first.
     pub async fn turn(&mut self) -> Option<Turn> {
-        (&mut self.turn).await.ok()
+        std::future::poll_fn(|cx| self.line.poll_turn(self.id, cx)).await
     }
 }
 
@@ -152,21 +154,21 @@ impl Line {
             return Joined::Gap(state.complete_after);
         }
         let own = KeyId::of(own);
-        let mut ahead: HashSet<KeyId> = ahead.iter().cloned().collect();
+        let mut ahead = ahead.to_vec();
         let mut gone = false;
         for (revision, key) in &state.log {
             if *revision > seen {
                 gone |= *key == own;
-                ahead.remove(key);
+                ahead.retain(|k| k != key);
             }
         }
+        ahead.shrink_to_fit();
         if gone {
             return over(state, Turn::Gone);
         }
         if ahead.len() <= room {
             return over(state, Turn::Free);
         }
-        let (tx, rx) = oneshot::channel();
         let id = state.next_id;
         state.next_id += 1;
         state.waiting.insert(
@@ -176,14 +178,33 @@ impl Line {
                 ahead,
                 room,
                 seen,
-                turn: tx,
+                turn: None,
+                waker: None,
             },
         );
         Joined::Waiting(Place {
             line: self.clone(),
             id,
-            turn: rx,
         })
+    }
+
+    /// Waiter `id`'s turn, once the line has set it; `None` if it left or the line ended.
+    fn poll_turn(&self, id: u64, cx: &mut Context<'_>) -> Poll<Option<Turn>> {
+        let mut state = self.state.locked();
+        let Some(waiter) = state.waiting.get_mut(&id) else {
+            return Poll::Ready(None);
+        };
+        if waiter.turn.is_none() {
+            if !waiter
+                .waker
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                waiter.waker = Some(cx.waker().clone());
+            }
+            return Poll::Pending;
+        }
+        Poll::Ready(state.waiting.remove(&id).and_then(|w| w.turn))
     }
 
     fn deleted(&self, revision: i64, key: &[u8]) {
@@ -195,22 +216,26 @@ impl Line {
             }
         }
         state.log.push_back((revision, key.clone()));
-        let over: Vec<(u64, Turn)> = state
+        let woken: Vec<Waker> = state
             .waiting
-            .iter_mut()
-            .filter(|(_, w)| revision > w.seen)
-            .filter_map(|(&id, w)| {
+            .values_mut()
+            .filter(|w| revision > w.seen && w.turn.is_none())
+            .filter_map(|w| {
                 if w.own == key {
-                    return Some((id, Turn::Gone));
+                    w.turn = Some(Turn::Gone);
+                } else {
+                    let at = w.ahead.iter().position(|k| *k == key)?;
+                    w.ahead.swap_remove(at);
+                    if w.ahead.len() > w.room {
+                        return None;
+                    }
+                    w.turn = Some(Turn::Free);
                 }
-                (w.ahead.remove(&key) && w.ahead.len() <= w.room).then_some((id, Turn::Free))
+                w.waker.take()
             })
             .collect();
-        for (id, turn) in over {
-            if let Some(waiter) = state.waiting.remove(&id) {
-                let _ = waiter.turn.send(turn);
-            }
-        }
+        drop(state);
+        woken.into_iter().for_each(Waker::wake);
     }
 
     /// Whether every deletion in the queue after revision `seen` is known here (a
@@ -239,11 +264,14 @@ impl Line {
 
     /// Ends the watch; writers still waiting see their wait end.
     fn end(&self) {
-        {
+        let woken: Vec<Waker> = {
             let mut state = self.state.locked();
             state.ended = true;
-            state.waiting.clear();
-        }
+            (state.waiting.drain())
+                .filter_map(|(_, w)| w.waker)
+                .collect()
+        };
+        woken.into_iter().for_each(Waker::wake);
         if let Some(reader) = self.reader.locked().take() {
             reader.abort();
         }
@@ -284,6 +312,16 @@ mod tests {
         Arc::new(Line::new(b"p", Weak::new(), since))
     }
 
+    impl Place {
+        fn is_ready(&self) -> bool {
+            let state = self.line.state.locked();
+            state
+                .waiting
+                .get(&self.id)
+                .is_some_and(|w| w.turn.is_some())
+        }
+    }
+
     fn waiting(joined: Joined) -> Place {
         match joined {
             Joined::Waiting(place) => place,
@@ -297,7 +335,7 @@ mod tests {
         let mut place = waiting(line.join(b"me", &[key("a"), key("b")], 0, 12));
         line.deleted(13, b"zz"); // behind us
         line.deleted(14, b"b");
-        assert!(place.turn.try_recv().is_err(), "a is still ahead");
+        assert!(!place.is_ready(), "a is still ahead");
         line.deleted(15, b"a");
         assert_eq!(place.turn().await, Some(Turn::Free));
     }
@@ -310,7 +348,7 @@ mod tests {
         line.deleted(11, b"a");
         let mut place = waiting(line.join(b"me", &[key("a")], 0, 12));
         line.deleted(12, b"a");
-        assert!(place.turn.try_recv().is_err());
+        assert!(!place.is_ready());
         line.deleted(13, b"a");
         assert_eq!(place.turn().await, Some(Turn::Free));
     }
@@ -346,10 +384,7 @@ mod tests {
         let ahead = [key("a"), key("b"), key("c")];
         let mut place = waiting(line.join(b"me", &ahead, 1, 12));
         line.deleted(13, b"b");
-        assert!(
-            place.turn.try_recv().is_err(),
-            "a and c are ahead, room for one"
-        );
+        assert!(!place.is_ready(), "a and c are ahead, room for one");
         line.deleted(14, b"c");
         assert_eq!(place.turn().await, Some(Turn::Free));
     }

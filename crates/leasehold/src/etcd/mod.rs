@@ -194,8 +194,9 @@ struct Inner {
     shown: String,
     /// Shared with the revokes of the spare leases when the store is dropped.
     client: Arc<Client>,
-    /// This client's acquisitions, by id: what etcd holds for each.
-    acquisitions: Mutex<HashMap<LeaseId, Acquisition>>,
+    /// This client's acquisitions, by id: what etcd holds for each. Boxed: a map keeps
+    /// room for up to twice its entries, and thousands of waiters each have one.
+    acquisitions: Mutex<HashMap<LeaseId, Box<Acquisition>>>,
     /// Released leases, alive and without keys, by TTL in seconds: the next acquisition
     /// takes one instead of granting a new lease.
     spare: Mutex<HashMap<i64, Vec<EtcdLease>>>,

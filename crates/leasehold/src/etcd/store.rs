@@ -5,7 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::acquisitions::{Acquisition, Ours, State};
+use super::acquisitions::{Acquisition, State};
 use super::queue::*;
 use super::rpc::{prefix_end, Compare, Op, RangeRequest};
 use super::wait::Blocker;
@@ -292,39 +292,17 @@ impl EtcdStore {
     ///
     /// [`wait_in_line`]: Self::wait_in_line
     async fn deletion_lets_in(&self, req: &AcquireRequest, seen: i64) -> Result<Option<Grant>> {
-        // What a queued waiter keeps while it waits: the copy of its record (its holder
-        // and marker too) goes at the end of this statement.
-        let (ours, waiting) = match self.acquisition(&req.lease) {
-            Some(Acquisition {
-                state: State::Outside { blocker, .. },
-                ..
-            }) => {
-                Box::pin(self.deleted(&blocker, seen)).await?;
-                return Ok(None);
-            }
-            Some(Acquisition {
-                key,
-                lease: Some(lease),
-                state:
-                    State::Queued {
-                        create,
-                        waiting,
-                        attempted,
-                        ..
-                    },
-                ..
-            }) => {
-                let ours = Ours {
-                    key,
-                    lease,
-                    create,
-                    attempted,
-                };
-                (ours, waiting)
-            }
-            _ => return std::future::pending().await,
+        let blocker = match self.acquisition_state(&req.lease, |state| match state {
+            State::Outside { blocker } => Some(Some(blocker.clone())),
+            State::Queued { .. } => Some(None),
+            _ => None,
+        }) {
+            Some(Some(blocker)) => blocker,
+            Some(None) => return self.wait_in_line(req, seen).await,
+            None => return std::future::pending().await,
         };
-        self.wait_in_line(req, &ours, waiting, seen).await
+        Box::pin(self.deleted(&blocker, seen)).await?;
+        Ok(None)
     }
 
     /// Deletes our key if it is unchanged since `modified` and has no re-entry holds,

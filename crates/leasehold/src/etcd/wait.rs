@@ -3,13 +3,13 @@
 
 use tokio::time::Instant;
 
-use super::acquisitions::Ours;
-use super::line::{Joined, Turn};
+use super::acquisitions::{Acquisition, Ours, State};
+use super::line::{Joined, Place, Turn};
 use super::queue::*;
 use super::rpc::{self, prefix_end, Op, RangeRequest, WatchCreateRequest, WatchResponse};
 use super::EtcdStore;
 use crate::store::{AcquireRequest, Attempt, Grant};
-use crate::{Error, LockName, Result};
+use crate::{Error, LockName, Locked, Result};
 
 /// Why a watch stopped.
 pub(super) enum WatchEnd {
@@ -146,63 +146,103 @@ impl EtcdStore {
     /// watches the queue for deletions once for all its waiters (see line.rs), and a
     /// waiter holds when enough of the keys that could keep it out have gone: the release
     /// that lets it in reaches it as one event, with no read or watch of its own on the
-    /// hand-over's path. The calls to etcd (a watch to start, a read) are boxed: a waiter
-    /// waiting here carries its place in line, not their states (about 3 KB).
+    /// hand-over's path. While it waits, a waiter keeps its place in line alone (a few
+    /// words): joining, which may start the line's watch or read the queue, is boxed, and
+    /// its key is read from its record once its turn comes.
     pub(super) async fn wait_in_line(
         &self,
         req: &AcquireRequest,
-        ours: &Ours,
-        mut waiting: Waiting,
-        mut seen: i64,
+        seen: i64,
     ) -> Result<Option<Grant>> {
+        let mut place = match Box::pin(self.join_line(req, seen)).await? {
+            Ok(place) => place,
+            Err(over) => return Ok(over),
+        };
+        match place.turn().await {
+            Some(turn) => Ok(self.after_turn(req, turn)),
+            None => Err(self.watch_ended()),
+        }
+    }
+
+    /// Our queued key's place in its process's line, or (`Err`) what the wait came to
+    /// without one: a grant if nothing keeps our key out now, `None` to look again.
+    async fn join_line(
+        &self,
+        req: &AcquireRequest,
+        mut seen: i64,
+    ) -> Result<std::result::Result<Place, Option<Grant>>> {
         let prefix = queue_prefix(&req.name);
+        // The keys ahead as read again when the line started after our read.
+        let mut reread: Option<Waiting> = None;
         loop {
             let (line, fresh) = match self.inner.lines.get(&prefix) {
                 Some(line) => (line, false),
                 None => {
                     let end = prefix_end(&prefix);
-                    let watching = Box::pin(self.watch_deletes(&prefix, end, 0));
-                    let Some((watch, since)) = watching.await? else {
-                        return Ok(None);
+                    let Some((watch, since)) = self.watch_deletes(&prefix, end, 0).await? else {
+                        return Ok(Err(None));
                     };
                     (self.inner.lines.start(&prefix, watch, since), true)
                 }
             };
-            let turn = match line.join(&ours.key, &waiting.ahead, waiting.room, seen) {
-                Joined::Over(turn) => turn,
-                Joined::Waiting(mut place) => {
-                    // The line keeps the keys ahead now (and drops them as they go).
-                    drop(std::mem::take(&mut waiting.ahead));
-                    match place.turn().await {
-                        Some(turn) => turn,
-                        None => return Err(self.watch_ended()),
-                    }
-                }
+            let (joined, second) = {
+                let acquisitions = self.inner.acquisitions.locked();
+                let Some(Acquisition {
+                    key,
+                    state: State::Queued { waiting, .. },
+                    ..
+                }) = acquisitions.get(&req.lease).map(|a| &**a)
+                else {
+                    return Ok(Err(None));
+                };
+                let ahead = reread.as_ref().unwrap_or(waiting);
+                let joined = line.join(key, &ahead.ahead, ahead.room, seen);
+                (joined, waiting.second)
+            };
+            match joined {
+                Joined::Waiting(place) => return Ok(Ok(place)),
+                Joined::Over(turn) => return Ok(Err(self.after_turn(req, turn))),
                 Joined::Ended if fresh => return Err(self.watch_ended()),
                 Joined::Ended => continue,
                 // Behind our owner's key: look again (see `behind_owner`).
-                Joined::Gap(_) if waiting.second => return Ok(None),
+                Joined::Gap(_) if second => return Ok(Err(None)),
                 Joined::Gap(since) => {
                     // The line started after our read: read again, as of its start.
-                    let (queue, revision) = Box::pin(self.look(&req.name, &prefix, since)).await?;
+                    let (queue, revision) = self.look(&req.name, &prefix, since).await?;
+                    let Some((ours, _)) = self.queued_key(req) else {
+                        return Ok(Err(None));
+                    };
                     let Some(at) = queue.iter().position(|m| m.kv.key == ours.key) else {
-                        return Ok(None);
+                        return Ok(Err(None));
                     };
                     match standing(&queue, at).waiting {
-                        Some(now) => waiting = now,
-                        None => return Ok(self.handed_over(req, ours)),
+                        Some(now) => reread = Some(now),
+                        None => return Ok(Err(self.handed_over(req, &ours))),
                     }
                     seen = revision;
-                    continue;
                 }
-            };
-            return Ok(match turn {
-                Turn::Free if waiting.second => None,
-                Turn::Free => self.handed_over(req, ours),
-                // Our key is gone: the next attempt says why.
-                Turn::Gone => None,
-            });
+            }
         }
+    }
+
+    /// Our turn in line has come: the lock is ours if our key is let in (`Free`) and not
+    /// behind our owner's; else look again.
+    fn after_turn(&self, req: &AcquireRequest, turn: Turn) -> Option<Grant> {
+        match turn {
+            // Our key is gone: the next attempt says why.
+            Turn::Gone => None,
+            Turn::Free => match self.queued_key(req)? {
+                (_, true) => None,
+                (ours, false) => self.handed_over(req, &ours),
+            },
+        }
+    }
+
+    /// Our key while it waits in the queue, and whether it waits behind its owner's.
+    fn queued_key(&self, req: &AcquireRequest) -> Option<(Ours, bool)> {
+        let acquisitions = self.inner.acquisitions.locked();
+        let (ours, waiting) = acquisitions.get(&req.lease)?.queued()?;
+        Some((ours, waiting.second))
     }
 
     /// The queue as of revision `at_least` or later. The member's own state (no quorum
