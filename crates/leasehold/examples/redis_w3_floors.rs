@@ -14,9 +14,10 @@
 //!   above it (no guard, renewal or in-process queue);
 //! - `leasehold`: `Lock::try_lock_for` and `LockGuard::release`, as `leasehold bench`.
 //!
-//! Per mode it prints the median rate, the median ratios to `floor`, `token` and `layout`, the
-//! client's CPU per cycle (getrusage of this process) and, from `INFO commandstats` (reset
-//! before each run: use a server of its own), Redis commands and server µs per cycle.
+//! Per mode it prints the median rate, the median ratios to `floor`, `token` and `layout`,
+//! the client's CPU and context switches per cycle (getrusage of this process) and, from
+//! `INFO commandstats` (reset before each run: use a server of its own), Redis commands
+//! and server µs per cycle.
 //!
 //! ```text
 //! cargo run --release -p leasehold --features redis --example redis_w3_floors -- \
