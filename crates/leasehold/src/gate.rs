@@ -98,6 +98,9 @@ struct Waiting {
 enum Pass {
     /// Your turn: ask the store yourself.
     Turn,
+    /// Your turn, and your request waits in the store's queue (put there for you): ask
+    /// the store yourself, which finds its place kept; give up first, and it is undone.
+    Queued,
     /// The lock, handed over by a store step sent at that instant.
     Granted(Grant, Instant),
 }
@@ -111,7 +114,8 @@ pub(crate) enum Until {
 
 /// A task's wait for its pass. Dropped before the pass was taken (a deadline, a dropped
 /// future), it closes the channel, so no pass can come after, and deals with one that
-/// came before: the turn is passed on, a lock handed over is released by `undo`.
+/// came before: the turn is passed on, a lock handed over or a place in the store's queue
+/// is released by `undo`.
 struct Expecting {
     rx: oneshot::Receiver<Pass>,
     gate: Arc<Gate>,
@@ -125,10 +129,10 @@ impl Drop for Expecting {
         };
         self.rx.close();
         let pass = self.rx.try_recv().ok();
-        if !matches!(pass, Some(Pass::Granted(..))) {
+        if !matches!(pass, Some(Pass::Granted(..) | Pass::Queued)) {
             undo.disarm();
         }
-        // Dropping `undo` armed releases the lock handed over; the turn goes on.
+        // Dropping `undo` armed releases what the store has for us; the turn goes on.
         drop(undo);
         if pass.is_some() {
             drop(Turn(Some(self.gate.clone())));
@@ -190,7 +194,7 @@ impl Gate {
         // The sender is only dropped after a send; a closed channel means no pass.
         let turn = Turn(Some(self.clone()));
         match pass.ok()? {
-            Pass::Turn => Some((turn, None)),
+            Pass::Turn | Pass::Queued => Some((turn, None)),
             Pass::Granted(grant, sent) => Some((turn, Some((grant, sent)))),
         }
     }
@@ -268,25 +272,44 @@ impl Turn {
             gate: gate.clone(),
         };
         let _ = store.acquire(&req).await;
-        if given.tx.as_ref().is_some_and(|tx| tx.is_closed()) {
+        if !given.give() {
             // The task gave up meanwhile: take its place out of the store's queue.
             let _ = store.release(&req.lease()).await;
         }
     }
 }
 
-/// The turn of the task that `tx` reaches, given when dropped (or, if that task has
-/// given up, passed on).
+/// The turn of the task that `tx` reaches, whose request may be in the store's queue:
+/// given when dropped (or, if that task has given up, passed on).
 struct TurnGiven {
     tx: Option<oneshot::Sender<Pass>>,
     gate: Arc<Gate>,
 }
 
-impl Drop for TurnGiven {
-    fn drop(&mut self) {
-        let given = self.tx.take().is_some_and(|tx| tx.send(Pass::Turn).is_ok());
+impl TurnGiven {
+    /// Gives the turn; false if the task has given up (the turn went on), leaving its
+    /// request to the caller to undo.
+    fn give(mut self) -> bool {
+        self.send()
+    }
+
+    fn send(&mut self) -> bool {
+        let given = self
+            .tx
+            .take()
+            .is_some_and(|tx| tx.send(Pass::Queued).is_ok());
         if !given {
             self.gate.pass_turn();
+        }
+        given
+    }
+}
+
+impl Drop for TurnGiven {
+    fn drop(&mut self) {
+        // Dropped half-way: the task undoes its request if it gives up too.
+        if self.tx.is_some() {
+            self.send();
         }
     }
 }
@@ -305,7 +328,8 @@ async fn hand_over(
     let outcome = store.transfer(lease, &req).await;
     let pass = match &outcome {
         Ok((_, Attempt::Granted(grant))) => Pass::Granted(grant.clone(), sent),
-        Ok(_) => Pass::Turn,
+        // In the store's queue: a task that gives up before asking undoes it.
+        Ok((_, Attempt::Busy(_))) => Pass::Queued,
         Err(_) => {
             // Outcome unknown: undo the new acquisition by its id before the task,
             // which asks the store itself, reuses that id.

@@ -38,7 +38,9 @@ pub use cases::leases::{
     missed_release_is_sent_again, release_is_idempotent, renewal_keeps_lock,
     renews_again_after_a_restart,
 };
-pub use cases::more::{downgrade_lets_readers_in, semaphore_many_permits};
+pub use cases::more::{
+    downgrade_lets_readers_in, gate_waiter_given_a_place_can_give_up, semaphore_many_permits,
+};
 pub use cases::primitives::{lock_rules, read_write_rules, semaphore_limit};
 pub use cases::processes::{
     abandoned_wait_leaves_by_shutdown, dead_waiter_costs_at_most_its_waiter_lease, opener, Open,
@@ -120,7 +122,8 @@ macro_rules! conformance_suite {
             timed_out_wait_leaves_the_queue, bad_input_rejected, model_based,
             election_one_leader_at_a_time, election_observe_proclaim_resign,
             election_dead_leader_is_replaced, election_paused_leader_knows_first,
-            election_bounded_campaigns, semaphore_many_permits, downgrade_lets_readers_in);
+            election_bounded_campaigns, semaphore_many_permits, downgrade_lets_readers_in,
+            gate_waiter_given_a_place_can_give_up);
     };
     (@cases $make:expr; $($case:ident),*) => {
         $(

@@ -1,10 +1,11 @@
 //! Several permits at once, the free permits, and a write hold downgraded to a read hold.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{busy, queued, LONG_TTL};
-use crate::conformance::{unique, within};
+use crate::conformance::{unique, within, PATIENCE};
 use crate::store::{LockKind, Store};
 use crate::{Error, Leasehold};
 
@@ -194,4 +195,71 @@ pub async fn downgrade_lets_readers_in(store: Arc<dyn Store>) {
     assert!(locks.force_release(gone.as_str()).await.unwrap());
     let lost = writer.downgrade().await.unwrap_err();
     assert!(matches!(lost, Error::Lost { .. }), "{lost}");
+}
+
+/// A task waiting at its process's gate may be given a place in the store's queue by
+/// another: by its holder's downgrade (so that readers who come later wait behind it), or
+/// by a release that hands over to it while someone of another process is first. If it
+/// gives up before it runs again, that place leaves the store's queue with it, rather
+/// than hold up the waiters behind it until its waiter lease ends.
+pub async fn gate_waiter_given_a_place_can_give_up(store: Arc<dyn Store>) {
+    let client = || Leasehold::from_store(store.clone());
+    for (by_downgrade, fair) in [(true, false), (true, true), (false, true)] {
+        if fair && !store.capabilities().queues_by_wait {
+            // Its fair waiters each ask the store: none waits at a gate.
+            continue;
+        }
+        let name = unique("given-a-place");
+        let (a, b) = (client(), client());
+        let lock = |c: &Leasehold| {
+            (c.write(name.as_str()).unwrap())
+                .with_ttl(LONG_TTL)
+                .with_fair(fair)
+        };
+        let mut holder = lock(&a).lock().await.unwrap();
+        let other = match by_downgrade {
+            true => None,
+            false => {
+                let other = lock(&b);
+                let other = tokio::spawn(async move { other.lock().await.unwrap() });
+                queued("a writer of another process", &a, &name, 1).await;
+                Some(other)
+            }
+        };
+        // A task of the holder's process waits: polled once, then never again.
+        let next = lock(&a);
+        let mut waiting = Box::pin(next.lock());
+        std::future::poll_fn(|cx| {
+            assert!(waiting.as_mut().poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let waiters = usize::from(other.is_some()) + 1;
+        queued("a writer waiting in its process", &a, &name, waiters).await;
+        let other = match other {
+            None => {
+                holder.downgrade().await.unwrap();
+                None
+            }
+            Some(other) => {
+                let _ = holder.release().await.unwrap();
+                Some(
+                    within("the writer of another process", other)
+                        .await
+                        .unwrap(),
+                )
+            }
+        };
+        drop(waiting);
+        // Whatever it left in the store is taken out by tasks that `shutdown` waits for.
+        assert!(a.shutdown(PATIENCE).await, "the undo did not finish");
+        let left = b.describe(name.as_str()).await.unwrap().waiters;
+        assert!(
+            left.is_empty(),
+            "a task that gave up still waits (downgrade {by_downgrade}, fair {fair}): {left:?}"
+        );
+        if let Some(other) = other {
+            let _ = other.release().await.unwrap();
+        }
+    }
 }
