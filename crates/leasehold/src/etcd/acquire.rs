@@ -36,10 +36,6 @@ enum Known {
     Other,
 }
 
-/// An admission to put a key ([`PUTS_AT_ONCE`](super::PUTS_AT_ONCE) at once).
-pub(super) type Admission<'a> =
-    std::result::Result<tokio::sync::SemaphorePermit<'a>, tokio::sync::AcquireError>;
-
 /// What one pass of an attempt comes to.
 pub(super) type Step = Pass<Attempt, Retry>;
 
@@ -67,14 +63,9 @@ impl Put {
 impl EtcdStore {
     /// Attempts to acquire: passes until one settles. A pass that cannot settle starts
     /// again from the top, for one of the reasons [`Retry`] names.
-    /// `admitted`: the first pass's admission to put, if taken already.
-    pub(super) async fn attempt(
-        &self,
-        req: &AcquireRequest,
-        mut admitted: Option<Admission<'_>>,
-    ) -> Result<Attempt> {
+    pub(super) async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         loop {
-            match self.pass(req, admitted.take()).await? {
+            match self.pass(req).await? {
                 Pass::Done(attempt) => return Ok(attempt),
                 Pass::Again(why) => {
                     tracing::trace!(name = %req.name, ?why, "etcd: attempting again");
@@ -88,11 +79,10 @@ impl EtcdStore {
     /// Each call that talks to etcd is boxed: thousands of waiters' attempts wait for
     /// their admission at once, and each would otherwise carry the largest of these
     /// calls' states (about 12 KB) while it waits.
-    async fn pass(&self, req: &AcquireRequest, admitted: Option<Admission<'_>>) -> Result<Step> {
+    async fn pass(&self, req: &AcquireRequest) -> Result<Step> {
         let started = Instant::now();
         match self.known(req, started) {
             Known::Queued(ours, waiting, seen, busy) => {
-                drop(admitted);
                 if !waiting.second && self.line_covers(req, &ours.key, seen) {
                     return Box::pin(self.recheck_in_line(req, ours, waiting, *busy)).await;
                 }
@@ -110,10 +100,7 @@ impl EtcdStore {
         // thousands of waiters arriving at once would each get their waiter lease early
         // and put their key seconds later, on a lease about to end. What is known of the
         // attempt is read once admitted: thousands wait here, with nothing but the wait.
-        let _admitted = match admitted {
-            Some(admitted) => admitted,
-            None => self.inner.puts.acquire().await,
-        };
+        let _admitted = self.inner.puts.acquire().await;
         Box::pin(async {
             let put = self.prepare(req, self.acquisition(&req.lease)).await?;
             self.put(req, &put, started).await
@@ -729,7 +716,7 @@ pub(super) mod tests {
         let name = LockName::new("lost-answer").unwrap();
         let older = request(&name, "o");
         assert!(matches!(
-            store.attempt(&older, None).await.unwrap(),
+            store.attempt(&older).await.unwrap(),
             Attempt::Granted(_)
         ));
         // The retried request's first attempt: its key and its owner's marker put, then
@@ -748,7 +735,7 @@ pub(super) mod tests {
             },
         );
         // The retry re-enters the older key, which holds.
-        match store.attempt(&retried, None).await.unwrap() {
+        match store.attempt(&retried).await.unwrap() {
             Attempt::Granted(grant) => assert_eq!(grant.holds, 2),
             Attempt::Busy(_) => panic!("the owner holds: it re-enters"),
         }

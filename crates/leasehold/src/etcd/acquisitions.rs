@@ -133,11 +133,6 @@ impl EtcdStore {
         (self.inner.acquisitions.locked().get(id)).map(|a| (**a).clone())
     }
 
-    /// Whether this client has a record of acquisition `id`.
-    pub(super) fn has_acquisition(&self, id: &LeaseId) -> bool {
-        self.inner.acquisitions.locked().contains_key(id)
-    }
-
     /// What `read` makes of acquisition `id`'s state, if there is one (none copied).
     pub(super) fn acquisition_state<T>(
         &self,

@@ -19,13 +19,7 @@ use crate::{FencingToken, LockName, Result};
 #[async_trait]
 impl Store for EtcdStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Attempt> {
-        // A new request puts a key: thousands of them wait for their admission at once,
-        // each with this future alone; the attempt's state is boxed once admitted.
-        let admitted = match self.has_acquisition(&req.lease) {
-            false => Some(self.inner.puts.acquire().await),
-            true => None,
-        };
-        match Box::pin(self.attempt(req, admitted)).await? {
+        match self.attempt(req).await? {
             // Boxed, as the calls of an attempt are (see `pass`).
             Attempt::Granted(grant) => Ok(Attempt::Granted(
                 Box::pin(self.on_full_lease(req, grant)).await,

@@ -312,7 +312,6 @@ mod tests {
             ),
         ];
         for (call, size) in sizes {
-            eprintln!("{call}: {size} bytes");
             assert!(size <= 1024, "{call}: {size} bytes");
         }
     }
