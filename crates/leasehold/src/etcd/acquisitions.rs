@@ -299,3 +299,43 @@ impl EtcdStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::acquire::tests::{request, started};
+    use super::*;
+    use crate::store::Store;
+    use crate::LockName;
+
+    /// The holder a queue's waiting keys were shown is kept once for all of them, and
+    /// each recheck still shows it whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_keys_share_the_holder_they_were_shown() {
+        let (_server, store) = started().await;
+        let name = LockName::new("shown-holder").unwrap();
+        let holder = request(&name, "holder");
+        assert!(matches!(
+            store.acquire(&holder).await.unwrap(),
+            Attempt::Granted(_)
+        ));
+        let mut shown = Vec::new();
+        for owner in ["w1", "w2"] {
+            let waiter = request(&name, owner);
+            let Attempt::Busy(busy) = store.acquire(&waiter).await.unwrap() else {
+                panic!("{owner}: the lock is held");
+            };
+            assert_eq!(busy.holder.as_ref().unwrap().owner, "holder");
+            let acquisitions = store.inner.acquisitions.locked();
+            let State::Queued { holder, .. } = &acquisitions[&waiter.lease].state else {
+                panic!("{owner} waits in the queue");
+            };
+            shown.push((waiter, holder.clone().unwrap()));
+        }
+        assert!(Arc::ptr_eq(&shown[0].1, &shown[1].1));
+        // A recheck shows the same holder as the first answer did.
+        let Attempt::Busy(busy) = store.acquire(&shown[1].0).await.unwrap() else {
+            panic!("the lock is still held");
+        };
+        assert_eq!(busy.holder.as_ref(), Some(&*shown[1].1));
+    }
+}
