@@ -118,12 +118,13 @@ impl EtcdStore {
             return Known::LostReentry(lease);
         }
         match (known.queued(), &known.state) {
-            (Some((ours, waiting)), State::Queued { seen, busy, .. }) => {
+            (Some((ours, waiting)), State::Queued { seen, .. }) => {
                 let ours = Ours {
                     attempted: started,
                     ..ours
                 };
-                Known::Queued(ours, waiting.clone(), *seen, busy.clone())
+                let busy = known.state.busy().expect("queued");
+                Known::Queued(ours, waiting.clone(), *seen, Box::new(busy))
             }
             _ => Known::Other,
         }

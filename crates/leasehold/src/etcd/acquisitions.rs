@@ -1,6 +1,7 @@
 //! What this client keeps of each acquisition (what etcd holds for it), and how an
 //! attempt records where it ended: held, queued, outside the queue.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -8,7 +9,7 @@ use tokio::time::Instant;
 use super::queue::*;
 use super::wait::Blocker;
 use super::{EtcdLease, EtcdStore};
-use crate::store::{AcquireRequest, Attempt, Busy, Grant, LeaseId, Watermark};
+use crate::store::{AcquireRequest, Attempt, Busy, Grant, HolderInfo, LeaseId, Watermark};
 use crate::{rules, Error, FencingToken, Locked};
 
 /// How many busy queues a client remembers; past that it forgets them all.
@@ -39,14 +40,35 @@ pub(super) enum State {
         /// When the last attempt started: a hand-over lease counts from there.
         attempted: Instant,
         /// The revision `waiting` was read at, and what that read said (for a recheck
-        /// that the line answers: see [`EtcdStore::recheck_in_line`]).
+        /// that the line answers: see [`EtcdStore::recheck_in_line`]): the holder shown
+        /// (one copy for the queue's waiting keys) and our position.
         seen: i64,
-        /// Boxed: the holder it shows (with its value) would make every state this large.
-        busy: Box<Busy>,
+        holder: Option<Arc<HolderInfo>>,
+        position: Option<usize>,
     },
     /// Granted: our key (or our owner's, re-entered) at `create`, last written at
     /// `modified`.
     Held { create: i64, modified: i64 },
+}
+
+impl State {
+    /// What the last read of a waiting key said, if it waits.
+    pub(super) fn busy(&self) -> Option<Busy> {
+        match self {
+            State::Queued {
+                seen,
+                holder,
+                position,
+                ..
+            } => Some(Busy {
+                holder: holder.as_deref().cloned(),
+                position: *position,
+                retry_in: None,
+                watermark: Watermark(*seen as u64),
+            }),
+            _ => None,
+        }
+    }
 }
 
 impl Acquisition {
@@ -208,11 +230,31 @@ impl EtcdStore {
                     waiting,
                     attempted: ours.attempted,
                     seen: busy.watermark.0 as i64,
-                    busy: Box::new(busy.clone()),
+                    holder: busy.holder.clone().map(|h| self.shown_holder(&req.name, h)),
+                    position: busy.position,
                 },
                 hold: None,
             },
         );
+    }
+
+    /// `holder`, as the waiting keys of `name`'s queue were shown it: one copy for all of
+    /// them while it is the same (thousands of waiters would each keep their own).
+    fn shown_holder(&self, name: &crate::LockName, holder: HolderInfo) -> Arc<HolderInfo> {
+        let prefix = queue_prefix(name);
+        let mut shown = self.inner.shown_holders.locked();
+        if let Some(known) = shown.get(&prefix).and_then(std::sync::Weak::upgrade) {
+            if *known == holder {
+                return known;
+            }
+        }
+        let holder = Arc::new(holder);
+        // Bounded as the busy queues are: past that, sharing starts over.
+        if shown.len() >= BUSY_QUEUES {
+            shown.clear();
+        }
+        shown.insert(prefix, Arc::downgrade(&holder));
+        holder
     }
 
     /// Busy for an acquisition that is not in the queue: wait for the holder to go (or,
@@ -255,5 +297,45 @@ impl EtcdStore {
             retry_in: None,
             watermark: Watermark(revision as u64),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::acquire::tests::{request, started};
+    use super::*;
+    use crate::store::Store;
+    use crate::LockName;
+
+    /// The holder a queue's waiting keys were shown is kept once for all of them, and
+    /// each recheck still shows it whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_keys_share_the_holder_they_were_shown() {
+        let (_server, store) = started().await;
+        let name = LockName::new("shown-holder").unwrap();
+        let holder = request(&name, "holder");
+        assert!(matches!(
+            store.acquire(&holder).await.unwrap(),
+            Attempt::Granted(_)
+        ));
+        let mut shown = Vec::new();
+        for owner in ["w1", "w2"] {
+            let waiter = request(&name, owner);
+            let Attempt::Busy(busy) = store.acquire(&waiter).await.unwrap() else {
+                panic!("{owner}: the lock is held");
+            };
+            assert_eq!(busy.holder.as_ref().unwrap().owner, "holder");
+            let acquisitions = store.inner.acquisitions.locked();
+            let State::Queued { holder, .. } = &acquisitions[&waiter.lease].state else {
+                panic!("{owner} waits in the queue");
+            };
+            shown.push((waiter, holder.clone().unwrap()));
+        }
+        assert!(Arc::ptr_eq(&shown[0].1, &shown[1].1));
+        // A recheck shows the same holder as the first answer did.
+        let Attempt::Busy(busy) = store.acquire(&shown[1].0).await.unwrap() else {
+            panic!("the lock is still held");
+        };
+        assert_eq!(busy.holder.as_ref(), Some(&*shown[1].1));
     }
 }

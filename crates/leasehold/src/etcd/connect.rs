@@ -71,6 +71,7 @@ impl EtcdStore {
                 moving: Mutex::default(),
                 lines: Lines::default(),
                 busy_queues: Mutex::default(),
+                shown_holders: Mutex::default(),
                 puts: tokio::sync::Semaphore::new(super::PUTS_AT_ONCE),
             }),
         };

@@ -209,6 +209,9 @@ struct Inner {
     /// Queues (by prefix) this client last found busy: an attempt there joins at once
     /// (see [`EtcdStore::attempt`]).
     busy_queues: Mutex<HashSet<Vec<u8>>>,
+    /// By queue prefix: the holder its waiting keys were last shown, one copy for all of
+    /// them (see [`EtcdStore::queued`]).
+    shown_holders: Mutex<HashMap<Vec<u8>, std::sync::Weak<crate::store::HolderInfo>>>,
     /// Admissions of attempts that put a key ([`PUTS_AT_ONCE`]).
     puts: tokio::sync::Semaphore,
 }
