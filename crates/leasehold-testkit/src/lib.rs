@@ -17,4 +17,4 @@ pub use proxy::DelayProxy;
 pub use redis::{redis_cli, RedisCluster, RedisServer};
 pub use temp_dir::TempDir;
 pub use tls::make_tls_certs;
-pub use wait::{wait_for, wait_until, PATIENCE, POLL};
+pub use wait::{wait_for, wait_until, wait_until_explained, PATIENCE, POLL};

@@ -12,7 +12,18 @@ pub const POLL: std::time::Duration = std::time::Duration::from_millis(20);
 pub fn wait_until<T>(
     what: &str,
     patience: std::time::Duration,
+    check: impl FnMut() -> Option<T>,
+) -> T {
+    wait_until_explained(what, patience, check, String::new)
+}
+
+/// [`wait_until`], whose panic also says what `explain` tells (what the processes
+/// involved printed, say): a failure on a loaded machine can then be read afterwards.
+pub fn wait_until_explained<T>(
+    what: &str,
+    patience: std::time::Duration,
     mut check: impl FnMut() -> Option<T>,
+    explain: impl FnOnce() -> String,
 ) -> T {
     let deadline = std::time::Instant::now() + patience;
     loop {
@@ -20,7 +31,10 @@ pub fn wait_until<T>(
             return value;
         }
         if std::time::Instant::now() >= deadline {
-            panic!("gave up after {patience:?} waiting for {what}");
+            panic!(
+                "gave up after {patience:?} waiting for {what}\n{}",
+                explain()
+            );
         }
         std::thread::sleep(POLL);
     }

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use leasehold_testkit::{pid_alive, send_signal, wait_for, wait_until, TempDir, PATIENCE};
+use leasehold_testkit::{
+    pid_alive, send_signal, wait_for, wait_until, wait_until_explained, TempDir, PATIENCE,
+};
 use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
@@ -436,10 +438,20 @@ pub fn candidates_take_over_from_killed_leaders(cli: &Cli, ttl: &str) {
     };
     let mut order: Vec<(String, u64)> = Vec::new();
     for round in 0..3 {
-        let now = wait_until("the next leader", PATIENCE, || {
-            let leading = leading(cli);
-            (leading.len() == round + 1).then_some(leading)
-        });
+        let said = || {
+            let said = candidates.iter().zip(["a", "b", "c"]);
+            let said = said.map(|(c, v)| format!("candidate {v} said: {}", c.stderr()));
+            said.collect::<Vec<_>>().join("\n")
+        };
+        let now = wait_until_explained(
+            "the next leader",
+            PATIENCE,
+            || {
+                let leading = leading(cli);
+                (leading.len() == round + 1).then_some(leading)
+            },
+            said,
+        );
         let value = (now.iter())
             .find(|v| !order.iter().any(|(o, _)| o == *v))
             .unwrap()
