@@ -189,8 +189,7 @@ fn take_turn(line: &mut Line) -> bool {
 
 /// Whether the host's CPUs were idle at least a quarter of the time lately (Linux:
 /// `/proc/stat`, looked at no more than every 100 ms; elsewhere, never). With CPU to
-/// spare, a second call on a line's way overlaps the server's work with the client's
-/// (R1 and R2 1.2-1.35x the floor on idle cores, against about 1.0 with one call); on
+/// spare, a second call on a line's way overlaps the server's work with the client's; on
 /// busy cores one call at a time costs both ends fewer system calls and does better
 /// (`docs/BENCHMARKS.md`, rate limiter). Time of processes at the lowest priority counts
 /// as busy.
@@ -198,30 +197,20 @@ fn cores_idle() -> bool {
     static LOOK: Mutex<Option<Look>> = Mutex::new(None);
     let mut look = LOOK.lock().unwrap_or_else(|e| e.into_inner());
     let now = std::time::Instant::now();
-    if let Some(last) = look.as_ref() {
-        if now < last.at + std::time::Duration::from_millis(100) {
-            return last.idle;
-        }
+    let period = std::time::Duration::from_millis(100);
+    if let Some(last) = look.as_ref().filter(|last| now < last.at + period) {
+        return last.idle;
     }
-    let Some(times) = (std::fs::read_to_string("/proc/stat").ok()).and_then(|s| cpu_times(&s))
-    else {
-        *look = Some(Look {
-            at: now,
-            times: (0, 0),
-            idle: false,
-        });
-        return false;
-    };
-    let idle = match look.as_ref() {
-        Some(last) if times.1 > last.times.1 => {
-            let (idle, all) = (times.0 - last.times.0, times.1 - last.times.1);
-            idle * 4 >= all
+    let times = (std::fs::read_to_string("/proc/stat").ok()).and_then(|s| cpu_times(&s));
+    let idle = match (times, look.as_ref()) {
+        (Some((idle, all)), Some(last)) if all > last.times.1 => {
+            idle.saturating_sub(last.times.0) * 4 >= all - last.times.1
         }
         _ => false,
     };
     *look = Some(Look {
         at: now,
-        times,
+        times: times.unwrap_or_default(),
         idle,
     });
     idle
@@ -234,11 +223,15 @@ struct Look {
     idle: bool,
 }
 
-/// The CPUs' idle (with waiting for I/O) and total time from `/proc/stat`'s first line.
+/// The CPUs' idle (with waiting for I/O) and total time from `/proc/stat`'s first line:
+/// its first eight fields (the two after them, guests' time, are counted in the first two
+/// already).
 fn cpu_times(stat: &str) -> Option<(u64, u64)> {
     let mut fields = stat.lines().next()?.split_whitespace();
     (fields.next()? == "cpu").then_some(())?;
-    let times: Vec<u64> = fields.map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let times: Vec<u64> = (fields.take(8))
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
     let idle = times.get(3)? + times.get(4).unwrap_or(&0);
     Some((idle, times.iter().sum()))
 }
@@ -332,7 +325,8 @@ mod tests {
 
     #[test]
     fn cpu_times_are_read_from_the_first_line() {
-        let stat = "cpu  100 5 50 800 40 1 2 0 0 0\ncpu0 50 2 25 400 20 0 1 0 0 0\n";
+        // Guests' time (the last two fields) is in the first two already.
+        let stat = "cpu  100 5 50 800 40 1 2 0 30 3\ncpu0 50 2 25 400 20 0 1 0 0 0\n";
         assert_eq!(cpu_times(stat), Some((840, 998)));
         assert_eq!(cpu_times("intr 1 2 3\n"), None);
         assert_eq!(cpu_times("cpu  1 x 3 4\n"), None);
