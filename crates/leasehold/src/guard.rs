@@ -387,13 +387,18 @@ impl LockGuard {
     /// # Cancel safety
     /// If cancelled, the release may or may not have reached the store; the lease
     /// expires in any case.
-    pub async fn release(mut self) -> Result<Released> {
+    pub async fn release(self) -> Result<Released> {
+        // Boxed, all of it but the guard: a task that waits for a lock and then releases
+        // it carries the larger of the two futures while it waits (thousands of waiters,
+        // on a busy name).
+        Box::pin(self.release_boxed()).await
+    }
+
+    async fn release_boxed(mut self) -> Result<Released> {
         let held = self.held.take().expect("guard is held until consumed");
         held.line.close();
         tokio::task::consume_budget().await;
-        // Boxed: a task that waits for a lock and then releases it carries the larger of
-        // the two futures while it waits (thousands of waiters, on a busy name).
-        let released = Box::pin(release(held.line.clone(), &held.tasks)).await?;
+        let released = release(held.line.clone(), &held.tasks).await?;
         tracing::debug!(
             lock = %held.line.lease.name,
             token = held.token.0,

@@ -5,6 +5,7 @@ mod more;
 use std::fmt;
 use std::future::Future;
 use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +19,8 @@ use crate::keepalive::{jitter, safe_deadline, Lifeline, Renewals};
 use crate::metrics::{Call, Meter};
 use crate::options::{check_owner, check_permits, check_ttl, waiter_lease, DEFAULT_TTL};
 use crate::store::{
-    AcquireRequest, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState, Renewal, Requester,
-    Store,
+    AcquireRequest, Admission, Admitted, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState,
+    Renewal, Requester, Store,
 };
 use crate::{Error, IntoLockName, LeaseholdBuilder, LockName, Result};
 
@@ -638,6 +639,17 @@ impl Lock {
             // A store answering from memory never yields; let other tasks run.
             tokio::task::consume_budget().await;
             let sent = first_sent.take().unwrap_or_else(Instant::now);
+            let admitted = match self.store.admit(req) {
+                Admission::Now(admitted) => admitted,
+                // Boxed: it is not what a waiter waits in.
+                Admission::Wait(wait) => {
+                    match Box::pin(self.admitted(wait, sent, &mut progress)).await {
+                        ControlFlow::Break(done) => return done,
+                        ControlFlow::Continue(None) => continue,
+                        ControlFlow::Continue(Some(admitted)) => admitted,
+                    }
+                }
+            };
             // The attempt and what its answer takes (a grant's confirmation, an undo, a
             // backoff) are boxed: between attempts a waiter (thousands of them in a
             // store's queue) keeps the loop's state and its wait, not theirs (0.9 KB).
@@ -646,6 +658,7 @@ impl Lock {
                 ControlFlow::Continue(None) => continue,
                 ControlFlow::Continue(Some(wake)) => wake,
             };
+            drop(admitted);
             // Until the store signals a change, or `wake.at`; only a change that needs
             // more (a hand-over's confirmation, a backoff) is boxed.
             let changed = timeout_at(wake.at, self.store.changed(req, wake.watermark)).await;
@@ -657,6 +670,27 @@ impl Lock {
             if let ControlFlow::Break(done) = step.await {
                 return done;
             }
+        }
+    }
+
+    /// The store's admission of the next attempt, sent at `sent` once admitted, or the
+    /// step that failing to wait for it (within the wait) leads to.
+    async fn admitted(
+        &self,
+        wait: Pin<Box<dyn Future<Output = Admitted> + Send>>,
+        sent: Instant,
+        progress: &mut Progress,
+    ) -> ControlFlow<Acquired, Option<Admitted>> {
+        let admitted = async { Ok(wait.await) };
+        match self
+            .bounded(admitted, progress.bound, "an attempt", sent)
+            .await
+        {
+            Ok(admitted) => ControlFlow::Continue(Some(admitted)),
+            Err(error) => match self.trouble(error, progress).await {
+                ControlFlow::Break(done) => ControlFlow::Break(done),
+                ControlFlow::Continue(()) => ControlFlow::Continue(None),
+            },
         }
     }
 

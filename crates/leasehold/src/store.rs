@@ -343,6 +343,38 @@ pub struct Capabilities {
     pub failed_calls_change_nothing: bool,
 }
 
+/// How a store takes the next attempt of a request (see [`Store::admit`]).
+pub enum Admission {
+    /// Send it now, holding this until it is answered.
+    Now(Admitted),
+    /// Wait for this first, before the attempt's state is built.
+    Wait(std::pin::Pin<Box<dyn std::future::Future<Output = Admitted> + Send>>),
+}
+
+impl Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Admission::Now(admitted) => f.debug_tuple("Now").field(admitted).finish(),
+            Admission::Wait(_) => f.write_str("Wait"),
+        }
+    }
+}
+
+/// A store's admission of one attempt, held until the attempt is answered.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Admitted {
+    /// Admitted with a permit of the store's own, given back when this is dropped.
+    pub fn with(permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        Admitted {
+            _permit: Some(permit),
+        }
+    }
+}
+
 /// A lock store. Every method is one attempt: none waits for a holder.
 ///
 /// Stores keep these rules: every check-and-change is one atomic step; a lease's
@@ -375,6 +407,13 @@ pub trait Store: Debug + Send + Sync + 'static {
     /// next renewal. Must not resolve while the hold exists; may never resolve (the safe
     /// deadline still ends the guard).
     async fn ended(&self, lease: &Lease) -> Result<()>;
+    /// Whether an attempt of `req` may be sent now. A store that takes only so many
+    /// attempts at once (etcd: the puts of new keys) returns the wait, which the caller
+    /// makes before it builds the attempt's state: thousands of requests that arrive at
+    /// once then each hold the wait, not an attempt (whose pages the allocator keeps).
+    fn admit(&self, _req: &AcquireRequest) -> Admission {
+        Admission::Now(Admitted::default())
+    }
     /// Holders and waiters of one lock.
     async fn describe(&self, name: &LockName) -> Result<LockState>;
     /// Every lock whose name starts with `prefix` that has holders or waiters.

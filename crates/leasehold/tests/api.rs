@@ -179,3 +179,18 @@ async fn routine_lock_traffic_logs_nothing_at_info_and_tells_debug_what_happened
     let trace = logged_at(tracing::Level::TRACE, routine_lock_traffic()).await;
     assert!(trace.contains("renewed"), "no renewal at TRACE:\n{trace}");
 }
+
+/// A task that waits for a lock and then releases it carries the larger of the two
+/// futures for as long as it waits (thousands of them, on a busy name): the release's
+/// work is boxed, so it adds little beside the guard.
+#[tokio::test]
+async fn release_carries_little_beside_the_guard() {
+    let locks = Leasehold::new(MemoryStore::new());
+    let lock = locks.mutex("release-size").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let guard_size = std::mem::size_of_val(&guard);
+    let release = guard.release();
+    let size = std::mem::size_of_val(&release);
+    assert!(size <= guard_size + 64, "release(): {size} bytes");
+    assert_eq!(release.await.unwrap(), Released::Released);
+}

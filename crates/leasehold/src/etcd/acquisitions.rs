@@ -133,6 +133,13 @@ impl EtcdStore {
         (self.inner.acquisitions.locked().get(id)).map(|a| (**a).clone())
     }
 
+    /// Whether acquisition `id` has a key waiting in its queue.
+    pub(super) fn waits_in_queue(&self, id: &LeaseId) -> bool {
+        let acquisitions = self.inner.acquisitions.locked();
+        (acquisitions.get(id))
+            .is_some_and(|a| a.lease.is_some() && matches!(a.state, State::Queued { .. }))
+    }
+
     /// What `read` makes of acquisition `id`'s state, if there is one (none copied).
     pub(super) fn acquisition_state<T>(
         &self,

@@ -73,6 +73,7 @@ impl EtcdStore {
                 busy_queues: Mutex::default(),
                 shown_holders: Mutex::default(),
                 puts: tokio::sync::Semaphore::new(super::PUTS_AT_ONCE),
+                attempts: Arc::new(tokio::sync::Semaphore::new(super::ATTEMPTS_AT_ONCE)),
             }),
         };
         // Fail now, with a clear error, rather than at the first lock.

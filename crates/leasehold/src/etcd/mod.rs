@@ -214,10 +214,16 @@ struct Inner {
     shown_holders: Mutex<HashMap<Vec<u8>, std::sync::Weak<crate::store::HolderInfo>>>,
     /// Admissions of attempts that put a key ([`PUTS_AT_ONCE`]).
     puts: tokio::sync::Semaphore,
+    /// Admissions of attempts that may put a key, before their state is built
+    /// ([`ATTEMPTS_AT_ONCE`], see [`Store::admit`](crate::store::Store::admit)).
+    attempts: Arc<tokio::sync::Semaphore>,
 }
 
 /// Attempts that put a key at once: more queue in the process, not in etcd.
 const PUTS_AT_ONCE: usize = 32;
+
+/// Attempts under way that may put a key: enough to keep the puts busy.
+const ATTEMPTS_AT_ONCE: usize = 2 * PUTS_AT_ONCE;
 
 impl Drop for Inner {
     /// The spare leases have no keys and nobody to reuse them now: revoke them rather

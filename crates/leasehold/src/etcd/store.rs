@@ -11,8 +11,8 @@ use super::rpc::{prefix_end, Compare, Op, RangeRequest};
 use super::wait::Blocker;
 use super::{EtcdLease, EtcdStore};
 use crate::store::{
-    busy_states, AcquireRequest, Attempt, Capabilities, Grant, Lease, LockKind, LockState,
-    Released, Renewal, Store, WaiterInfo, Watermark,
+    busy_states, AcquireRequest, Admission, Admitted, Attempt, Capabilities, Grant, Lease,
+    LockKind, LockState, Released, Renewal, Store, WaiterInfo, Watermark,
 };
 use crate::{FencingToken, LockName, Result};
 
@@ -25,6 +25,29 @@ impl Store for EtcdStore {
                 Box::pin(self.on_full_lease(req, grant)).await,
             )),
             busy => Ok(busy),
+        }
+    }
+
+    /// An attempt that may put a key waits for its turn here, before its state is
+    /// built; a waiting key's recheck goes at once (its lease must not run out).
+    fn admit(&self, req: &AcquireRequest) -> Admission {
+        if self.waits_in_queue(&req.lease) {
+            return Admission::Now(Admitted::default());
+        }
+        let attempts = &self.inner.attempts;
+        match attempts.clone().try_acquire_owned() {
+            Ok(permit) => Admission::Now(Admitted::with(permit)),
+            Err(_) => {
+                let attempts = attempts.clone();
+                Admission::Wait(Box::pin(async move {
+                    // The semaphore is never closed.
+                    attempts
+                        .acquire_owned()
+                        .await
+                        .map(Admitted::with)
+                        .unwrap_or_default()
+                }))
+            }
         }
     }
 
@@ -346,5 +369,62 @@ impl EtcdStore {
             Err(_) => {}
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::acquire::tests::{request, started};
+    use crate::store::{Admission, Attempt, Store};
+    use crate::{Leasehold, LockName};
+
+    /// Admissions before the attempt's state is built: a request waits while
+    /// `ATTEMPTS_AT_ONCE` attempts that may put are under way, a bounded wait ends on time
+    /// (the attempt was never sent), and a waiting key's recheck is not held back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attempts_that_may_put_wait_for_their_admission() {
+        let (_server, store) = started().await;
+        let store = Arc::new(store);
+        let name = LockName::new("admitted").unwrap();
+        let holder = request(&name, "holder");
+        let waiter = request(&name, "waiter");
+        assert!(matches!(
+            store.acquire(&holder).await.unwrap(),
+            Attempt::Granted(_)
+        ));
+        assert!(matches!(
+            store.acquire(&waiter).await.unwrap(),
+            Attempt::Busy(_)
+        ));
+
+        let fresh = request(&name, "fresh");
+        let mut taken = Vec::new();
+        for _ in 0..super::super::ATTEMPTS_AT_ONCE {
+            match store.admit(&fresh) {
+                Admission::Now(admitted) => taken.push(admitted),
+                Admission::Wait(_) => panic!("admissions were free"),
+            }
+        }
+        assert!(matches!(store.admit(&fresh), Admission::Wait(_)));
+        assert!(
+            matches!(store.admit(&waiter), Admission::Now(_)),
+            "a waiting key's recheck keeps its waiter lease alive: it goes at once"
+        );
+
+        let locks = Leasehold::from_store(store.clone());
+        let lock = locks.mutex("admitted-other").unwrap();
+        let error = lock
+            .try_lock_for(Duration::from_millis(50))
+            .await
+            .expect_err("never admitted");
+        assert!(error.to_string().contains("an attempt"), "{error}");
+
+        drop(taken);
+        let guard = lock.try_lock().await.unwrap().expect("admitted, and free");
+        let released = guard.release().await.unwrap();
+        assert_eq!(released, crate::store::Released::Released);
     }
 }
