@@ -206,19 +206,23 @@ fn take_turn(line: &mut Line, pace: &mut Pace) -> bool {
 
 /// An epoch: how long the calls are measured for before the pace is weighed again.
 const EPOCH: Duration = Duration::from_millis(20);
-/// Epochs kept in the chosen pace between two tries of the other.
+/// Epochs in the chosen pace from one try of the other to the next.
 const PROBE_EVERY: u32 = 8;
+/// Tries in a row the other pace must win to be taken.
+const WINS: u32 = 2;
 
 /// Whether lines keep two calls on their way while decisions wait, or one, chosen from
 /// what the calls themselves did: the decisions answered per second over epochs of
 /// [`EPOCH`] in each. Neither wins everywhere (`docs/BENCHMARKS.md`, rate limiter): two
 /// overlap the server's work with the client's, one costs both ends fewer system calls
-/// per decision, and which is worth more depends on what else keeps the cores busy. So
-/// every [`PROBE_EVERY`] epochs the other pace is tried for one, and taken if it did
-/// better than the mean of the epochs just before and just after it (which cancels a
-/// steady drift of the load). An epoch with no call on its way for more than a tenth of
-/// it counts for neither: demand, not the pace, set its rate. A lone caller's decision
-/// goes at once whatever the pace.
+/// per decision, and which is worth more depends on what else keeps the cores busy.
+///
+/// Every [`PROBE_EVERY`] epochs the other pace is tried for one, and wins the try if it
+/// did better than the mean of the two epochs before it and the two after (which cancels
+/// a steady drift of the load); it is taken when it wins [`WINS`] tries in a row, as a
+/// single epoch on loaded cores can be off by half. An epoch with no call on its way for
+/// more than a tenth of it counts for neither: demand, not the pace, set its rate. A
+/// lone caller's decision goes at once whatever the pace.
 struct Pace {
     two: bool,
     /// Calls on their way, on every line.
@@ -229,17 +233,21 @@ struct Pace {
     answered: usize,
     idle: Duration,
     idle_since: Option<Instant>,
+    /// The last counted epoch's decisions per second.
+    last: f64,
     step: Step,
+    /// Tries the other pace has won in a row.
+    wins: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Step {
-    /// Epochs counted in the chosen pace since its last try of the other.
+    /// Epochs counted in the chosen pace since the last try.
     Keep(u32),
-    /// Trying the other pace; the decisions per second of the epoch before.
+    /// Trying the other pace; the chosen one's mean over the two epochs before.
     Probe { before: f64 },
-    /// Back in the chosen pace; the epoch before the try and the try, per second.
-    Back { before: f64, probe: f64 },
+    /// Back in the chosen pace: the try's rate, and what the epochs around it sum to.
+    Back { probe: f64, around: f64, after: u32 },
 }
 
 impl Default for Pace {
@@ -257,7 +265,9 @@ impl Pace {
             answered: 0,
             idle: Duration::ZERO,
             idle_since: Some(now),
+            last: 0.0,
             step: Step::Keep(0),
+            wins: 0,
         }
     }
 
@@ -293,24 +303,40 @@ impl Pace {
     }
 
     fn measured(&mut self, rate: f64) {
+        let last = std::mem::replace(&mut self.last, rate);
         self.step = match self.step {
             Step::Keep(n) if n + 1 < PROBE_EVERY => Step::Keep(n + 1),
             Step::Keep(_) => {
                 self.two = !self.two;
-                Step::Probe { before: rate }
+                Step::Probe {
+                    before: (last + rate) / 2.0,
+                }
             }
             Step::Probe { before } => {
                 self.two = !self.two;
                 Step::Back {
-                    before,
                     probe: rate,
+                    around: before,
+                    after: 0,
                 }
             }
-            Step::Back { before, probe } => {
-                if probe * 2.0 > before + rate {
+            Step::Back {
+                probe,
+                around,
+                after: 0,
+            } => Step::Back {
+                probe,
+                around: around + rate / 2.0,
+                after: 1,
+            },
+            Step::Back { probe, around, .. } => {
+                let around = (around + rate / 2.0) / 2.0;
+                self.wins = if probe > around { self.wins + 1 } else { 0 };
+                if self.wins >= WINS {
                     self.two = !self.two;
+                    self.wins = 0;
                 }
-                Step::Keep(0)
+                Step::Keep(2)
             }
         };
     }
@@ -408,10 +434,15 @@ impl Drop for Turn {
 mod tests {
     use super::*;
 
-    /// Busy epochs, each answering what `rate(two)` says per second.
-    fn run_epochs(pace: &mut Pace, now: &mut Instant, epochs: u32, rate: impl Fn(bool) -> f64) {
-        for _ in 0..epochs {
-            let per_epoch = rate(pace.two) * EPOCH.as_secs_f64();
+    /// Busy epochs, each answering what `rate(two, epoch)` says per second.
+    fn run_epochs(
+        pace: &mut Pace,
+        now: &mut Instant,
+        epochs: u32,
+        rate: impl Fn(bool, u32) -> f64,
+    ) {
+        for epoch in 0..epochs {
+            let per_epoch = rate(pace.two, epoch) * EPOCH.as_secs_f64();
             // In ten answers, so the epoch ends at the last.
             for _ in 0..10 {
                 *now += EPOCH / 10;
@@ -420,44 +451,77 @@ mod tests {
         }
     }
 
+    /// Epochs from one try to the next.
+    const CYCLE: u32 = PROBE_EVERY + 1;
+
+    fn busy_pace(now: Instant) -> Pace {
+        let mut pace = Pace::new(now);
+        pace.call_started(now);
+        pace
+    }
+
     #[test]
     fn the_pace_takes_whichever_answers_more_and_keeps_trying_the_other() {
         let mut now = Instant::now();
-        let mut pace = Pace::new(now);
-        pace.call_started(now);
-        let two_wins = |two: bool| if two { 80_000.0 } else { 60_000.0 };
-        // The first epoch had the line idle up to its first call; then a try of two.
-        run_epochs(&mut pace, &mut now, 1 + PROBE_EVERY + 2, two_wins);
+        let mut pace = busy_pace(now);
+        let two_wins = |two: bool, _| if two { 80_000.0 } else { 60_000.0 };
+        run_epochs(&mut pace, &mut now, (WINS + 1) * CYCLE, two_wins);
         assert!(pace.two);
         // Kept: each try of one call does worse.
         for _ in 0..3 {
-            run_epochs(&mut pace, &mut now, PROBE_EVERY + 2, two_wins);
+            run_epochs(&mut pace, &mut now, CYCLE, two_wins);
             assert!(pace.two);
         }
-        // The host changes: one call now does better, and the next try finds it.
-        let one_wins = |two: bool| if two { 50_000.0 } else { 70_000.0 };
-        run_epochs(&mut pace, &mut now, PROBE_EVERY + 2, one_wins);
+        // The host changes: one call now does better, and the tries find it.
+        let one_wins = |two: bool, _| if two { 50_000.0 } else { 70_000.0 };
+        run_epochs(&mut pace, &mut now, (WINS + 1) * CYCLE, one_wins);
         assert!(!pace.two);
-        run_epochs(&mut pace, &mut now, PROBE_EVERY + 2, one_wins);
+        run_epochs(&mut pace, &mut now, 3 * CYCLE, one_wins);
         assert!(!pace.two);
+    }
+
+    #[test]
+    fn one_lucky_try_does_not_change_the_pace() {
+        let mut now = Instant::now();
+        let mut pace = busy_pace(now);
+        // Two does better in the first try only (an epoch on loaded cores can be off by
+        // half), worse in every other.
+        let tries = std::cell::Cell::new(0);
+        let lucky = |two: bool, _| match two {
+            true => {
+                tries.set(tries.get() + 1);
+                if tries.get() == 1 {
+                    90_000.0
+                } else {
+                    40_000.0
+                }
+            }
+            false => 60_000.0,
+        };
+        for _ in 0..5 {
+            run_epochs(&mut pace, &mut now, CYCLE, lucky);
+            assert!(!pace.two);
+        }
+        assert!(tries.get() >= 4, "tried two {} times", tries.get());
     }
 
     #[test]
     fn a_try_is_weighed_against_the_epochs_around_it() {
         let mut now = Instant::now();
-        let mut pace = Pace::new(now);
-        pace.call_started(now);
-        run_epochs(&mut pace, &mut now, 1, |_| 0.0);
-        pace.step = Step::Keep(PROBE_EVERY - 1);
-        // The load eases throughout: the try of two beats the epoch before it only
-        // because it came later, and loses to the mean of that and the one after.
-        let mut rates = [60_000.0, 66_000.0, 74_000.0].into_iter();
-        for _ in 0..3 {
-            let rate = rates.next().unwrap();
-            run_epochs(&mut pace, &mut now, 1, |_| rate);
-        }
+        let mut pace = busy_pace(now);
+        // The load eases throughout, 2% an epoch: each try of two beats the epochs
+        // before it only because it came later, and loses to those around it.
+        let easing = |two: bool, epoch: u32| {
+            let rate = 50_000.0 * 1.02f64.powi(epoch as i32);
+            if two {
+                rate * 0.99
+            } else {
+                rate
+            }
+        };
+        run_epochs(&mut pace, &mut now, 6 * CYCLE, easing);
         assert!(!pace.two);
-        assert_eq!(pace.step, Step::Keep(0));
+        assert_eq!(pace.wins, 0);
     }
 
     #[test]
