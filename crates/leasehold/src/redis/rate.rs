@@ -206,8 +206,11 @@ fn take_turn(line: &mut Line, pace: &mut Pace) -> bool {
 
 /// An epoch: how long the calls are measured for before the pace is weighed again.
 const EPOCH: Duration = Duration::from_millis(20);
-/// Epochs in the chosen pace from one try of the other to the next.
+/// Epochs in the chosen pace from one try of the other to the next: at first, and after
+/// a try the other won or a change of pace; each try it loses doubles them, up to
+/// [`PROBE_MOST`], so a pace that keeps winning costs few tries of the worse.
 const PROBE_EVERY: u32 = 8;
+const PROBE_MOST: u32 = 64;
 /// Tries in a row the other pace must win to be taken.
 const WINS: u32 = 2;
 
@@ -217,10 +220,10 @@ const WINS: u32 = 2;
 /// overlap the server's work with the client's, one costs both ends fewer system calls
 /// per decision, and which is worth more depends on what else keeps the cores busy.
 ///
-/// Every [`PROBE_EVERY`] epochs the other pace is tried for one, and wins the try if it
-/// did better than the mean of the two epochs before it and the two after (which cancels
-/// a steady drift of the load); it is taken when it wins [`WINS`] tries in a row, as a
-/// single epoch on loaded cores can be off by half. An epoch with no call on its way for
+/// Every [`PROBE_EVERY`] epochs or more the other pace is tried for one, and wins the try
+/// if it did better than the mean of the two epochs before it and the two after (which
+/// cancels a steady drift of the load); it is taken when it wins [`WINS`] tries in a row,
+/// as a single epoch on loaded cores can be off by half. An epoch with no call on its way for
 /// more than a tenth of it counts for neither: demand, not the pace, set its rate. A
 /// lone caller's decision goes at once whatever the pace.
 struct Pace {
@@ -238,6 +241,8 @@ struct Pace {
     step: Step,
     /// Tries the other pace has won in a row.
     wins: u32,
+    /// Epochs from one try to the next, now.
+    every: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -268,6 +273,7 @@ impl Pace {
             last: 0.0,
             step: Step::Keep(0),
             wins: 0,
+            every: PROBE_EVERY,
         }
     }
 
@@ -305,7 +311,7 @@ impl Pace {
     fn measured(&mut self, rate: f64) {
         let last = std::mem::replace(&mut self.last, rate);
         self.step = match self.step {
-            Step::Keep(n) if n + 1 < PROBE_EVERY => Step::Keep(n + 1),
+            Step::Keep(n) if n + 1 < self.every => Step::Keep(n + 1),
             Step::Keep(_) => {
                 self.two = !self.two;
                 Step::Probe {
@@ -331,7 +337,13 @@ impl Pace {
             },
             Step::Back { probe, around, .. } => {
                 let around = (around + rate / 2.0) / 2.0;
-                self.wins = if probe > around { self.wins + 1 } else { 0 };
+                if probe > around {
+                    self.wins += 1;
+                    self.every = PROBE_EVERY;
+                } else {
+                    self.wins = 0;
+                    self.every = (self.every * 2).min(PROBE_MOST);
+                }
                 if self.wins >= WINS {
                     self.two = !self.two;
                     self.wins = 0;
@@ -474,7 +486,12 @@ mod tests {
         }
         // The host changes: one call now does better, and the tries find it.
         let one_wins = |two: bool, _| if two { 50_000.0 } else { 70_000.0 };
-        run_epochs(&mut pace, &mut now, (WINS + 1) * CYCLE, one_wins);
+        run_epochs(
+            &mut pace,
+            &mut now,
+            PROBE_MOST + (WINS + 1) * CYCLE,
+            one_wins,
+        );
         assert!(!pace.two);
         run_epochs(&mut pace, &mut now, 3 * CYCLE, one_wins);
         assert!(!pace.two);
@@ -502,7 +519,27 @@ mod tests {
             run_epochs(&mut pace, &mut now, CYCLE, lucky);
             assert!(!pace.two);
         }
-        assert!(tries.get() >= 4, "tried two {} times", tries.get());
+        assert!(tries.get() >= 3, "tried two {} times", tries.get());
+    }
+
+    #[test]
+    fn a_pace_that_keeps_winning_tries_the_other_less_and_less_often() {
+        let mut now = Instant::now();
+        let mut pace = busy_pace(now);
+        let tries = std::cell::Cell::new(0);
+        let one_wins = |two: bool, _| {
+            tries.set(tries.get() + two as u32);
+            if two {
+                50_000.0
+            } else {
+                70_000.0
+            }
+        };
+        // Tries after 8, 16, 32 epochs, then every 64.
+        run_epochs(&mut pace, &mut now, 400, one_wins);
+        assert!(!pace.two);
+        assert!((8..=10).contains(&tries.get()), "{} tries", tries.get());
+        assert_eq!(pace.every, PROBE_MOST);
     }
 
     #[test]
