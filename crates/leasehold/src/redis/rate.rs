@@ -23,11 +23,11 @@ use super::{errors::failed, reply, Conn, RedisStore};
 use crate::store::RateRequest;
 use crate::{Error, LockName, RateDecision, Result};
 
-/// Calls of one line on their way at once, at most. A call beyond the first two goes out
-/// only when a full call ([`MOST`]) waits: below that, decisions do better waiting for
-/// the next call, as overlapping calls carry too few each to share the server's work and
-/// every call costs both ends a round of system calls (`docs/BENCHMARKS.md`, rate
-/// limiter).
+/// Calls of one line on their way at once, at most. A call beyond the pace's (one or
+/// two, [`Pace`]) goes out only when a full call ([`MOST`]) waits: below that, decisions
+/// do better waiting for the next call, as overlapping calls carry too few each to share
+/// the server's work and every call costs both ends a round of system calls
+/// (`docs/BENCHMARKS.md`, rate limiter).
 const IN_FLIGHT: usize = 4;
 /// Decisions in one call at most.
 const MOST: usize = 128;
