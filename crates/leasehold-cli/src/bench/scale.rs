@@ -50,6 +50,9 @@ struct Report {
     connections: usize,
     held_lock_bytes: Option<u64>,
     waiter_bytes: Option<u64>,
+    /// The heap in use per waiter (glibc), once they wait: what they hold, where RSS also
+    /// counts what the allocator kept of what was in flight while they arrived.
+    waiter_heap_bytes: Option<u64>,
     /// From the first release to the last waiter served.
     served_s: Option<f64>,
     served: usize,
@@ -74,6 +77,18 @@ fn rss() -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok()?)
+}
+
+/// The heap's bytes in use (glibc's `mallinfo2`, every arena; `None` elsewhere).
+fn heap_in_use() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 has no preconditions.
+        let info = unsafe { libc::mallinfo2() };
+        u64::try_from(info.uordblks).ok()
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
 }
 
 /// Established TCP connections of this process (to `port`, if given): its sockets'
@@ -196,12 +211,14 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
     let before_holders = rss();
     let holders = hold_all(names, &lock).await?;
     let before_waiters = rss();
+    let heap_before = heap_in_use();
     let waiting = Waiting::default();
     let tasks = (0..waiters)
         .map(|i| Ok(waiting.spawn(lock(i % names)?)))
         .collect::<Result<Vec<_>, Failure>>()?;
     waiting.settle(waiters, budget).await;
     let after_waiters = rss();
+    let heap_after = heap_in_use();
     let open = connections(None);
 
     let released = Instant::now();
@@ -231,6 +248,7 @@ pub async fn bench(url: &StoreUrl, args: &BenchArgs) -> Result<ExitCode, Failure
         connections: open,
         held_lock_bytes: per(before_holders, before_waiters, names),
         waiter_bytes: per(before_waiters, after_waiters, waiters),
+        waiter_heap_bytes: per(heap_before, heap_after, waiters),
         served_s: (served.count == waiters)
             .then(|| served.last.map(|l| (l - released).as_secs_f64()))
             .flatten(),
@@ -411,7 +429,7 @@ fn table(r: &Report, store: &str, stuck: usize) -> String {
          queued         {} (answered busy by the store; the rest wait in the process)\n\
          connections    {}\n\
          per held lock  {} (RSS growth)\n\
-         per waiter     {} (RSS growth)\n\
+         per waiter     {} (RSS growth; heap in use {})\n\
          served         {served}\n\
          errors         {}{}\n\
          left after     {} locks, {} leases, {} keys\n",
@@ -422,6 +440,7 @@ fn table(r: &Report, store: &str, stuck: usize) -> String {
         r.connections,
         bytes(r.held_lock_bytes),
         bytes(r.waiter_bytes),
+        bytes(r.waiter_heap_bytes),
         r.errors,
         r.first_error
             .as_ref()
