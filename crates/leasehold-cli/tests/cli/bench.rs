@@ -52,3 +52,36 @@ fn bench_e1_measures_each_hand_over_and_its_observation_on_memory_and_local() {
     let out = cli.run(&["bench", "--workload", "E1", "--workers", "1"]);
     assert!(out.expect(64).stderr.contains("2 to 100 candidates"));
 }
+
+#[test]
+fn bench_s1_serves_every_waiter_and_reports_their_memory_on_memory_and_local() {
+    let cli = Cli::new("bench-s1");
+    let args = [
+        "bench",
+        "--workload",
+        "S1",
+        "--names",
+        "20",
+        "--waiters",
+        "5",
+        "--json",
+    ];
+    let mut memory = cli.bare(&[&["--store", "memory:"][..], &args].concat());
+    let memory = Out::from(memory.output().unwrap());
+    let local = cli.run(&args);
+    for (store, out) in [("memory", memory), ("local", local)] {
+        let line: Value = serde_json::from_str(out.expect(0).stdout.trim()).unwrap();
+        assert_eq!(line["schema"], "leasehold.scale.v1");
+        assert_eq!(line["backend"], store);
+        assert_eq!(line["waiters"], 100, "{line}");
+        assert_eq!(line["served"], 100, "{line}");
+        assert_eq!(line["errors"], 0, "{line}");
+        assert_eq!(line["left_locks"], 0, "{line}");
+        assert!(line["served_s"].is_f64(), "{line}");
+        assert!(line["waiter_bytes"].is_u64(), "{line}");
+        if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            let heap = line["waiter_heap_bytes"].as_u64().expect("a heap figure");
+            assert!(heap > 0, "{line}");
+        }
+    }
+}
