@@ -156,9 +156,11 @@ impl Leasehold {
     #[must_use = "false: some releases had not reached the store; those locks end with their leases"]
     pub async fn shutdown(&self, patience: Duration) -> bool {
         self.tasks.close();
-        tokio::time::timeout(patience, self.tasks.wait())
-            .await
-            .is_ok()
+        let finished = async {
+            self.tasks.wait().await;
+            self.store.shed().await;
+        };
+        tokio::time::timeout(patience, finished).await.is_ok()
     }
 
     /// The store.

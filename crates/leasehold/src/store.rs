@@ -414,6 +414,11 @@ pub trait Store: Debug + Send + Sync + 'static {
     fn admit(&self, _req: &AcquireRequest) -> Admission {
         Admission::Now(Admitted::default())
     }
+    /// Gives back what the store keeps only to reuse (etcd: the leases of released
+    /// locks, and the revokes of those it let go, still on their way), so that once
+    /// [`Leasehold::shutdown`](crate::Leasehold::shutdown) returns, nothing of this client's
+    /// is left in the store but its live locks. The store stays usable.
+    async fn shed(&self) {}
     /// Holders and waiters of one lock.
     async fn describe(&self, name: &LockName) -> Result<LockState>;
     /// Every lock whose name starts with `prefix` that has holders or waiters.

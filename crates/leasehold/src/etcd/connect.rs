@@ -74,6 +74,7 @@ impl EtcdStore {
                 shown_holders: Mutex::default(),
                 puts: tokio::sync::Semaphore::new(super::PUTS_AT_ONCE),
                 attempts: Arc::new(tokio::sync::Semaphore::new(super::ATTEMPTS_AT_ONCE)),
+                revokes: tokio_util::task::TaskTracker::new(),
             }),
         };
         // Fail now, with a clear error, rather than at the first lock.

@@ -269,20 +269,38 @@ impl EtcdStore {
     pub(super) fn revoke_later(&self, id: i64) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let store = self.clone();
-            runtime.spawn(async move {
-                // A revoke that failed (etcd busy, a failover) leaves the lease until its
-                // TTL: try again a few times.
-                let mut pause = Duration::from_millis(100);
-                for _ in 0..REVOKE_TRIES - 1 {
-                    if store.revoke(id).await.is_ok() {
-                        return;
+            let revokes = &self.inner.revokes;
+            revokes.spawn_on(
+                async move {
+                    // A revoke that failed (etcd busy, a failover) leaves the lease until its
+                    // TTL: try again a few times.
+                    let mut pause = Duration::from_millis(100);
+                    for _ in 0..REVOKE_TRIES - 1 {
+                        if store.revoke(id).await.is_ok() {
+                            return;
+                        }
+                        tokio::time::sleep(crate::keepalive::jitter(pause)).await;
+                        pause *= 2;
                     }
-                    tokio::time::sleep(crate::keepalive::jitter(pause)).await;
-                    pause *= 2;
-                }
-                let _ = store.revoke(id).await;
-            });
+                    let _ = store.revoke(id).await;
+                },
+                &runtime,
+            );
         }
+    }
+
+    /// Revokes every spare lease, and waits for the revokes on their way.
+    pub(super) async fn shed_leases(&self) {
+        let spare: Vec<i64> = (self.inner.spare.locked().drain())
+            .flat_map(|(_, leases)| leases)
+            .map(|lease| lease.id)
+            .collect();
+        // A revoke that fails leaves a lease with no key until its TTL; nothing waits on it.
+        futures_util::future::join_all(spare.into_iter().map(|id| self.revoke(id))).await;
+        let revokes = &self.inner.revokes;
+        revokes.close();
+        revokes.wait().await;
+        revokes.reopen();
     }
 
     pub(super) async fn revoke(&self, id: i64) -> Result<()> {
@@ -539,6 +557,34 @@ mod tests {
         assert!(queue.is_empty(), "the key is gone");
         drop(store);
         no_lease_left(&server).await;
+    }
+
+    /// A released lock's lease is kept for reuse, alive and keyless; once `shutdown`
+    /// returns, etcd has none of them (before, they stayed until the store was dropped,
+    /// or until their TTL when the process ended first), and the locks stay usable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_leaves_no_spare_lease() {
+        let (server, store) = started().await;
+        let locks = crate::Leasehold::new(store);
+        for i in 0..3 {
+            let lock = locks.mutex(format!("shed-{i}").as_str()).unwrap();
+            let guard = lock.try_lock().await.unwrap().expect("free");
+            assert_eq!(guard.release().await.unwrap(), Released::Released);
+        }
+        assert!(
+            !leases(&server).is_empty(),
+            "released leases are kept for reuse"
+        );
+        assert!(locks.shutdown(Duration::from_secs(10)).await);
+        assert_eq!(leases(&server), Vec::<String>::new());
+
+        let lock = locks.mutex("shed-again").unwrap();
+        let guard = lock
+            .try_lock()
+            .await
+            .unwrap()
+            .expect("usable after shutdown");
+        assert_eq!(guard.release().await.unwrap(), Released::Released);
     }
 
     #[test]

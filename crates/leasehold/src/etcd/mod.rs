@@ -217,6 +217,9 @@ struct Inner {
     /// Admissions of attempts that may put a key, before their state is built
     /// ([`ATTEMPTS_AT_ONCE`], see [`Store::admit`](crate::store::Store::admit)).
     attempts: Arc<tokio::sync::Semaphore>,
+    /// Revokes on their way in the background (see [`EtcdStore::revoke_later`]), which
+    /// [`shed`](crate::store::Store::shed) waits for.
+    revokes: tokio_util::task::TaskTracker,
 }
 
 /// Attempts that put a key at once: more queue in the process, not in etcd.

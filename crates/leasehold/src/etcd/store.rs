@@ -51,6 +51,10 @@ impl Store for EtcdStore {
         }
     }
 
+    async fn shed(&self) {
+        self.shed_leases().await;
+    }
+
     async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
         self.renewal(lease, ttl).await
     }
