@@ -109,8 +109,16 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
         (true, None) => Some(Duration::ZERO),
         (false, None) => None,
     };
+    // Refused before connecting: whether etcd is up has nothing to do with it.
+    let url = crate::args::store_url(store)?;
+    if url.scheme().backend() == "etcd" {
+        return Err(Failure::new(
+            exit::USAGE,
+            "etcd does not offer rate limiters: it has no server clock every client can trust; use local:, redis://... or redis+cluster://...",
+        ));
+    }
     let decision = crate::args::within_wait(wait, async {
-        let locks = Leasehold::from_store(crate::args::open_store(store).await?);
+        let locks = Leasehold::from_store(url.open().await?);
         let limiter = locks.rate_limiter(args.name.as_str(), args.rate, burst)?;
         decide(&limiter, &args).await
     })

@@ -238,18 +238,24 @@ fn an_unreachable_store_exits_69_and_does_not_run_the_command() {
     assert!(!cli.exists("ran"));
 }
 
+/// Up or down, etcd has no rate limiters: 64, before any connect.
 #[test]
 fn etcd_has_no_rate_limiters_and_says_so_with_64() {
     let server = leasehold_testkit::EtcdServer::start();
-    let cli = Cli::with_store("limit-etcd", Some(server.url()));
-    let out = cli
-        .run(&["limit", "api", "--rate", "1/s", "--", "touch", "ran"])
-        .expect(64);
-    assert!(
-        out.stderr.contains("does not offer rate limiters"),
-        "{out:?}"
-    );
-    assert!(!cli.exists("ran"));
+    let down = "etcd://127.0.0.1:1".to_string();
+    for (case, url) in [("up", server.url()), ("down", down)] {
+        let cli = Cli::with_store(&format!("limit-etcd-{case}"), Some(url));
+        for args in [&["--", "touch", "ran"][..], &["--check"]] {
+            let out = cli
+                .run(&[&["limit", "api", "--rate", "1/s"][..], args].concat())
+                .expect(64);
+            assert!(
+                out.stderr.contains("does not offer rate limiters"),
+                "{case}: {out:?}"
+            );
+        }
+        assert!(!cli.exists("ran"));
+    }
 }
 
 /// A store that does not answer (a paused Redis) cannot stretch `--no-wait`, `--check`
