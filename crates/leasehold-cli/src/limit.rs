@@ -205,6 +205,11 @@ fn refusal(args: &LimitArgs, burst: u64, d: &RateDecision) -> String {
     )
 }
 
+/// Milliseconds to the µs, printed as such (147.077, not 147.07700000000003).
+fn ms(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
 fn print_decision(args: &LimitArgs, burst: u64, d: &RateDecision) -> Result<(), Failure> {
     if args.json {
         let out = serde_json::json!({
@@ -213,9 +218,9 @@ fn print_decision(args: &LimitArgs, burst: u64, d: &RateDecision) -> Result<(), 
             "burst": burst,
             "cost": args.cost,
             "allowed": d.allowed,
-            "wait_ms": d.wait.as_secs_f64() * 1000.0,
+            "wait_ms": ms(d.wait),
             "remaining": d.remaining,
-            "reset_after_ms": d.reset_after.as_secs_f64() * 1000.0,
+            "reset_after_ms": ms(d.reset_after),
         });
         exit::print(&format!("{out}\n"))
     } else if d.allowed {

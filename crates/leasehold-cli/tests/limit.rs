@@ -34,6 +34,12 @@ fn check_takes_units_until_the_burst_is_spent_then_exits_75_with_the_wait() {
     assert_eq!(refused["allowed"], false);
     let wait_ms = refused["wait_ms"].as_f64().unwrap();
     assert!(wait_ms > 3_500_000.0 && wait_ms <= 3_600_000.0, "{refused}");
+    // To the µs: at most three decimals as printed.
+    for field in ["wait_ms", "reset_after_ms"] {
+        let text = refused[field].to_string();
+        let decimals = text.split_once('.').map_or(0, |(_, d)| d.len());
+        assert!(decimals <= 3, "{field}: {refused}");
+    }
     // Text form.
     let out = cli
         .run(&["limit", "api", "--rate", "1/h", "--burst", "3", "--check"])
