@@ -37,7 +37,7 @@ where
     let mut risks = Vec::new();
     match (field(&persistence, "aof_enabled").as_deref(), fsync) {
         (Some("0"), _) => risks.push(
-            "a restart forgets every held lock (appendonly no), so a waiter can be granted a lock whose holder has not yet learned that it is gone",
+            "a restart forgets every held lock (appendonly no), so a waiter can be granted a lock whose holder has not yet learned that it is gone, and what rate limiters have let through, so each lets a fresh burst pass",
         ),
         (Some(_), Some((_, fsync))) if fsync != "always" => risks.push(
             "a crash can lose the last second of lock changes (appendfsync is not always): a lock granted then can be granted again, with a token given before",
