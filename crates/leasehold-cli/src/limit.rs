@@ -84,11 +84,15 @@ fn parse_rate(text: &str) -> Result<Rate, String> {
 }
 
 fn parse_units(text: &str) -> Result<u64, String> {
-    text.trim()
-        .parse::<u64>()
-        .ok()
-        .filter(|n| *n >= 1)
-        .ok_or_else(|| format!("{text:?} is not a whole number of units, 1 or more"))
+    match text.trim().parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => {
+            Err(format!("{text:?} is too many units: at most {}", u64::MAX))
+        }
+        _ => Err(format!(
+            "{text:?} is not a whole number of units, 1 or more"
+        )),
+    }
 }
 
 /// `leasehold limit NAME --rate R [...] -- COMMAND` or `--check`.

@@ -126,6 +126,11 @@ fn bad_rates_bursts_and_costs_exit_64_naming_the_rule() {
             "more than the burst",
         ),
         (&["--rate", "10/s", "--cost", "-1"], "1 or more"),
+        (
+            &["--rate", "10/s", "--burst", "99999999999999999999"],
+            "too many units",
+        ),
+        (&["--rate", "1/367d"], "1/367d"),
     ] {
         let mut all = vec!["limit", "api", "--check"];
         all.extend_from_slice(args);

@@ -70,6 +70,9 @@ impl fmt::Display for Rate {
             60_000_000 => "m".to_string(),
             3_600_000_000 => "h".to_string(),
             86_400_000_000 => "d".to_string(),
+            us if us != 0 && us % 86_400_000_000 == 0 => format!("{}d", us / 86_400_000_000),
+            us if us != 0 && us % 3_600_000_000 == 0 => format!("{}h", us / 3_600_000_000),
+            us if us != 0 && us % 60_000_000 == 0 => format!("{}m", us / 60_000_000),
             us if us % 1_000_000 == 0 => format!("{}s", us / 1_000_000),
             us if us % 1000 == 0 => format!("{}ms", us / 1000),
             us => format!("{us}us"),
@@ -515,6 +518,12 @@ mod tests {
         assert_eq!(ok("100/m"), Rate::per_minute(100));
         assert_eq!(ok(" 5 / 2h "), Rate::new(5, Duration::from_secs(7200)));
         assert_eq!(ok("10/500ms").to_string(), "10/500ms");
+        // Printed in the largest unit that divides the period, as a user would write it.
+        for (text, shown) in [("1/367d", "1/367d"), ("5/2h", "5/2h"), ("1/90m", "1/90m")] {
+            assert_eq!(ok(text).to_string(), shown);
+        }
+        assert_eq!(ok("1/120m").to_string(), "1/2h");
+        assert_eq!(Rate::new(10, Duration::ZERO).to_string(), "10/0s");
         for bad in [
             "",
             "10",
