@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use leasehold::url::Scheme;
 use leasehold::{humanize, Leasehold, Rate, RateDecision, RateLimiter};
 
 use crate::exit::{self, Failure};
@@ -115,7 +116,7 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
     };
     // Refused before connecting: whether etcd is up has nothing to do with it.
     let url = crate::args::store_url(store)?;
-    if url.scheme().backend() == "etcd" {
+    if matches!(url.scheme(), Scheme::Etcd | Scheme::Etcds) {
         return Err(Failure::new(
             exit::USAGE,
             "etcd does not offer rate limiters: it has no server clock every client can trust; use local:, redis://... or redis+cluster://...",

@@ -289,14 +289,12 @@ impl EtcdStore {
         }
     }
 
-    /// Revokes every spare lease, and waits for the revokes on their way.
+    /// Revokes every spare lease, and waits for these and the other revokes on their way.
     pub(super) async fn shed_leases(&self) {
-        let spare: Vec<i64> = (self.inner.spare.locked().drain())
-            .flat_map(|(_, leases)| leases)
-            .map(|lease| lease.id)
-            .collect();
-        // A revoke that fails leaves a lease with no key until its TTL; nothing waits on it.
-        futures_util::future::join_all(spare.into_iter().map(|id| self.revoke(id))).await;
+        let spare = super::spare_ids(&mut self.inner.spare.locked());
+        for id in spare {
+            self.revoke_later(id);
+        }
         let revokes = &self.inner.revokes;
         revokes.close();
         revokes.wait().await;

@@ -228,13 +228,16 @@ const PUTS_AT_ONCE: usize = 32;
 /// Attempts under way that may put a key: enough to keep the puts busy.
 const ATTEMPTS_AT_ONCE: usize = 2 * PUTS_AT_ONCE;
 
+/// The ids of the spare leases, taken out of `spare`.
+fn spare_ids(spare: &mut HashMap<i64, Vec<EtcdLease>>) -> Vec<i64> {
+    spare.drain().flat_map(|(_, l)| l).map(|l| l.id).collect()
+}
+
 impl Drop for Inner {
     /// The spare leases have no keys and nobody to reuse them now: revoke them rather
     /// than leave them in etcd until their TTL (in the background, if a runtime runs).
     fn drop(&mut self) {
-        let spare: Vec<i64> = (self.spare.get_mut())
-            .map(|spare| spare.drain().flat_map(|(_, l)| l).map(|l| l.id).collect())
-            .unwrap_or_default();
+        let spare = (self.spare.get_mut()).map_or_else(|_| Vec::new(), spare_ids);
         if spare.is_empty() {
             return;
         }
