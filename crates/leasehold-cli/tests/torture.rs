@@ -28,10 +28,27 @@ fn torture(label: &str, args: &[&str]) -> Value {
     assert_eq!(
         out.code,
         Some(0),
-        "violations: {}\n{out:#?}",
-        json["report"]["violations"]
+        "violations: {}\n{out:#?}\nworkers said:\n{}",
+        json["report"]["violations"],
+        workers_stderr(&history)
     );
     json["report"].clone()
+}
+
+/// What the run's workers wrote to stderr (why a `run` worker stopped its command), so
+/// that a failed run can be read.
+fn workers_stderr(history: &std::path::Path) -> String {
+    let mut said = String::new();
+    for entry in std::fs::read_dir(history).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "stderr") {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                said.push_str(&format!("{}: {line}\n", path.display()));
+            }
+        }
+    }
+    said
 }
 
 fn count(report: &Value, key: &str) -> u64 {

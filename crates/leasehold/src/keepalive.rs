@@ -181,21 +181,22 @@ impl Lifeline {
             let status = self.status.borrow();
             (status.ttl, status.valid_until)
         };
-        // An attempt without an answer within a third of the time left counts as failed,
-        // so a store that hangs is noticed (and retried) well before the safe deadline.
-        let budget = (valid_until.saturating_duration_since(Instant::now()) / 3)
-            .max(Duration::from_millis(50));
         let sent = Instant::now();
-        let outcome = match tokio::time::timeout(budget, self.renew(ttl)).await {
-            Ok(outcome) => outcome,
+        let budget = attempt_budget(valid_until.saturating_duration_since(sent));
+        let (outcome, unanswered) = match tokio::time::timeout(budget, self.renew(ttl)).await {
+            Ok(outcome) => (outcome, false),
             Err(_) => {
                 // `renew` was cut short before it could count its attempt.
                 self.meter.renewed(false, sent);
-                Err(crate::Error::Unavailable {
-                    store: self.store.describe_store(),
-                    source: format!("no answer to a renewal within {}", crate::humanize(budget))
-                        .into(),
-                })
+                let source = format!("no answer to a renewal within {}", crate::humanize(budget));
+                let store = self.store.describe_store();
+                (
+                    Err(crate::Error::Unavailable {
+                        store,
+                        source: source.into(),
+                    }),
+                    true,
+                )
             }
         };
         match outcome {
@@ -209,7 +210,12 @@ impl Lifeline {
                 tracing::warn!(lock = %self.lease.name, %error, "renewal failed; retrying until the safe deadline");
                 self.status
                     .send_if_modified(|s| !std::mem::replace(&mut s.failing, true));
-                let backoff = jitter(ttl.div_f64(10.0).min(Duration::from_millis(500)));
+                // An error answer waits a little before the next try; an unanswered one
+                // has waited already, and the time left is short.
+                let backoff = match unanswered {
+                    true => Duration::ZERO,
+                    false => jitter(ttl.div_f64(10.0).min(Duration::from_millis(500))),
+                };
                 let valid_until = self.status.borrow().valid_until;
                 // At the deadline the next step finds the lease lost and says so.
                 Some((Instant::now() + backoff).min(valid_until))
@@ -253,6 +259,21 @@ impl Lifeline {
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
+}
+
+/// The least time a renewal attempt waits for its answer, unless half the time left is
+/// less: a healthy store on a loaded host can take this long, and an attempt cut short
+/// marks the lease failing (`leasehold run` then stops its command early).
+const MIN_ATTEMPT: Duration = Duration::from_millis(250);
+
+/// How long a renewal attempt with `left` until the safe deadline waits for its answer
+/// before it counts as failed and is tried again: a third of the time left (so a store
+/// that hangs is noticed, and retried, well before the deadline), but not less than
+/// [`MIN_ATTEMPT`] while the time left allows it.
+fn attempt_budget(left: Duration) -> Duration {
+    (left / 3)
+        .max(MIN_ATTEMPT.min(left / 2))
+        .max(Duration::from_millis(50))
 }
 
 /// Renews the leases of every guard made through one [`Leasehold`](crate::Leasehold):
@@ -350,4 +371,24 @@ impl Renewals {
 /// `d` scaled by a random factor in [0.5, 1.5).
 pub(crate) fn jitter(d: Duration) -> Duration {
     d.mul_f64(0.5 + rand::random::<f64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_renewal_attempt_gets_a_loaded_stores_time_while_the_deadline_allows() {
+        let ms = Duration::from_millis;
+        // On time for a 1 s lease: 250 ms, not a third (218 ms).
+        assert_eq!(attempt_budget(ms(655)), ms(250));
+        // Late, after a pause of 0.3 of that lease: half of what is left.
+        assert_eq!(
+            attempt_budget(ms(355)),
+            ms(177) + Duration::from_micros(500)
+        );
+        // Long leases keep a third; the last moments a floor of 50 ms.
+        assert_eq!(attempt_budget(ms(6000)), ms(2000));
+        assert_eq!(attempt_budget(ms(60)), ms(50));
+    }
 }
