@@ -213,22 +213,35 @@ pub async fn open_shared_store(
     command: &str,
 ) -> Result<Arc<dyn Store>, Failure> {
     let url = store_url(url)?;
-    if url.scheme() == Scheme::Memory {
-        return Err(Failure::new(
-            exit::USAGE,
-            format!(
-                "store memory: (from --store or LEASEHOLD_STORE) lives in one process only, so \
-`leasehold {command}` would share its locks with no other process and exclude nothing; use \
-local: (the processes of this host), redis://... or etcd://... (memory: is for bench)"
-            ),
-        ));
-    }
+    let in_vain = "share its locks with no other process and exclude nothing";
+    refuse_memory(&url, command, in_vain, "redis://... or etcd://...")?;
     Ok(url.open().await?)
+}
+
+/// `memory:` lives in one process: `leasehold COMMAND` with it would `in_vain` (exit 64);
+/// the message suggests local: and the `shared` stores.
+pub fn refuse_memory(
+    url: &StoreUrl,
+    command: &str,
+    in_vain: &str,
+    shared: &str,
+) -> Result<(), Failure> {
+    if url.scheme() != Scheme::Memory {
+        return Ok(());
+    }
+    Err(Failure::new(
+        exit::USAGE,
+        format!(
+            "store memory: (from --store or LEASEHOLD_STORE) lives in one process only, so \
+`leasehold {command}` would {in_vain}; use local: (the processes of this host) or {shared} \
+(memory: is for bench)"
+        ),
+    ))
 }
 
 /// What a bounded wait allows the store beyond the wait itself: a connect and a few round
 /// trips on a loaded machine.
-const STORE_SLACK: Duration = Duration::from_secs(2);
+pub(crate) const STORE_SLACK: Duration = Duration::from_secs(2);
 
 /// Runs `work`, which talks to the store; with a bounded `wait` (`Some(ZERO)` for
 /// `--no-wait`), for at most the wait and `STORE_SLACK`, so a store that does not answer

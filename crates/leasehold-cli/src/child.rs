@@ -260,6 +260,18 @@ pub(crate) fn spawn_failure(program: &OsString, e: std::io::Error) -> Failure {
     }
 }
 
+/// Refuses (127) a command that is not there, before a lock or a limiter's units are
+/// taken for it: a mistyped name must not hold others up or spend the budget.
+pub(crate) fn must_exist(command: &[OsString]) -> Result<(), Failure> {
+    match command.first() {
+        Some(program) if !on_disk(program) => Err(Failure::new(
+            exit::NOT_FOUND,
+            format!("command not found: {}", program.to_string_lossy()),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Whether `command` names a file, as a path or found on `PATH`: when exec says "not
 /// found" for a file that is there, what is missing is its interpreter.
 pub(crate) fn on_disk(command: &OsString) -> bool {

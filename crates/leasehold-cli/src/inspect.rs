@@ -61,7 +61,11 @@ fn state_text(s: &LockState) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let state = if s.holders.is_empty() { "free" } else { "held" };
-    let _ = writeln!(out, "{}: {state} (last token {})", s.name, s.last_token);
+    // 0: never held, or (etcd, which keeps no counter per name) nobody holds it now.
+    let _ = match s.last_token.get() {
+        0 => writeln!(out, "{}: {state}", s.name),
+        token => writeln!(out, "{}: {state} (last token {token})", s.name),
+    };
     for h in &s.holders {
         let holds = if h.holds > 1 {
             format!(", {} holds", h.holds)

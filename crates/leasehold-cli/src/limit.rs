@@ -58,7 +58,8 @@ A GCRA rate limiter shared by every process using NAME on the store: in any wind
 length t at most BURST + RATE*t units pass, with no doubling at window edges. Waiting
 reserves the earliest moment the units may pass and sleeps until then (no polling);
 waiters are served in the order the store saw them. Not on etcd (exit 64): it has no
-server clock every client can trust.
+server clock every client can trust; nor on memory: (exit 64), which would give each
+process a limiter of its own.
 
 The command replaces leasehold once allowed (no lock is held while it runs): its exit
 status is leasehold's.
@@ -108,6 +109,7 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
             ),
         ));
     }
+    crate::child::must_exist(&args.command)?;
     // A store that does not answer cannot stretch a bounded wait (see within_wait).
     let wait = match (args.no_wait || args.check, args.wait) {
         (_, Some(wait)) => Some(wait),
@@ -116,6 +118,8 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
     };
     // Refused before connecting: whether etcd is up has nothing to do with it.
     let url = crate::args::store_url(store)?;
+    let in_vain = "share its limiter with no other process and limit nothing";
+    crate::args::refuse_memory(&url, "limit", in_vain, "redis://...")?;
     if matches!(url.scheme(), Scheme::Etcd | Scheme::Etcds) {
         return Err(Failure::new(
             exit::USAGE,
@@ -145,13 +149,7 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
     let err = std::process::Command::new(&args.command[0])
         .args(&args.command[1..])
         .exec();
-    let what = args.command[0].to_string_lossy();
-    Err(match err.kind() {
-        std::io::ErrorKind::NotFound => {
-            Failure::new(exit::NOT_FOUND, format!("command not found: {what}"))
-        }
-        _ => Failure::new(exit::CANNOT_EXECUTE, format!("cannot run {what}: {err}")),
-    })
+    Err(crate::child::spawn_failure(&args.command[0], err))
 }
 
 /// The decision, waiting if the flags say so; SIGINT, SIGTERM or SIGHUP while waiting

@@ -117,14 +117,18 @@ async fn connect(
     command: &str,
     lock: &LockArgs,
 ) -> Result<Leasehold, Failure> {
-    let wait = match (lock.no_wait, lock.wait) {
-        (true, _) => Some(Duration::ZERO),
-        (false, wait) => wait,
-    };
     let opening = crate::open_shared_store(store, command);
     Ok(Leasehold::from_store(
-        crate::within_wait(wait, opening).await?,
+        crate::within_wait(bounded_wait(lock), opening).await?,
     ))
+}
+
+/// The wait `--wait` or `--no-wait` (zero) bounds, if any.
+fn bounded_wait(lock: &LockArgs) -> Option<Duration> {
+    match (lock.no_wait, lock.wait) {
+        (true, _) => Some(Duration::ZERO),
+        (false, wait) => wait,
+    }
 }
 
 fn signals() -> Result<[Signal; 3], Failure> {
@@ -238,9 +242,18 @@ async fn with_locks<F: std::future::Future<Output = Result<ExitCode, Failure>>>(
     lock: &LockArgs,
     command: impl FnOnce(Leasehold) -> F,
 ) -> Result<ExitCode, Failure> {
+    // A bounded wait ends the run within the wait and the connect's slack, background
+    // work included, when it fails: a store that went away must not stretch it.
+    let bound = bounded_wait(lock).map(|wait| Instant::now() + wait + crate::args::STORE_SLACK);
     let locks = connect(store, subcommand, lock).await?;
     let outcome = command(locks.clone()).await;
-    if !locks.shutdown(SHUTDOWN_PATIENCE).await {
+    let patience = match (&outcome, bound) {
+        (Err(_), Some(bound)) => bound
+            .saturating_duration_since(Instant::now())
+            .min(SHUTDOWN_PATIENCE),
+        _ => SHUTDOWN_PATIENCE,
+    };
+    if !locks.shutdown(patience).await {
         tracing::warn!(
             "exiting before every release reached the store; those locks end with their leases"
         );
@@ -268,6 +281,7 @@ async fn run_with(
     store: Option<&str>,
     args: RunArgs,
 ) -> Result<ExitCode, Failure> {
+    crate::child::must_exist(&args.command)?;
     let mut signals = signals()?;
     let guard = acquire_or_signal(&locks, &args.lock, &mut signals).await?;
     tracing::info!(lock = %args.lock.name, token = guard.token().get(), "running the command");

@@ -111,6 +111,35 @@ fn the_command_runs_in_place_of_leasehold_with_its_own_exit_status() {
     assert!(out.stderr.contains("command not found"), "{out:?}");
 }
 
+/// A mistyped command spends nothing: 127 before the units are taken, so the next
+/// run of the one-unit limiter still passes.
+#[test]
+fn a_missing_command_exits_127_without_taking_units() {
+    let cli = Cli::new("limit-missing");
+    let rate = ["limit", "once", "--rate", "1/h"];
+    let out = cli
+        .run(&[&rate[..], &["--", "no-such-command-here"]].concat())
+        .expect(127);
+    assert!(out.stderr.contains("command not found"), "{out:?}");
+    cli.run(&[&rate[..], &["--", "touch", "ran"]].concat())
+        .expect(0);
+    assert!(cli.exists("ran"));
+}
+
+/// `memory:` lives in one process: each `leasehold limit` would have a limiter of its
+/// own and limit nothing, so it is refused (64), as `run` refuses it.
+#[test]
+fn the_memory_store_is_refused_as_it_would_limit_nothing() {
+    let cli = Cli::with_store("limit-memory", Some("memory:".to_string()));
+    for args in [&["--", "touch", "ran"][..], &["--check"]] {
+        let out = cli
+            .run(&[&["limit", "api", "--rate", "1/h"][..], args].concat())
+            .expect(64);
+        assert!(out.stderr.contains("limit nothing"), "{out:?}");
+    }
+    assert!(!cli.exists("ran"));
+}
+
 #[test]
 fn bad_rates_bursts_and_costs_exit_64_naming_the_rule() {
     let cli = Cli::new("limit-bad");

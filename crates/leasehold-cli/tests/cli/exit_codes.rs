@@ -135,14 +135,21 @@ fn unusable_store_file_exits_69() {
     assert!(!cli.exists("ran"));
 }
 
+/// A command that is not there is refused before the lock is asked for: 127 even while
+/// another holds it (not 75), and nothing is taken.
 #[test]
-fn command_not_found_exits_127_and_releases() {
+fn command_not_found_exits_127_before_the_lock_is_asked_for() {
     let cli = Cli::new("not-found");
     let out = cli
         .run(&["run", "k", "--", "./no-such-command-here"])
         .expect(127);
     assert!(out.stderr.contains("not found"), "{out:?}");
     cli.assert_all_free("k");
+    let (mut holder, _) = cli.hold("holder", &["k"]);
+    cli.run(&["run", "--no-wait", "k", "--", "no-such-command-here"])
+        .expect(127);
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
 }
 
 #[test]

@@ -211,6 +211,16 @@ impl Cli {
             "waiters left: {status}"
         );
         assert_eq!(self.list(""), Vec::<Value>::new(), "list is not empty");
+        // The text says so too, and names no token 0 (etcd keeps no last token).
+        let text = self.run(&["status", name]).expect(0).stdout;
+        let first = text.lines().next().unwrap_or_default();
+        let free = format!("{name}: free");
+        assert!(
+            first == free
+                || (first.starts_with(&format!("{free} (last token "))
+                    && !first.contains("(last token 0)")),
+            "status says: {text}"
+        );
     }
 }
 
