@@ -63,7 +63,12 @@ impl RedisStore {
         from: Option<&'a Lease>,
         fresh: bool,
     ) -> Acquire<'a> {
-        let waited = req.waited.as_micros() as u64;
+        // Only a fair request keeps its place by how long it waited in its process (as
+        // `AcquireRequest::waited` says); a non-fair one joins the queue's end.
+        let waited = match req.fair {
+            true => req.waited.as_micros() as u64,
+            false => 0,
+        };
         let (released, waited) = match from {
             Some(from) => (Some(from.id.as_str()), Some(waited)),
             // A request that waited in its process (its gate's turn came without a

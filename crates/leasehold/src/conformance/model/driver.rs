@@ -86,6 +86,8 @@ pub(super) struct Driver {
     /// Ended requests of a name kept back, with the racing request, until the waiters
     /// still running there have finished (see [`collect`](Self::collect)).
     pub(super) parked: Vec<Ended>,
+    /// When the requests in `parked` were first kept back.
+    pub(super) parked_since: Option<Instant>,
     /// Whether the store queues a fair request by how long it waited in its process
     /// ([`Capabilities::queues_by_wait`](crate::store::Capabilities)): fair ownerless requests
     /// then wait in their client's gate too.
@@ -121,6 +123,7 @@ pub(super) async fn run(
         counts: Default::default(),
         direct: None,
         parked: Vec::new(),
+        parked_since: None,
         queues_by_wait: store.capabilities().queues_by_wait,
         handed: Vec::new(),
         anonymous: Default::default(),

@@ -25,6 +25,12 @@ impl Driver {
                 quiet = None;
                 continue;
             }
+            if !self.parked.is_empty() {
+                // Outcomes kept back until the waiters on their way back come (or `park`
+                // gives up): the store is ahead of the model meanwhile.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
             let due = (self.model.iter().enumerate()).find_map(|(n, name)| {
                 (0..name.waiters.len())
                     .find(|&i| name.must_serve(i))
@@ -66,7 +72,9 @@ impl Driver {
         for n in 0..self.model.len() {
             applied |= self.judge(n, &mut ended, direct.as_ref())?;
         }
-        if !self.parked.is_empty() {
+        if self.parked.is_empty() {
+            self.parked_since = None;
+        } else {
             self.direct = direct;
         }
         Ok(applied)
@@ -140,16 +148,21 @@ impl Driver {
         mine: &[(usize, Outcome)],
         direct: Option<&Direct>,
     ) -> Check {
-        // A waiter the release let in can be granted in the store before the
-        // racing request was answered, while its task is still on its way back
-        // (a call after the grant): keep this name's outcomes back until the
-        // waiters still running there have finished, for a while.
+        // A waiter can be granted in the store before the racing request was
+        // answered, or before another waiter that came back first, while its task is
+        // still on its way back (a call after the grant): keep this name's outcomes
+        // back until the waiters still running there have finished, for a while.
         let running = self.tasks.iter().any(|t| t.name == n);
-        if running && direct.is_some_and(|d| d.since.elapsed() < PATIENCE) {
+        let since = *self.parked_since.get_or_insert_with(Instant::now);
+        let since = direct.map_or(since, |d| d.since);
+        if running && since.elapsed() < PATIENCE {
             let (kept, rest): (Vec<Ended>, Vec<Ended>) =
                 std::mem::take(ended).into_iter().partition(|e| e.1 == n);
             self.parked.extend(kept);
-            self.count("racing request judged once a grant came back");
+            self.count(match direct {
+                Some(_) => "racing request judged once a grant came back",
+                None => "waiter judged once another came back",
+            });
             *ended = rest;
             return Ok(());
         }
