@@ -1,4 +1,5 @@
-//! What only the etcd store promises, against a real etcd: a waiter whose own lease ends
+//! What only the etcd store promises, against a real etcd: a waiter's key on a short
+//! lease until it holds (then on the full TTL, shown held since its grant); a waiter whose own lease ends
 //! stops with a clear error, renewal across a member restart, `lost` when etcd stays
 //! away, non-fair waiting, extending past the lease etcd granted, re-entry by an owner
 //! that queued first, a waiter moving off a paused member, a short lease renewed through
@@ -75,8 +76,18 @@ async fn a_waiter_waits_on_a_short_lease_and_holds_on_the_full_ttl() {
     assert_eq!(granted_ttl(&server, leases[0]), 30, "the holder's lease");
     let short = leasehold::store::MAX_WAITER_LEASE.as_secs() as i64;
     assert_eq!(granted_ttl(&server, leases[1]), short, "the waiter's lease");
+    let joined = locks.describe("k").await.unwrap().waiters[0].since;
+    // Time passes between the join and the grant, so that the two differ.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let released = std::time::SystemTime::now();
     let _ = holder.release().await.unwrap();
     let guard = within("the hand-over", waiter).await.unwrap().unwrap();
+    // `status` shows it held since the grant, not since it joined the queue.
+    let since = locks.describe("k").await.unwrap().holders[0].since;
+    assert!(
+        since + Duration::from_millis(1) >= released && since > joined,
+        "held since {since:?}; joined {joined:?}, released {released:?}"
+    );
     let left = guard.valid_until() - Instant::now();
     assert!(
         left > ttl / 2,

@@ -161,15 +161,7 @@ impl EtcdStore {
                 hold: None,
             },
         );
-        let entry = Entry {
-            owner: req.owner.clone(),
-            host: req.requester.host.clone(),
-            pid: req.requester.pid,
-            kind: req.kind,
-            since: now_ms(),
-            holds: vec![req.lease.clone()],
-            value: req.value.as_deref().map(str::to_string),
-        };
+        let entry = Entry::of(req);
         Ok(Put {
             key,
             marker,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::acquisitions::{Acquisition, State};
-use super::queue::{marker_key, move_to, put_on, range_key, txn, Entry};
+use super::queue::{marker_key, put_on, range_key, txn, Entry};
 use super::rpc::{
     self, Compare, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseTimeToLiveResponse,
 };
@@ -373,11 +373,16 @@ impl EtcdStore {
             }
         };
         // The marker too: it must go with the key (a key put into an empty queue has
-        // none; one more does no harm, a release deletes it with the key).
+        // none; one more does no harm, a release deletes it with the key). The entry is
+        // written anew, held since now: `since` said when the key joined the queue.
+        let entry = Entry::of(req).value();
         let moved = self
             .call_txn(txn(
                 vec![Compare::created_at(&key, create)],
-                vec![move_to(full.id, &key), put_on(full.id, &marker, &key)],
+                vec![
+                    put_on(full.id, &key, &entry),
+                    put_on(full.id, &marker, &key),
+                ],
                 vec![],
             ))
             .await;

@@ -117,6 +117,9 @@
 //! - etcd is linearizable: with a majority of members up, a lock has at most one holder
 //!   and tokens never repeat, across leader changes and member restarts.
 //! - Holder times (`since`) are the clients' wall clocks; etcd keeps no time of its own.
+//!   A waiter's key is written anew, held since then, when it moves onto the full lease
+//!   at its grant; with a TTL no longer than the waiter lease (5 s) there is no move,
+//!   and its `since` stays when it joined the queue.
 //! - `describe().last_token` is the newest token among current holders, and 0 while
 //!   nobody holds the lock (etcd keeps no per-name counter; tokens come from the cluster
 //!   revision). A waiter's key has its token already, but it is not issued before it holds.

@@ -9,7 +9,7 @@ use super::rpc::{
     self, prefix_end, Compare, DeleteRangeRequest, KeyValue, Op, PutRequest, RangeRequest,
     TxnRequest,
 };
-use crate::store::{HolderInfo, LeaseId, LockKind};
+use crate::store::{AcquireRequest, HolderInfo, LeaseId, LockKind};
 use crate::{FencingToken, LockName};
 
 pub(super) const ROOT: &[u8] = b"leasehold\0";
@@ -53,6 +53,19 @@ impl HoldEntry {
 }
 
 impl Entry {
+    /// The entry of `req`'s own key, held (or waiting) since now.
+    pub(super) fn of(req: &AcquireRequest) -> Entry {
+        Entry {
+            owner: req.owner.clone(),
+            host: req.requester.host.clone(),
+            pid: req.requester.pid,
+            kind: req.kind,
+            since: now_ms(),
+            holds: vec![req.lease.clone()],
+            value: req.value.as_deref().map(str::to_string),
+        }
+    }
+
     pub(super) fn value(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("plain strings and numbers serialize")
     }
@@ -236,17 +249,6 @@ pub(super) fn put_on(lease: i64, key: &[u8], value: &[u8]) -> Op {
         value: value.to_vec(),
         lease,
         ignore_value: false,
-        ignore_lease: false,
-    })
-}
-
-/// Puts the existing `key`, value unchanged, on `lease`.
-pub(super) fn move_to(lease: i64, key: &[u8]) -> Op {
-    Op::Put(PutRequest {
-        key: key.to_vec(),
-        value: Vec::new(),
-        lease,
-        ignore_value: true,
         ignore_lease: false,
     })
 }
