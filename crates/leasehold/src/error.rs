@@ -10,8 +10,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The lock name broke a rule (see [`LockName`](crate::LockName)).
-    #[error("invalid lock name \"{name}\": the name {rule}")]
+    /// The name (of a lock, an election or a rate limiter) broke a rule (see
+    /// [`LockName`](crate::LockName)).
+    #[error("invalid name \"{name}\": the name {rule}")]
     InvalidName {
         /// The rejected name, escaped for display.
         name: String,

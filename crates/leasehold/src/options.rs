@@ -84,10 +84,33 @@ pub fn humanize(d: Duration) -> String {
             (m, 0) => format!("{m}m"),
             (m, s) => format!("{m}m{s}s"),
         }
-    } else {
+    } else if ms < 172_800_000 {
         match (ms / 3_600_000, (ms % 3_600_000) / 60_000) {
             (h, 0) => format!("{h}h"),
             (h, m) => format!("{h}h{m}m"),
         }
+    } else {
+        // Two days and more in days (366d, not 8784h).
+        match (ms / 86_400_000, (ms % 86_400_000) / 3_600_000) {
+            (d, 0) => format!("{d}d"),
+            (d, h) => format!("{d}d{h}h"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_in_the_largest_unit_that_fits() {
+        let s = Duration::from_secs;
+        assert_eq!(humanize(Duration::from_micros(250)), "250µs");
+        assert_eq!(humanize(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(humanize(s(90)), "1m30s");
+        assert_eq!(humanize(s(5400)), "1h30m");
+        assert_eq!(humanize(s(47 * 3600)), "47h");
+        assert_eq!(humanize(s(366 * 86_400)), "366d");
+        assert_eq!(humanize(s(3 * 86_400 + 7200)), "3d2h");
     }
 }

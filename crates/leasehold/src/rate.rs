@@ -100,10 +100,14 @@ impl FromStr for Rate {
             .trim()
             .split_once('/')
             .ok_or_else(|| bad("has no '/'"))?;
-        let count: u64 = count
-            .trim()
-            .parse()
-            .map_err(|_| bad("does not start with a whole number of units"))?;
+        let count: u64 =
+            count
+                .trim()
+                .parse()
+                .map_err(|e: std::num::ParseIntError| match e.kind() {
+                    std::num::IntErrorKind::PosOverflow => bad("has too many units"),
+                    _ => bad("does not start with a whole number of units"),
+                })?;
         let period = period.trim();
         let digits = period
             .find(|c: char| !c.is_ascii_digit())
@@ -535,5 +539,8 @@ mod tests {
         ] {
             assert!(bad.parse::<Rate>().is_err(), "{bad:?} was taken");
         }
+        // A count past u64 says so, not that it is no number.
+        let huge = "99999999999999999999/s".parse::<Rate>().unwrap_err();
+        assert!(huge.to_string().contains("too many units"), "{huge}");
     }
 }
