@@ -68,6 +68,21 @@ impl Driver {
         let Some((mut ended, direct)) = self.ended().await? else {
             return Ok(false);
         };
+        if let Some(d) = &direct {
+            if self.granted_before(d, &ended).await? {
+                // A waiter took the lock before the racing request and is on its way back
+                // (its task has not finished): judge them together once it comes.
+                let (kept, rest): (Vec<Ended>, Vec<Ended>) =
+                    ended.into_iter().partition(|e| e.1 == d.name);
+                let first = self.parked_since.is_none();
+                self.parked.extend(kept);
+                self.parked_since.get_or_insert_with(Instant::now);
+                if first {
+                    self.count("racing request judged once an earlier grant came back");
+                }
+                ended = rest;
+            }
+        }
         let mut applied = false;
         for n in 0..self.model.len() {
             applied |= self.judge(n, &mut ended, direct.as_ref())?;
@@ -78,6 +93,32 @@ impl Driver {
             self.direct = direct;
         }
         Ok(applied)
+    }
+
+    /// Whether the store shows a holder of the racing request's name that was granted
+    /// before it (a lower token) and that neither the model nor the requests that ended
+    /// know, while waiters of that name are still running: one of them, granted first,
+    /// is on its way back. (For a while: then the racing request is judged as it is.)
+    async fn granted_before(&self, d: &Direct, ended: &[Ended]) -> Check<bool> {
+        let Outcome::Granted { token, .. } = d.outcome else {
+            return Ok(false);
+        };
+        let running = self.tasks.iter().any(|t| t.name == d.name);
+        if !running || d.since.elapsed() >= PATIENCE {
+            return Ok(false);
+        }
+        let name = &self.names[d.name];
+        let state = (self.clients[0].describe(name.as_str()).await)
+            .map_err(|e| format!("describe n{} failed: {e}", d.name))?;
+        let known = |t: u64| {
+            self.model[d.name].holders.iter().any(|h| h.token == t)
+                || ended.iter().any(|e| {
+                    e.1 == d.name && matches!(e.3, Outcome::Granted { token, .. } if token == t)
+                })
+        };
+        Ok((state.holders.iter())
+            .map(|h| h.token.get())
+            .any(|t| t < token && !known(t)))
     }
 
     /// The requests that ended since the last look: the waiters that finished, the
