@@ -67,7 +67,9 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
         }
     };
     tokio::pin!(acquiring);
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Redraws once a second ("held for" counts on); the store's answers draw it first.
+    let second = Duration::from_secs(1);
+    let mut tick = tokio::time::interval_at(Instant::now() + second, second);
     let outcome = loop {
         tokio::select! {
             outcome = &mut acquiring => break outcome,

@@ -237,5 +237,5 @@ fn a_waiter_stopped_by_sigterm_leaves_the_etcd_queue_before_it_exits() {
 #[test]
 fn etcd_elect_candidates_take_over_from_killed_leaders_and_the_watcher_sees_each() {
     let server = EtcdServer::start();
-    candidates_take_over_from_killed_leaders(&world("etcd-elect", &server), "2s");
+    candidates_take_over_from_killed_leaders(&world("etcd-elect", &server), "4s");
 }

@@ -611,7 +611,7 @@ fn a_paused_redis_cannot_stretch_a_bounded_wait_by_its_connect() {
 #[test]
 fn redis_elect_candidates_take_over_from_killed_leaders_and_the_watcher_sees_each() {
     let server = RedisServer::start();
-    candidates_take_over_from_killed_leaders(&world("redis-elect", &server), "2s");
+    candidates_take_over_from_killed_leaders(&world("redis-elect", &server), "4s");
 }
 
 /// `leader --watch` ends with 69, saying the store is unavailable, when the server goes

@@ -421,6 +421,11 @@ pub fn interrupted_waiter_leaves_the_queue(cli: &Cli, signal: i32, flags: &[&str
 /// `leader e --watch --json`: one candidate leads at a time; a leader killed with
 /// SIGKILL is replaced by the next with a higher term (its command stopped by the
 /// watchdog); the watcher prints each leader, in order, terms increasing.
+///
+/// A leader that loses its lease with nobody killed (renewals starved on a loaded host:
+/// a 2 s lease on Redis, beside a build, went 1.3 s without a confirmed renewal) lets
+/// another candidate lead, which these rounds do not expect: callers give a lease of
+/// a few seconds, as a leader's renewals need on a loaded host.
 pub fn candidates_take_over_from_killed_leaders(cli: &Cli, ttl: &str) {
     let mut watch = cli.spawn("watch", &["leader", "e", "--watch", "--json"]);
     let first = watch.wait_for_line("the watcher's first line");
