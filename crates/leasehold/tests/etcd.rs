@@ -77,8 +77,11 @@ async fn a_waiter_waits_on_a_short_lease_and_holds_on_the_full_ttl() {
     let short = leasehold::store::MAX_WAITER_LEASE.as_secs() as i64;
     assert_eq!(granted_ttl(&server, leases[1]), short, "the waiter's lease");
     let joined = locks.describe("k").await.unwrap().waiters[0].since;
-    // Time passes between the join and the grant, so that the two differ.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The grant comes on a later millisecond than the join, so that the two differ.
+    eventually("the wall clock to pass the join", || async {
+        std::time::SystemTime::now() > joined + Duration::from_millis(2)
+    })
+    .await;
     let released = std::time::SystemTime::now();
     let _ = holder.release().await.unwrap();
     let guard = within("the hand-over", waiter).await.unwrap().unwrap();
