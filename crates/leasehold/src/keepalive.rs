@@ -26,6 +26,15 @@ pub fn safe_deadline(sent: Instant, ttl: Duration) -> Instant {
     sent + ttl.mul_f64(1.0 - DRIFT).saturating_sub(MARGIN)
 }
 
+/// Whether a grant of `granted`, counted from a request sent at `sent`, can be handed to
+/// its caller as it is at `now`: with at least a third of it left, its keepalive has time
+/// to renew it. A grant with less (a hand-over to a waiter whose last request was long
+/// ago, a slow answer) is confirmed by a renewal first; returned as it was, its guard
+/// could be lost before that renewal came back, though the store had just granted it.
+pub(crate) fn usable_as_granted(sent: Instant, granted: Duration, now: Instant) -> bool {
+    safe_deadline(sent, granted) > now + granted / 3
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Status {
     pub valid_until: Instant,
@@ -390,5 +399,20 @@ mod tests {
         // Long leases keep a third; the last moments a floor of 50 ms.
         assert_eq!(attempt_budget(ms(6000)), ms(2000));
         assert_eq!(attempt_budget(ms(60)), ms(50));
+    }
+
+    #[test]
+    fn a_grant_with_under_a_third_of_its_lease_left_is_renewed_before_use() {
+        let ms = Duration::from_millis;
+        let sent = Instant::now();
+        // Answered at once: used as granted.
+        assert!(usable_as_granted(sent, ms(500), sent + ms(10)));
+        // A hand-over counted from a request sent 499 ms before it on a 500 ms lease:
+        // about 1 ms would be left, so it is renewed first.
+        assert!(!usable_as_granted(sent, ms(500), sent + ms(490)));
+        // The boundary: a third left (after the drift and the margin).
+        let third_left = safe_deadline(sent, ms(600)) - ms(200);
+        assert!(usable_as_granted(sent, ms(600), third_left - ms(1)));
+        assert!(!usable_as_granted(sent, ms(600), third_left));
     }
 }

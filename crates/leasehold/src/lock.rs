@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use crate::gate::{Gates, Until};
 use crate::guard::{release_or_again, LockGuard};
-use crate::keepalive::{jitter, safe_deadline, Lifeline, Renewals};
+use crate::keepalive::{jitter, usable_as_granted, Lifeline, Renewals};
 use crate::metrics::{Call, Meter};
 use crate::options::{check_owner, check_permits, check_ttl, waiter_lease, DEFAULT_TTL};
 use crate::store::{
@@ -479,15 +479,19 @@ impl Lock {
                 };
                 match entered {
                     None => return Ok(None),
-                    // Handed over by the task before us, in one store step.
-                    Some((turn, Some((grant, sent)))) => {
-                        let guard = self.guard(&req, grant, sent, Instant::now());
-                        return Ok(Some(guard.with_turn(Some(turn))));
-                    }
-                    // Our turn to ask (the task before us gave up, or its hold ended
-                    // without a hand-over): a fair request keeps its place by when it
-                    // arrived here, as a hand-over would have kept it.
-                    Some((turn, None)) => {
+                    Some((turn, handed)) => {
+                        // Handed over by the task before us, in one store step. Boxed:
+                        // it is not what a task waits in.
+                        if let Some(answer) = handed {
+                            let handed = Box::pin(self.handed_over(&req, answer, wait)).await;
+                            if let Some(done) = handed {
+                                return done.map(|g| g.map(|g| g.with_turn(Some(turn))));
+                            }
+                        }
+                        // Our turn to ask (the task before us gave up, its hold ended
+                        // without a hand-over, or the hand-over lapsed before this task
+                        // ran): a fair request keeps its place by when it arrived here,
+                        // as a hand-over would have kept it.
                         if self.fair {
                             req.waited = started.elapsed();
                         }
@@ -509,6 +513,24 @@ impl Lock {
         acquired
     }
 
+    /// How a hand-over from the task before us at the gate (sent at the answer's instant)
+    /// ends the acquire; `None` if its lease lapsed before this task ran, to ask again.
+    async fn handed_over(
+        &self,
+        req: &AcquireRequest,
+        (grant, sent): (Grant, Instant),
+        wait: Wait,
+    ) -> Option<Acquired> {
+        let mut pending = Pending::new(self.store.clone(), req, &self.tasks);
+        let answer = (grant, sent, Instant::now());
+        let done = self.settle(req, answer, &mut pending, bound(wait)).await;
+        if done.is_none() {
+            // The store no longer has it: nothing to undo.
+            pending.disarm();
+        }
+        done
+    }
+
     /// The guard of a granted acquisition whose request was sent at `sent` and answered
     /// by `now`.
     fn guard(&self, req: &AcquireRequest, grant: Grant, sent: Instant, now: Instant) -> LockGuard {
@@ -528,7 +550,8 @@ impl Lock {
     /// The guard of a grant, or `None` if its lease lapsed before it arrived. A grant that
     /// arrives after its safe deadline (a slow link, a paused store or client) proves
     /// nothing by itself; one ownership-checked renewal sent now does, since a lease id
-    /// that lapsed cannot be renewed once anyone else has taken the lock.
+    /// that lapsed cannot be renewed once anyone else has taken the lock. A grant with
+    /// under a third of its lease left is renewed first too (`usable_as_granted`).
     async fn accept(
         &self,
         req: &AcquireRequest,
@@ -536,7 +559,7 @@ impl Lock {
         bound: Option<Instant>,
     ) -> Result<Option<LockGuard>> {
         let granted = grant.lease.unwrap_or(req.ttl).min(req.ttl);
-        if safe_deadline(sent, granted) > now {
+        if usable_as_granted(sent, granted, now) {
             return Ok(Some(self.guard(req, grant, sent, now)));
         }
         // Boxed: rare, and the largest step of an attempt (every waiter's attempt carries
@@ -626,11 +649,7 @@ impl Lock {
     ) -> Acquired {
         let mut progress = Progress {
             wait,
-            // However slow the store, a bounded wait ends soon after its deadline.
-            bound: match wait {
-                Wait::Until(deadline) => Some(deadline + LATE_ANSWER),
-                _ => None,
-            },
+            bound: bound(wait),
             pending: Pending::new(self.store.clone(), req, &self.tasks),
             started,
             answered: false,
@@ -868,6 +887,15 @@ impl Lock {
             progress.pending.undo_within(patience).await;
         }
         ControlFlow::Break(Err(error))
+    }
+}
+
+/// When a store call of `wait` is given up on: however slow the store, a bounded wait
+/// ends soon after its deadline.
+fn bound(wait: Wait) -> Option<Instant> {
+    match wait {
+        Wait::Until(deadline) => Some(deadline + LATE_ANSWER),
+        _ => None,
     }
 }
 
