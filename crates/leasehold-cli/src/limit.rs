@@ -156,12 +156,22 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
 /// exit 128+N (the reserved units stay spent: the limiter errs toward fewer).
 async fn decide(limiter: &RateLimiter, args: &LimitArgs) -> Result<RateDecision, Failure> {
     let deciding = async {
-        match (args.no_wait, args.wait) {
-            (true, _) => limiter.try_acquire(args.cost).await,
-            (false, Some(wait)) => limiter.acquire_for(args.cost, wait).await,
-            (false, None) if args.check => limiter.try_acquire(args.cost).await,
-            (false, None) => limiter.acquire(args.cost).await,
+        if args.no_wait || (args.check && args.wait.is_none()) {
+            return limiter.try_acquire(args.cost).await;
         }
+        let turn = limiter
+            .reserve(args.cost, args.wait.unwrap_or(Duration::MAX))
+            .await?;
+        if turn.allowed {
+            let what = format!(
+                "waiting for rate limiter \"{}\" ({}): {}",
+                args.name,
+                args.rate,
+                units(args.cost)
+            );
+            wait_for_turn(&args.name, &what, turn.wait).await;
+        }
+        Ok(turn)
     };
     let make = |kind| {
         tokio::signal::unix::signal(kind)
@@ -184,6 +194,27 @@ async fn decide(limiter: &RateLimiter, args: &LimitArgs) -> Result<RateDecision,
             args.name
         ),
     ))
+}
+
+/// Sleeps until a reserved turn (`left` from now), showing `what` and the time left on
+/// a terminal.
+async fn wait_for_turn(name: &str, what: &str, left: Duration) {
+    let progress = crate::progress::Progress::for_stderr(name);
+    let until = tokio::time::Instant::now() + left;
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        progress.countdown(what, left);
+        // The line counts down by whole seconds; without it, one sleep.
+        let step = match progress.is_on() {
+            true => left.min(Duration::from_secs(1)),
+            false => left,
+        };
+        tokio::time::sleep(step).await;
+    }
+    progress.clear();
 }
 
 fn units(n: u64) -> String {

@@ -2,7 +2,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use leasehold::{humanize, Busy};
 
@@ -58,9 +58,14 @@ impl Progress {
         if let Some(pos) = busy.position {
             line.push_str(&format!("; queue position {pos}"));
         }
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r\x1b[K{line}");
-        let _ = err.flush();
+        draw(&line);
+    }
+
+    /// Draws how long is `left` of a wait for `what` (a rate limiter's reserved turn).
+    pub fn countdown(&self, what: &str, left: Duration) {
+        if self.is_on() {
+            draw(&format!("leasehold: {what} in {}", humanize(left)));
+        }
     }
 
     /// Clears the line.
@@ -71,4 +76,10 @@ impl Progress {
             let _ = err.flush();
         }
     }
+}
+
+fn draw(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = write!(err, "\r\x1b[K{line}");
+    let _ = err.flush();
 }

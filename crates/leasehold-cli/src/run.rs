@@ -220,7 +220,8 @@ fn stop_plan(kill_in: Duration, at_deadline: bool, grace: Duration) -> String {
     if kill_in.is_zero() {
         "SIGTERM, then SIGKILL at once: the safe deadline has passed, so there is no grace"
             .to_string()
-    } else if at_deadline {
+    } else if at_deadline && grace.saturating_sub(kill_in) >= Duration::from_millis(50) {
+        // (Closer, the two read the same: "in 5.0s ..., before --grace 5s is over".)
         format!(
             "SIGTERM, then SIGKILL in {} at the safe deadline, before --grace {} is over",
             humanize(kill_in),
@@ -528,5 +529,9 @@ mod tests {
         assert!(plan.contains("SIGKILL after --grace 5s"), "{plan}");
         let plan = stop_plan(Duration::ZERO, true, grace);
         assert!(plan.contains("SIGKILL at once"), "{plan}");
+        // A deadline a few ms before the grace's end reads as the grace, not as "5s
+        // before --grace 5s is over".
+        let plan = stop_plan(grace - Duration::from_millis(3), true, grace);
+        assert!(plan.contains("SIGKILL after --grace 5s"), "{plan}");
     }
 }

@@ -111,6 +111,40 @@ fn the_command_runs_in_place_of_leasehold_with_its_own_exit_status() {
     assert!(out.stderr.contains("command not found"), "{out:?}");
 }
 
+/// On a terminal (`script(1)` gives it one) a wait shows its turn coming, then the
+/// command runs; the line is cleared first.
+#[test]
+fn a_wait_on_a_terminal_counts_down_to_its_turn() {
+    let cli = Cli::new("limit-countdown");
+    // Five seconds apart: the second run waits, however slowly it starts.
+    let rate = "--rate 1/5s --burst 1";
+    cli.run(&[
+        "limit", "api", "--rate", "1/5s", "--burst", "1", "--", "true",
+    ])
+    .expect(0);
+    let line = format!(
+        "\"$LH\" --store '{}' limit api {rate} -- touch ran",
+        cli.store
+    );
+    let out = Out::from(
+        cli.process("script")
+            .args(["-qec", &line, "/dev/null"])
+            .output()
+            .expect("run script(1)"),
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout
+            .contains("waiting for rate limiter \"api\" (1/5s): 1 unit in"),
+        "{out:?}"
+    );
+    assert!(
+        out.stdout.contains("\r\x1b[K"),
+        "the line is cleared: {out:?}"
+    );
+    assert!(cli.exists("ran"));
+}
+
 /// A mistyped command spends nothing: 127 before the units are taken, so the next
 /// run of the one-unit limiter still passes.
 #[test]

@@ -24,6 +24,31 @@ fn unreachable_redis_exits_69_with_the_address() {
     assert!(!cli.exists("ran"));
 }
 
+/// A redis:// URL that points at another service (here one that answers in HTTP) is a
+/// configuration error, said in words, not a parser's message or a retryable outage.
+#[test]
+fn a_server_that_is_not_redis_exits_78_saying_so() {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+            // Kept open, so that what the client meets is the answer, not an EOF.
+            std::mem::forget(conn);
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let cli = Cli::with_store("redis-not-redis", Some(url));
+    let out = cli.run(&["run", "k", "--", "touch", "ran"]).expect(78);
+    assert!(
+        out.stderr.contains("does not answer as Redis does"),
+        "{}",
+        out.stderr
+    );
+    assert!(!cli.exists("ran"));
+}
+
 #[test]
 fn wrong_redis_password_or_database_exits_78_without_showing_it() {
     let server = RedisServer::start_with(&["--save", "", "--requirepass", "right-secret"]);

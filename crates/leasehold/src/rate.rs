@@ -382,8 +382,31 @@ impl RateLimiter {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_for(&self, n: u64, wait: Duration) -> Result<RateDecision> {
-        let max_wait_us = (wait.as_micros() as u64).min(MAX_WAIT_US);
-        self.wait_turn(self.decide(n, max_wait_us).await?).await
+        self.wait_turn(self.reserve(n, wait).await?).await
+    }
+
+    /// Reserves `n` units at the earliest moment they may pass, if that is within
+    /// `within` (`Duration::MAX`: however long), without waiting for it: allowed, they
+    /// are the caller's [`RateDecision::wait`] from now, to wait for as it likes (with a
+    /// progress display, in a scheduler); refused, nothing is taken. One store call.
+    ///
+    /// ```no_run
+    /// # async fn f(locks: leasehold::Leasehold) -> leasehold::Result<()> {
+    /// let limiter = locks.rate_limiter("mail", "10/m".parse()?, 3)?;
+    /// let turn = limiter.reserve(1, std::time::Duration::from_secs(30)).await?;
+    /// if turn.allowed {
+    ///     println!("sending in {:?}", turn.wait);
+    ///     tokio::time::sleep(turn.wait).await;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire); reserved units stay spent if the caller
+    /// does not use them.
+    pub async fn reserve(&self, n: u64, within: Duration) -> Result<RateDecision> {
+        let max_wait_us = u64::try_from(within.as_micros()).unwrap_or(u64::MAX);
+        self.decide(n, max_wait_us.min(MAX_WAIT_US)).await
     }
 
     async fn wait_turn(&self, decision: RateDecision) -> Result<RateDecision> {

@@ -6,13 +6,18 @@ use super::RedisStore;
 use crate::{Error, LockName};
 
 /// A Redis error as ours: refusals that retrying cannot fix (credentials, ACL
-/// permissions, an unknown database) are [`Error::Config`]; the rest are
+/// permissions, an unknown database, a server that does not speak Redis) are
+/// [`Error::Config`]; the rest are
 /// [`Error::Unavailable`].
 pub(super) fn failed(store: &str, e: redis::RedisError) -> Error {
     use redis::{ErrorKind, ServerErrorKind};
     let text = e.to_string();
     let config = match e.kind() {
         ErrorKind::AuthenticationFailed => Some("check the URL's user and password"),
+        // What answered is not a Redis server (or wants TLS): asking again cannot help.
+        ErrorKind::Parse => Some(
+            "the server at this address does not answer as Redis does: check the URL's host and port (another service? a TLS port, which needs rediss://?)",
+        ),
         ErrorKind::Server(ServerErrorKind::NoPerm) => {
             Some("the user lacks a permission leasehold needs (EVALSHA, PUBLISH, SUBSCRIBE)")
         }
