@@ -99,3 +99,13 @@ mod local {
         Some((pid, uid))
     }
 }
+
+/// How many names `file` has (0 once deleted, or replaced by a rename), by one `fstat`;
+/// `None` if it cannot be read.
+pub(crate) fn link_count(file: &std::fs::File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `st` is written by fstat before it is read, and only when it succeeds.
+    let rc = unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) };
+    (rc == 0).then(|| unsafe { st.assume_init() }.st_nlink as u64)
+}

@@ -89,6 +89,27 @@ fn holder_paused_past_its_ttl_stops_its_command_and_exits_76_when_resumed() {
     paused_holder_loses_the_lock_and_exits_76(&Cli::new("sigstop"));
 }
 
+/// A lock file deleted under its holder (a temp cleaner, someone tidying the store's
+/// folder) is a store that forgot the lock: the next process finds it free, and the
+/// holder finds its lease gone at its next renewal and stops its command (76) rather
+/// than renewing it in the deleted file, unseen.
+#[test]
+fn a_holder_whose_lock_file_was_deleted_stops_its_command_and_exits_76() {
+    let cli = Cli::new("deleted-file");
+    let script = "touch started; exec sleep 1000";
+    let mut holder = cli.spawn(
+        "holder",
+        &["run", "--ttl", "1s", "k", "--", "sh", "-c", script],
+    );
+    wait_for("the holder's command to start", || cli.exists("started"));
+    let store = cli.store.strip_prefix("local:").unwrap();
+    fs::remove_file(PathBuf::from(store).join("locks/k.lock")).unwrap();
+    cli.run(&["run", "--no-wait", "k", "--", "true"]).expect(0);
+    holder.expect_exit(76);
+    let said = fs::read_to_string(cli.path("holder.stderr")).unwrap();
+    assert!(said.contains("lost"), "{said}");
+}
+
 #[test]
 fn corrupt_lock_state_gives_a_clear_error_and_runs_nothing() {
     let cli = Cli::new("corrupt");

@@ -68,17 +68,23 @@ impl Driver {
         let Some((mut ended, direct)) = self.ended().await? else {
             return Ok(false);
         };
-        if let Some(d) = &direct {
-            if self.granted_before(d, &ended).await? {
-                // A waiter took the lock before the racing request and is on its way back
-                // (its task has not finished): judge them together once it comes.
+        for n in 0..self.model.len() {
+            let direct = direct.as_ref().filter(|d| d.name == n);
+            if self.granted_before(n, direct, &ended).await? {
+                // A request granted before one that came back (a lower token) is on its
+                // way back (its task has not finished): judge them together once it
+                // comes, whether the one that came back was a waiter or the racing
+                // request.
                 let (kept, rest): (Vec<Ended>, Vec<Ended>) =
-                    ended.into_iter().partition(|e| e.1 == d.name);
+                    ended.into_iter().partition(|e| e.1 == n);
                 let first = self.parked_since.is_none();
                 self.parked.extend(kept);
                 self.parked_since.get_or_insert_with(Instant::now);
                 if first {
-                    self.count("racing request judged once an earlier grant came back");
+                    self.count(match direct {
+                        Some(_) => "racing request judged once an earlier grant came back",
+                        None => "waiter judged once an earlier grant came back",
+                    });
                 }
                 ended = rest;
             }
@@ -95,30 +101,44 @@ impl Driver {
         Ok(applied)
     }
 
-    /// Whether the store shows a holder of the racing request's name that was granted
-    /// before it (a lower token) and that neither the model nor the requests that ended
-    /// know, while waiters of that name are still running: one of them, granted first,
-    /// is on its way back. (For a while: then the racing request is judged as it is.)
-    async fn granted_before(&self, d: &Direct, ended: &[Ended]) -> Check<bool> {
-        let Outcome::Granted { token, .. } = d.outcome else {
+    /// Whether the store shows a holder of name `n` that was granted before the latest
+    /// grant among `ended` there (a lower token) and that neither the model nor the
+    /// requests that ended know, while waiters of that name are still running: one of
+    /// them, granted first, is on its way back. (For a while, counted from the racing
+    /// request's answer or the first parking: then the grants are judged as they are.)
+    async fn granted_before(
+        &self,
+        n: usize,
+        direct: Option<&Direct>,
+        ended: &[Ended],
+    ) -> Check<bool> {
+        let Some(latest) = (ended.iter())
+            .filter(|e| e.1 == n)
+            .filter_map(|e| match e.3 {
+                Outcome::Granted { token, .. } => Some(token),
+                _ => None,
+            })
+            .max()
+        else {
             return Ok(false);
         };
-        let running = self.tasks.iter().any(|t| t.name == d.name);
-        if !running || d.since.elapsed() >= PATIENCE {
+        let running = self.tasks.iter().any(|t| t.name == n);
+        let since = direct.map(|d| d.since).or(self.parked_since);
+        if !running || since.is_some_and(|s| s.elapsed() >= PATIENCE) {
             return Ok(false);
         }
-        let name = &self.names[d.name];
+        let name = &self.names[n];
         let state = (self.clients[0].describe(name.as_str()).await)
-            .map_err(|e| format!("describe n{} failed: {e}", d.name))?;
+            .map_err(|e| format!("describe n{n} failed: {e}"))?;
         let known = |t: u64| {
-            self.model[d.name].holders.iter().any(|h| h.token == t)
+            self.model[n].holders.iter().any(|h| h.token == t)
                 || ended.iter().any(|e| {
-                    e.1 == d.name && matches!(e.3, Outcome::Granted { token, .. } if token == t)
+                    e.1 == n && matches!(e.3, Outcome::Granted { token, .. } if token == t)
                 })
         };
         Ok((state.holders.iter())
             .map(|h| h.token.get())
-            .any(|t| t < token && !known(t)))
+            .any(|t| t < latest && !known(t)))
     }
 
     /// The requests that ended since the last look: the waiters that finished, the
