@@ -107,5 +107,8 @@ pub(crate) fn link_count(file: &std::fs::File) -> Option<u64> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `st` is written by fstat before it is read, and only when it succeeds.
     let rc = unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) };
-    (rc == 0).then(|| unsafe { st.assume_init() }.st_nlink as u64)
+    // (`nlink_t` is 64 bits on x86-64, 32 on some other targets.)
+    #[allow(clippy::unnecessary_cast)]
+    let links = |st: libc::stat| st.st_nlink as u64;
+    (rc == 0).then(|| links(unsafe { st.assume_init() }))
 }
