@@ -97,6 +97,14 @@ struct LockFile {
 const NAME_CHECK_EVERY_NS: u64 = 100_000_000;
 
 impl LockFile {
+    fn new(file: File) -> Self {
+        LockFile {
+            file,
+            name_checked: AtomicU64::new(sys::boottime_ns()),
+            turn: tokio::sync::Mutex::new(None),
+        }
+    }
+
     /// Whether the file still has a name, as last seen within [`NAME_CHECK_EVERY_NS`].
     /// One deleted or replaced since it was opened (a temp cleaner, someone tidying the
     /// store's folder) is opened again, so that its holders find their leases gone at
@@ -388,11 +396,7 @@ impl LocalStore {
         // group's access away: the store's mode.
         let meta = file.metadata().map_err(cannot)?;
         set_mode(&meta, self.inner.file_mode, |p| file.set_permissions(p)).map_err(cannot)?;
-        let f = Arc::new(LockFile {
-            file,
-            name_checked: AtomicU64::new(sys::boottime_ns()),
-            turn: tokio::sync::Mutex::new(None),
-        });
+        let f = Arc::new(LockFile::new(file));
         files.insert(name.clone(), f.clone());
         Ok(f)
     }
@@ -918,10 +922,7 @@ mod tests {
                 .open(&path)
                 .unwrap()
         };
-        let lf = Arc::new(LockFile {
-            file: open(),
-            turn: tokio::sync::Mutex::new(None),
-        });
+        let lf = Arc::new(LockFile::new(open()));
         let (other, third) = (open(), open());
         // Each round: another process holds the file lock; a caller here waits behind
         // it and gives up; the other lets go and a later caller here takes the lock,
