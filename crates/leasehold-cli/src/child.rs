@@ -260,16 +260,63 @@ pub(crate) fn spawn_failure(program: &OsString, e: std::io::Error) -> Failure {
     }
 }
 
-/// Refuses (127) a command that is not there, before a lock or a limiter's units are
-/// taken for it: a mistyped name must not hold others up or spend the budget.
+/// Refuses a command that exec would refuse, before a lock, a limiter's units or a
+/// fencing token are taken for it (a mistyped name must not hold others up or spend the
+/// budget): 127 if nothing by that name is there, 126 if it names a directory or a file
+/// that may not be executed (a shell's codes).
 pub(crate) fn must_exist(command: &[OsString]) -> Result<(), Failure> {
-    match command.first() {
-        Some(program) if !on_disk(program) => Err(Failure::new(
+    let Some(program) = command.first() else {
+        return Ok(());
+    };
+    let what = program.to_string_lossy();
+    if program.is_empty() {
+        return Err(Failure::new(
             exit::NOT_FOUND,
-            format!("command not found: {}", program.to_string_lossy()),
-        )),
-        _ => Ok(()),
+            "command not found: \"\" (an empty name)",
+        ));
     }
+    let path = std::path::Path::new(program);
+    let candidates: Vec<std::path::PathBuf> = match program.as_encoded_bytes().contains(&b'/') {
+        true => vec![path.to_path_buf()],
+        false => std::env::var_os("PATH")
+            .map(|dirs| std::env::split_paths(&dirs).map(|d| d.join(path)).collect())
+            .unwrap_or_default(),
+    };
+    // As execvp: the first that may be executed runs; else the first found says why not.
+    let mut found = None;
+    for candidate in candidates.iter().filter(|c| c.exists()) {
+        if candidate.is_file() && executable(candidate) {
+            return Ok(());
+        }
+        found.get_or_insert(candidate);
+    }
+    match found {
+        None => Err(Failure::new(
+            exit::NOT_FOUND,
+            format!("command not found: {what}"),
+        )),
+        Some(dir) if dir.is_dir() => Err(Failure::new(
+            exit::CANNOT_EXECUTE,
+            format!("cannot run {what}: {} is a directory", dir.display()),
+        )),
+        Some(file) => Err(Failure::new(
+            exit::CANNOT_EXECUTE,
+            format!(
+                "cannot run {what}: {} may not be executed (permission denied)",
+                file.display()
+            ),
+        )),
+    }
+}
+
+/// Whether this process may execute `path` (`access(2)` with `X_OK`).
+fn executable(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated string for the call's duration.
+    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
 }
 
 /// Whether `command` names a file, as a path or found on `PATH`: when exec says "not

@@ -52,6 +52,8 @@ pub fn fence(args: FenceArgs) -> Result<ExitCode, Failure> {
         };
         Failure::new(code, format!("fence {}: {e}", args.file.display()))
     };
+    // Before the token is admitted: a command that cannot run must not move the fence.
+    crate::child::must_exist(&args.command)?;
     let mut fence = FileFence::lock(&args.file).map_err(io)?;
     if args.reset {
         fence.reset().map_err(io)?;

@@ -145,8 +145,8 @@ fn a_wait_on_a_terminal_counts_down_to_its_turn() {
     assert!(cli.exists("ran"));
 }
 
-/// A mistyped command spends nothing: 127 before the units are taken, so the next
-/// run of the one-unit limiter still passes.
+/// A mistyped command spends nothing: 127 (126 for a file that may not be executed)
+/// before the units are taken, so the next run of the one-unit limiter still passes.
 #[test]
 fn a_missing_command_exits_127_without_taking_units() {
     let cli = Cli::new("limit-missing");
@@ -155,6 +155,10 @@ fn a_missing_command_exits_127_without_taking_units() {
         .run(&[&rate[..], &["--", "no-such-command-here"]].concat())
         .expect(127);
     assert!(out.stderr.contains("command not found"), "{out:?}");
+    // Nor does a file that may not be executed (126).
+    cli.script("plain-file", "echo hi\n");
+    cli.run(&[&rate[..], &["--", "./plain-file"]].concat())
+        .expect(126);
     cli.run(&[&rate[..], &["--", "touch", "ran"]].concat())
         .expect(0);
     assert!(cli.exists("ran"));

@@ -152,13 +152,31 @@ fn command_not_found_exits_127_before_the_lock_is_asked_for() {
     holder.expect_exit(0);
 }
 
+/// A file that may not be executed, or a directory, is refused as a shell refuses it
+/// (126), and before the lock is asked for: at once while another holds it. An empty
+/// name is not found (127), and says so.
 #[test]
-fn command_not_executable_exits_126_and_releases() {
+fn command_not_executable_exits_126_before_the_lock_is_asked_for() {
     let cli = Cli::new("not-exec");
     cli.script("plain-file", "echo hi\n"); // no execute bit: even root cannot exec it
     let out = cli.run(&["run", "k", "--", "./plain-file"]).expect(126);
-    assert!(out.stderr.contains("plain-file"), "{out:?}");
+    assert!(
+        out.stderr.contains("plain-file") && out.stderr.contains("permission denied"),
+        "{out:?}"
+    );
     cli.assert_all_free("k");
+    let (mut holder, _) = cli.hold("holder", &["k"]);
+    for (command, code, says) in [
+        ("./plain-file", 126, "permission denied"),
+        ("/tmp", 126, "is a directory"),
+        ("", 127, "an empty name"),
+    ] {
+        // No --wait: refused before waiting for the holder.
+        let out = cli.run(&["run", "k", "--", command]).expect(code);
+        assert!(out.stderr.contains(says), "{command:?}: {out:?}");
+    }
+    holder.signal(libc::SIGTERM);
+    holder.expect_exit(0);
 }
 
 /// A script whose `#!` interpreter is missing exists: exec's "not found" is about the

@@ -53,6 +53,23 @@ fn fence_admits_newer_tokens_refuses_older_ones_and_runs_the_command_only_when_a
     assert!(out.stderr.contains("LEASEHOLD_TOKEN"), "{}", out.stderr);
 }
 
+/// A command that cannot run (127, 126) admits nothing: the fence keeps its highest
+/// token, and the same token is admitted afterwards.
+#[test]
+fn a_command_that_cannot_run_does_not_move_the_fence() {
+    let cli = Cli::new("fence-no-command");
+    let fence = cli.path("out.fence");
+    let fence = fence.to_str().unwrap();
+    cli.run(&["fence", fence, "--token", "3"]).expect(0);
+    cli.run(&["fence", fence, "--token", "4", "--", "no-such-command-here"])
+        .expect(127);
+    cli.run(&["fence", fence, "--token", "4", "--", "/tmp"])
+        .expect(126);
+    cli.run(&["fence", fence, "--token", "4", "--", "touch", "ran"])
+        .expect(0);
+    assert!(cli.exists("ran"));
+}
+
 /// The command holds the fence until it exits, whatever is sent to it: a newer token's
 /// command waits for it (blocked on the file, as /proc/locks shows) and writes after it.
 #[test]
