@@ -155,6 +155,7 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
 /// The decision, waiting if the flags say so; SIGINT, SIGTERM or SIGHUP while waiting
 /// exit 128+N (the reserved units stay spent: the limiter errs toward fewer).
 async fn decide(limiter: &RateLimiter, args: &LimitArgs) -> Result<RateDecision, Failure> {
+    let progress = crate::progress::Progress::for_stderr("rate limiter", &args.name);
     let deciding = async {
         if args.no_wait || (args.check && args.wait.is_none()) {
             return limiter.try_acquire(args.cost).await;
@@ -169,7 +170,7 @@ async fn decide(limiter: &RateLimiter, args: &LimitArgs) -> Result<RateDecision,
                 args.rate,
                 units(args.cost)
             );
-            wait_for_turn(&args.name, &what, turn.wait).await;
+            wait_for_turn(&progress, &what, turn.wait).await;
         }
         Ok(turn)
     };
@@ -187,6 +188,7 @@ async fn decide(limiter: &RateLimiter, args: &LimitArgs) -> Result<RateDecision,
         _ = term.recv() => libc::SIGTERM,
         _ = hup.recv() => libc::SIGHUP,
     };
+    progress.clear();
     Err(Failure::new(
         128 + signal as u8,
         format!(
@@ -198,8 +200,7 @@ async fn decide(limiter: &RateLimiter, args: &LimitArgs) -> Result<RateDecision,
 
 /// Sleeps until a reserved turn (`left` from now), showing `what` and the time left on
 /// a terminal.
-async fn wait_for_turn(name: &str, what: &str, left: Duration) {
-    let progress = crate::progress::Progress::for_stderr(name);
+async fn wait_for_turn(progress: &crate::progress::Progress, what: &str, left: Duration) {
     let until = tokio::time::Instant::now() + left;
     loop {
         let left = until.saturating_duration_since(tokio::time::Instant::now());

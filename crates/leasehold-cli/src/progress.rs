@@ -1,4 +1,5 @@
-//! The one updating line shown on a terminal while waiting for a lock.
+//! The one updating line shown on a terminal while waiting for a lock, an election or a
+//! rate limiter's turn.
 
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
@@ -10,14 +11,18 @@ use leasehold::{humanize, Busy};
 /// share the last thing the store said, so a ticker can keep the line's clock moving.
 #[derive(Debug, Clone)]
 pub struct Progress {
+    /// What is waited for: a lock, or an election (led, not held).
+    noun: &'static str,
     name: String,
     last: Option<Arc<Mutex<Option<Busy>>>>,
 }
 
 impl Progress {
-    /// For lock `name`; draws only when stderr is a terminal.
-    pub fn for_stderr(name: &str) -> Self {
+    /// For `noun` (lock, election, rate limiter) `name`; draws only when stderr is a
+    /// terminal.
+    pub fn for_stderr(noun: &'static str, name: &str) -> Self {
         Progress {
+            noun,
             name: name.to_string(),
             last: std::io::stderr().is_terminal().then(Arc::default),
         }
@@ -42,13 +47,17 @@ impl Progress {
         let Some(busy) = last.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             return;
         };
-        let mut line = format!("leasehold: waiting for lock \"{}\"", self.name);
+        let mut line = format!("leasehold: waiting for {} \"{}\"", self.noun, self.name);
+        let verb = match self.noun {
+            "election" => "led",
+            _ => "held",
+        };
         if let Some(h) = &busy.holder {
             let held = SystemTime::now()
                 .duration_since(h.since)
                 .unwrap_or_default();
             line.push_str(&format!(
-                "; held by {} ({}, pid {}) for {}",
+                "; {verb} by {} ({}, pid {}) for {}",
                 h.owner,
                 h.host,
                 h.pid,

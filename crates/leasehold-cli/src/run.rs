@@ -52,7 +52,7 @@ pub struct HoldArgs {
 /// Acquires the lock the flags describe, showing progress on a terminal; exit 75 with
 /// who holds it if it cannot be had in time.
 async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failure> {
-    let progress = Progress::for_stderr(&args.name);
+    let progress = Progress::for_stderr(args.noun(), &args.name);
     let lock = args.lock(locks)?.on_wait({
         let progress = progress.clone();
         move |busy| progress.update(busy)
@@ -160,7 +160,7 @@ async fn acquire_or_signal(
         _ = term.recv() => libc::SIGTERM,
         _ = hup.recv() => libc::SIGHUP,
     };
-    Progress::for_stderr(&args.name).clear();
+    Progress::for_stderr(args.noun(), &args.name).clear();
     Err(Failure::new(
         128 + signal as u8,
         format!(

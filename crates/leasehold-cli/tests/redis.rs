@@ -49,6 +49,21 @@ fn a_server_that_is_not_redis_exits_78_saying_so() {
     assert!(!cli.exists("ran"));
 }
 
+/// A redis+cluster:// URL at a server that is not a cluster node: a configuration error.
+#[test]
+fn a_cluster_url_at_a_single_server_exits_78_saying_so() {
+    let server = RedisServer::start();
+    let url = format!("redis+cluster://127.0.0.1:{}", server.port());
+    let cli = Cli::with_store("redis-not-cluster", Some(url));
+    let out = cli.run(&["run", "k", "--", "touch", "ran"]).expect(78);
+    assert!(
+        out.stderr.contains("not a Redis Cluster node"),
+        "{}",
+        out.stderr
+    );
+    assert!(!cli.exists("ran"));
+}
+
 #[test]
 fn wrong_redis_password_or_database_exits_78_without_showing_it() {
     let server = RedisServer::start_with(&["--save", "", "--requirepass", "right-secret"]);

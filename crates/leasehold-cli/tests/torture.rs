@@ -391,6 +391,12 @@ fn faults_the_run_cannot_apply_are_usage_errors() {
     assert!(out.stderr.contains("needs --workers-as run"), "{out:#?}");
     let out = cli.cmd(&["torture", "--faults", "explode"]).output();
     support::Out::from(out.unwrap()).expect(64);
+    // Each worker would have a memory: store of its own.
+    let out = cli
+        .bare(&["--store", "memory:", "torture", "--duration", "1s"])
+        .output();
+    let out = support::Out::from(out.unwrap()).expect(64);
+    assert!(out.stderr.contains("lives in one process only"), "{out:#?}");
     for (bad, says) in [
         ("--no-fair", "is always fair"),
         ("--workers-as=run", "takes library workers"),

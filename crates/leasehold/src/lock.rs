@@ -625,15 +625,28 @@ impl Lock {
     /// The error of a bounded wait that the store's slowness ended: `what` (sent at
     /// `sent`) came too late, although nobody may have held the lock.
     fn too_slow(&self, what: &str, sent: Instant) -> Error {
+        self.unavailable(format!(
+            "{what} for lock \"{}\" took {}, too slow for the wait or for the lease ({}); the lock may well be free: look at the link to the store, or use a longer TTL",
+            self.name,
+            crate::humanize(sent.elapsed()),
+            crate::humanize(self.ttl)
+        ))
+    }
+
+    /// The error of a bounded wait that ended with `what` (sent at `sent`) unanswered:
+    /// whether the lock was free is not known.
+    fn unanswered(&self, what: &str, sent: Instant) -> Error {
+        self.unavailable(format!(
+            "no answer from the store to {what} for lock \"{}\" within {}, so whether it is free is not known: look at the link to the store",
+            self.name,
+            crate::humanize(sent.elapsed()),
+        ))
+    }
+
+    fn unavailable(&self, source: String) -> Error {
         Error::Unavailable {
             store: self.store.describe_store(),
-            source: format!(
-                "{what} for lock \"{}\" took {}, too slow for the wait or for the lease ({}); the lock may well be free: look at the link to the store, or use a longer TTL",
-                self.name,
-                crate::humanize(sent.elapsed()),
-                crate::humanize(self.ttl)
-            )
-            .into(),
+            source: source.into(),
         }
     }
 
@@ -753,7 +766,7 @@ impl Lock {
         match bound {
             Some(bound) => timeout_at(bound, call)
                 .await
-                .unwrap_or_else(|_| Err(self.too_slow(what, sent))),
+                .unwrap_or_else(|_| Err(self.unanswered(what, sent))),
             None => call.await,
         }
     }

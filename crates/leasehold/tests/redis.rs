@@ -463,7 +463,7 @@ async fn tokens_rise_after_a_cluster_lost_every_key() {
 
 /// Through a link that holds every reply back 1.5 s, no grant of a 1 s lease can arrive
 /// in time, and a bounded wait of 6 s ends soon after 6 s, saying the store is too slow
-/// rather than that the lock is busy. (It took 16-22 s, and said busy.)
+/// (or did not answer) rather than that the lock is busy. (It took 16-22 s, and said busy.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bounded_wait_on_a_slow_link_ends_on_time_and_says_why() {
     let server = RedisServer::start();
@@ -479,7 +479,13 @@ async fn a_bounded_wait_on_a_slow_link_ends_on_time_and_says_why() {
     let outcome = lock.try_lock_for(wait).await;
     let took = started.elapsed();
     let error = outcome.expect_err("no grant of a 1 s lease arrives in time");
-    assert!(error.to_string().contains("too slow"), "{error}");
+    // Whichever ended it, a grant that came too late or an attempt still unanswered at
+    // the bound, the store's slowness is named, not a busy lock.
+    let said = error.to_string();
+    assert!(
+        said.contains("too slow") || said.contains("no answer"),
+        "{error}"
+    );
     // The bound: the wait, one late answer (1 s) and an undo's patience (1 s), with room
     // for a loaded machine.
     assert!(took < wait + Duration::from_secs(4), "took {took:?}");

@@ -265,6 +265,14 @@ pub(super) fn check_store(args: &TortureArgs, store: Option<&str>) -> Result<(),
             "--spawn starts its own store: leave out --store",
         ));
     }
+    if let Some(store) = store {
+        // Each worker is a process of its own: on memory: each would have a store of its
+        // own, and the run would report the overlaps of locks that were never shared.
+        let url = crate::args::store_url(Some(store))?;
+        let in_vain =
+            "give each worker a store of its own and report overlaps that no lock could prevent";
+        crate::args::refuse_memory(&url, "torture", in_vain, "redis://... or etcd://...")?;
+    }
     check_faults(
         &args.faults,
         args.spawn,

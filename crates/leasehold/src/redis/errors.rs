@@ -6,7 +6,8 @@ use super::RedisStore;
 use crate::{Error, LockName};
 
 /// A Redis error as ours: refusals that retrying cannot fix (credentials, ACL
-/// permissions, an unknown database, a server that does not speak Redis) are
+/// permissions, an unknown database, a server that does not speak Redis, a cluster URL
+/// at a server that is not a cluster node) are
 /// [`Error::Config`]; the rest are
 /// [`Error::Unavailable`].
 pub(super) fn failed(store: &str, e: redis::RedisError) -> Error {
@@ -24,6 +25,9 @@ pub(super) fn failed(store: &str, e: redis::RedisError) -> Error {
         _ if matches!(e.code(), Some("WRONGPASS" | "NOAUTH")) => {
             Some("check the URL's user and password")
         }
+        _ if text.contains("cluster support disabled") => Some(
+            "the server is not a Redis Cluster node: use redis://... (or rediss://...) for a single server",
+        ),
         _ if text.contains("DB index is out of range") || text.contains("invalid DB index") => {
             Some("the database in the URL (/N) does not exist on this server")
         }
