@@ -169,12 +169,31 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "the duration is missing ({text:?} is not one); {EXAMPLES}"
         ));
     }
+    let too_long = || {
+        format!(
+            "{text:?} is too long: at most {}d",
+            MAX_DURATION.as_secs() / 86_400
+        )
+    };
     let duration = match text.trim().parse::<f64>() {
-        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|e| format!("{e}; {EXAMPLES}"))?,
-        Err(_) => humantime::parse_duration(text).map_err(|e| format!("{e}; {EXAMPLES}"))?,
+        Ok(secs) if secs.is_finite() => {
+            Duration::try_from_secs_f64(secs).map_err(|_| too_long())?
+        }
+        Ok(_) => return Err(format!("{text:?} is not a duration; {EXAMPLES}")),
+        Err(_) => humantime::parse_duration(text).map_err(|e| {
+            use humantime::DurationError as E;
+            match e {
+                E::NumberOverflow => too_long(),
+                E::Empty => format!("the duration is empty; {EXAMPLES}"),
+                E::UnknownUnit { unit, .. } if !unit.is_empty() => format!(
+                    "{text:?}: {unit:?} is not a unit (ms, s, m, h, d; also us, ns); {EXAMPLES}"
+                ),
+                _ => format!("{text:?} is not a duration; {EXAMPLES}"),
+            }
+        })?,
     };
     if duration > MAX_DURATION {
-        return Err(format!("at most {}d", MAX_DURATION.as_secs() / 86_400));
+        return Err(too_long());
     }
     Ok(duration)
 }

@@ -16,7 +16,7 @@ pub struct FenceArgs {
     pub file: PathBuf,
 
     /// The token to admit [default: $LEASEHOLD_TOKEN, as `leasehold run` sets it]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_token)]
     pub token: Option<u64>,
 
     /// Forget every token admitted (when moving the lock to another store, with no
@@ -90,6 +90,16 @@ pub fn fence(args: FenceArgs) -> Result<ExitCode, Failure> {
 }
 
 /// `$LEASEHOLD_TOKEN`, as a token.
+/// A fencing token: a whole number, as `leasehold run` gives it (`LEASEHOLD_TOKEN`).
+fn parse_token(text: &str) -> Result<u64, String> {
+    text.trim().parse().map_err(|_| {
+        format!(
+            "{text:?} is not a fencing token: a whole number from 0 to {}, as LEASEHOLD_TOKEN gives it",
+            u64::MAX
+        )
+    })
+}
+
 fn from_env() -> Result<u64, Failure> {
     let text = std::env::var("LEASEHOLD_TOKEN").map_err(|_| {
         Failure::new(
@@ -97,10 +107,5 @@ fn from_env() -> Result<u64, Failure> {
             "no --token and no LEASEHOLD_TOKEN: run it under `leasehold run`, or give --token",
         )
     })?;
-    text.trim().parse().map_err(|_| {
-        Failure::new(
-            exit::USAGE,
-            format!("LEASEHOLD_TOKEN is {text:?}, not a token"),
-        )
-    })
+    parse_token(&text).map_err(|why| Failure::new(exit::USAGE, format!("LEASEHOLD_TOKEN: {why}")))
 }

@@ -46,6 +46,20 @@ fn zero_ttl_is_rejected_with_64() {
     rejects("bad-ttl0", &["--ttl", "0s", "k"], "ttl");
 }
 
+/// A duration that is not one says so in words (not a parser's "expected number at
+/// 0"), naming a unit it does not know.
+#[test]
+fn durations_that_are_not_one_are_rejected_in_words() {
+    for (label, ttl, says) in [
+        ("bad-ttl-word", "abc", "\"abc\" is not a duration"),
+        ("bad-ttl-inf", "inf", "\"inf\" is not a duration"),
+        ("bad-ttl-unit", "15S", "\"S\" is not a unit"),
+        ("bad-ttl-empty", "", "the duration is empty"),
+    ] {
+        rejects(label, &["--ttl", ttl, "k"], says);
+    }
+}
+
 #[test]
 fn century_ttl_is_rejected_with_64() {
     rejects("bad-ttl100y", &["--ttl", "100y", "k"], "ttl");
