@@ -72,9 +72,14 @@ fn state_text(s: &LockState) -> String {
         } else {
             String::new()
         };
+        // An election's leader: the value it campaigned with (or proclaimed).
+        let value = match &h.value {
+            Some(v) => format!(", value {v:?}"),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "  holder  {} on {} pid {}: token {}, {} for {}, lease left {}{holds}",
+            "  holder  {} on {} pid {}: token {}, {} for {}, lease left {}{holds}{value}",
             h.owner,
             h.host,
             h.pid,

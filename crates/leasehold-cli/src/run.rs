@@ -101,6 +101,16 @@ async fn acquire(locks: &Leasehold, args: &LockArgs) -> Result<LockGuard, Failur
         ),
         None => "is busy".to_string(),
     };
+    // A semaphore's or a read lock's other holders: how many, not only the first.
+    let holders = state.as_ref().map_or(0, |s| s.holders.len());
+    let held_by = match holders {
+        0 | 1 => held_by,
+        n => format!(
+            "{held_by} and {} other{}",
+            n - 1,
+            if n == 2 { "" } else { "s" }
+        ),
+    };
     let gave_up = match args.wait {
         Some(wait) if !args.no_wait => format!("gave up after --wait {}", humanize(wait)),
         _ => "not waiting (--no-wait)".to_string(),

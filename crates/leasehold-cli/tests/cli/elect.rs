@@ -48,6 +48,12 @@ fn elect_without_a_wait_exits_75_naming_the_leader_and_leader_shows_it() {
     assert!(!cli.exists("ran"), "{}", out.stderr);
     // The election is the lock of its name: status shows the leader holding it.
     assert_eq!(cli.holders("e")[0]["value"], "10.0.0.7:80");
+    let out = cli.run(&["status", "e"]).expect(0);
+    assert!(
+        out.stdout.contains("value \"10.0.0.7:80\""),
+        "{}",
+        out.stdout
+    );
     // Deposed: the leader's command is stopped, and the message names the election.
     cli.run(&["release", "--force", "e"]).expect(0);
     leader.expect_exit(76);

@@ -52,7 +52,11 @@ fn fence_admits_newer_tokens_refuses_older_ones_and_runs_the_command_only_when_a
     let out = cli.run(&["fence", fence]).expect(64);
     assert!(out.stderr.contains("LEASEHOLD_TOKEN"), "{}", out.stderr);
     let out = cli.run(&["fence", fence, "--token", "abc"]).expect(64);
-    assert!(out.stderr.contains("is not a fencing token"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("is not a fencing token"),
+        "{}",
+        out.stderr
+    );
 }
 
 /// A command that cannot run (127, 126) admits nothing: the fence keeps its highest
