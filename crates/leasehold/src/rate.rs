@@ -126,6 +126,11 @@ impl FromStr for Rate {
             "m" | "min" | "minute" => Duration::from_secs(60),
             "h" | "hour" => Duration::from_secs(3600),
             "d" | "day" => Duration::from_secs(86_400),
+            _ if unit.starts_with('.') => {
+                return Err(bad(
+                    "has a fractional period: give whole units, e.g. 2/3s, not 1/1.5s",
+                ))
+            }
             _ => return Err(bad("has a period unit other than us, ms, s, m, h or d")),
         };
         let period = u32::try_from(number)
@@ -565,5 +570,8 @@ mod tests {
         // A count past u64 says so, not that it is no number.
         let huge = "99999999999999999999/s".parse::<Rate>().unwrap_err();
         assert!(huge.to_string().contains("too many units"), "{huge}");
+        // A fractional period is named as such, not as an unknown unit.
+        let half = "3/1.5s".parse::<Rate>().unwrap_err();
+        assert!(half.to_string().contains("fractional period"), "{half}");
     }
 }
