@@ -110,6 +110,18 @@ fn a_holder_whose_lock_file_was_deleted_stops_its_command_and_exits_76() {
     assert!(said.contains("lost"), "{said}");
 }
 
+/// Asking about a lock never used (`status`, `release --force`) leaves no file behind.
+#[test]
+fn reading_a_lock_never_used_makes_no_file() {
+    let cli = Cli::new("read-only");
+    let out = cli.run(&["status", "never-used"]).expect(0);
+    assert!(out.stdout.contains("never-used: free"), "{out:?}");
+    cli.run(&["release", "--force", "never-used"]).expect(0);
+    let store = cli.store.strip_prefix("local:").unwrap();
+    let file = PathBuf::from(store).join("locks/never-used.lock");
+    assert!(!file.exists(), "{} was made", file.display());
+}
+
 #[test]
 fn corrupt_lock_state_gives_a_clear_error_and_runs_nothing() {
     let cli = Cli::new("corrupt");

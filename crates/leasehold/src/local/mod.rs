@@ -93,6 +93,17 @@ struct LockFile {
     turn: tokio::sync::Mutex<Option<Cached>>,
 }
 
+/// The store's clocks now: the boot clock leases run on, the wall clock for display, and
+/// the first token of a name with no file.
+fn now() -> Now {
+    let wall_us = Now::wall_us();
+    Now {
+        mono: sys::boottime_ns(),
+        wall_ms: wall_us / 1000,
+        first_token: wall_us,
+    }
+}
+
 /// How often a file in use is checked for a name: see [`LockFile::still_there`].
 const NAME_CHECK_EVERY_NS: u64 = 100_000_000;
 
@@ -340,6 +351,12 @@ impl LocalStore {
         }
     }
 
+    /// Whether lock `name` has no file (a name never used, or its file deleted): what only
+    /// reads it answers without making one.
+    fn no_file(&self, name: &LockName) -> bool {
+        !self.inner.locks_dir.join(file_name(name)).exists()
+    }
+
     fn lock_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
         self.open_file(&self.inner.files, &self.inner.locks_dir, name)
     }
@@ -417,12 +434,7 @@ impl LocalStore {
             }
             Err(_) => return Err(self.file_lock_stuck(&lf)),
         };
-        let wall_us = Now::wall_us();
-        let now = Now {
-            mono: sys::boottime_ns(),
-            wall_ms: wall_us / 1000,
-            first_token: wall_us,
-        };
+        let now = now();
         let found = slots::read(&lf.file)
             .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?;
         let (seq, json, before) = match found {
@@ -783,6 +795,9 @@ impl Store for LocalStore {
     }
 
     async fn describe(&self, name: &LockName) -> Result<LockState> {
+        if self.no_file(name) {
+            return Ok(Record::new(name.as_str(), &self.inner.boot).state(now()));
+        }
         let alive = self.alive();
         self.with(name, |r, now| {
             r.prune(now, &alive);
@@ -829,6 +844,9 @@ impl Store for LocalStore {
     }
 
     async fn force_release(&self, name: &LockName) -> Result<bool> {
+        if self.no_file(name) {
+            return Ok(false);
+        }
         self.with(name, |r, _| r.force_release()).await
     }
 
