@@ -262,11 +262,12 @@ pub fn refuse_memory(
 /// trips on a loaded machine.
 pub(crate) const STORE_SLACK: Duration = Duration::from_secs(2);
 
-/// Runs `work`, which talks to the store; with a bounded `wait` (`Some(ZERO)` for
+/// Runs `work`, which talks to `store`; with a bounded `wait` (`Some(ZERO)` for
 /// `--no-wait`), for at most the wait and `STORE_SLACK`, so a store that does not answer
 /// (paused, a black-holed link) cannot stretch it by the client's connect and response
 /// timeouts (9.5 s for a paused Redis): exit 69 then.
 pub async fn within_wait<T, E: Into<Failure>>(
+    store: &StoreUrl,
     wait: Option<Duration>,
     work: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, Failure> {
@@ -286,7 +287,7 @@ pub async fn within_wait<T, E: Into<Failure>>(
             };
             Err(Failure::new(
                 exit::UNAVAILABLE,
-                format!("the store did not answer within {allowed}"),
+                format!("store {store} did not answer within {allowed}"),
             ))
         }
     }

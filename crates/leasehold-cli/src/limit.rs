@@ -126,7 +126,7 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
             "etcd does not offer rate limiters: it has no server clock every client can trust; use local:, redis://... or redis+cluster://...",
         ));
     }
-    let decision = crate::args::within_wait(wait, async {
+    let decision = crate::args::within_wait(&url, wait, async {
         let locks = Leasehold::from_store(url.open().await?);
         let limiter = locks.rate_limiter(args.name.as_str(), args.rate, burst)?;
         decide(&limiter, &args).await

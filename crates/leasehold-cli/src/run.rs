@@ -129,9 +129,10 @@ async fn connect(
     command: &str,
     lock: &LockArgs,
 ) -> Result<Leasehold, Failure> {
+    let url = crate::store_url(store)?;
     let opening = crate::open_shared_store(store, command);
     Ok(Leasehold::from_store(
-        crate::within_wait(bounded_wait(lock), opening).await?,
+        crate::within_wait(&url, bounded_wait(lock), opening).await?,
     ))
 }
 

@@ -644,6 +644,9 @@ fn a_paused_redis_cannot_stretch_a_bounded_wait_by_its_connect() {
         out.stderr.contains("did not answer within 2s to connect"),
         "{out:?}"
     );
+    // Which store: its address.
+    let port = format!("127.0.0.1:{}", server.port());
+    assert!(out.stderr.contains(&port), "{out:?}");
     server.resume();
     assert!(!cli.exists("ran"));
 }
