@@ -216,7 +216,11 @@ fn random_owner() -> String {
 
 /// The URL `--store` gives (default: the local store's default directory), read.
 pub fn store_url(url: Option<&str>) -> Result<StoreUrl, Failure> {
-    Ok(StoreUrl::parse(url.unwrap_or("local:"))?)
+    StoreUrl::parse(url.unwrap_or("local:")).map_err(|e| {
+        let failure = Failure::from(e);
+        let message = format!("{} (from --store or LEASEHOLD_STORE)", failure.message);
+        Failure { message, ..failure }
+    })
 }
 
 /// Opens the store `--store` names (default: the local store's default directory).

@@ -82,6 +82,12 @@ fn unknown_store_scheme_is_rejected_with_64() {
         &["--store", "ftp://x", "k"],
         "unknown store scheme",
     );
+    // Where the URL came from, as it may be the environment's.
+    rejects(
+        "bad-scheme-source",
+        &["--store", "ftp://x", "k"],
+        "(from --store or LEASEHOLD_STORE)",
+    );
 }
 
 #[test]
