@@ -66,6 +66,8 @@ impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = self.period;
         let unit = match p.as_micros() {
+            1 => "us".to_string(),
+            1_000 => "ms".to_string(),
             1_000_000 => "s".to_string(),
             60_000_000 => "m".to_string(),
             3_600_000_000 => "h".to_string(),
@@ -555,6 +557,14 @@ mod tests {
             assert_eq!(ok(text).to_string(), shown);
         }
         assert_eq!(ok("1/120m").to_string(), "1/2h");
+        // A unit alone is printed alone, as it was written.
+        for (text, shown) in [
+            ("10/us", "10/us"),
+            ("10/ms", "10/ms"),
+            ("10/1000ms", "10/s"),
+        ] {
+            assert_eq!(ok(text).to_string(), shown);
+        }
         assert_eq!(Rate::new(10, Duration::ZERO).to_string(), "10/0s");
         for bad in [
             "",
