@@ -39,13 +39,14 @@ fn a_server_that_is_not_redis_exits_78_saying_so() {
         }
     });
     let url = format!("redis://127.0.0.1:{port}/0");
-    let cli = Cli::with_store("redis-not-redis", Some(url));
+    refused_as_configuration("redis-not-redis", url, "does not answer as Redis does");
+}
+
+/// `run` at `url` exits 78 saying `says`, and runs nothing.
+fn refused_as_configuration(label: &str, url: String, says: &str) {
+    let cli = Cli::with_store(label, Some(url));
     let out = cli.run(&["run", "k", "--", "touch", "ran"]).expect(78);
-    assert!(
-        out.stderr.contains("does not answer as Redis does"),
-        "{}",
-        out.stderr
-    );
+    assert!(out.stderr.contains(says), "{}", out.stderr);
     assert!(!cli.exists("ran"));
 }
 
@@ -54,14 +55,7 @@ fn a_server_that_is_not_redis_exits_78_saying_so() {
 fn a_cluster_url_at_a_single_server_exits_78_saying_so() {
     let server = RedisServer::start();
     let url = format!("redis+cluster://127.0.0.1:{}", server.port());
-    let cli = Cli::with_store("redis-not-cluster", Some(url));
-    let out = cli.run(&["run", "k", "--", "touch", "ran"]).expect(78);
-    assert!(
-        out.stderr.contains("not a Redis Cluster node"),
-        "{}",
-        out.stderr
-    );
-    assert!(!cli.exists("ran"));
+    refused_as_configuration("redis-not-cluster", url, "not a Redis Cluster node");
 }
 
 #[test]
