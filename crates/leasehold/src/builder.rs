@@ -175,12 +175,17 @@ impl LeaseholdBuilder {
 }
 
 /// Opens `url`, again after each failure that retrying may fix, until `patience` passes.
+/// A wait with no end in sight: a century.
+const FOREVER: Duration = Duration::from_secs(100 * 366 * 86_400);
+
 async fn open_patiently(
     url: &StoreUrl,
     settings: &ClientSettings,
     patience: Duration,
 ) -> Result<Arc<dyn crate::Store>> {
-    let deadline = Instant::now() + patience;
+    // (Duration::MAX: patience without end, as far as an Instant reaches.)
+    let now = Instant::now();
+    let deadline = now.checked_add(patience).unwrap_or(now + FOREVER);
     let mut backoff = Duration::from_millis(50);
     let mut last = None;
     loop {

@@ -417,7 +417,10 @@ impl Lock {
     /// # Cancel safety
     /// As [`lock`](Self::lock).
     pub async fn try_lock_until(&self, deadline: std::time::Instant) -> Result<Option<LockGuard>> {
-        self.acquire(Wait::Until(deadline.into()), Instant::now())
+        // A deadline already past asks once, as `try_lock_for(ZERO)` does; counted from
+        // it, the store's time for the answer would have run out before the question.
+        let now = Instant::now();
+        self.acquire(Wait::Until(Instant::from_std(deadline).max(now)), now)
             .await
     }
 

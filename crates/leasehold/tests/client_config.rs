@@ -234,19 +234,22 @@ async fn wait_for_store_connects_once_redis_and_etcd_come_up() {
 }
 
 /// The patience bounds the tries after the first: the first runs in full, so a zero
-/// patience still connects to a store that is up.
+/// patience still connects to a store that is up; so does one without end
+/// (`Duration::MAX`, which overflowed an `Instant` and panicked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zero_wait_for_store_still_connects_to_a_store_that_is_up() {
+async fn a_zero_or_endless_wait_for_store_still_connects_to_a_store_that_is_up() {
     let redis = RedisServer::start();
     let etcd = EtcdServer::start();
     for url in [redis.url(), etcd.url()] {
-        let locks = Leasehold::builder(&url)
-            .wait_for_store(Duration::ZERO)
-            .build()
-            .await
-            .unwrap_or_else(|e| panic!("{url}: {e}"));
-        let guard = locks.mutex("k").unwrap().lock().await.unwrap();
-        let _ = guard.release().await.unwrap();
+        for patience in [Duration::ZERO, Duration::MAX] {
+            let locks = Leasehold::builder(&url)
+                .wait_for_store(patience)
+                .build()
+                .await
+                .unwrap_or_else(|e| panic!("{url}: {e}"));
+            let guard = locks.mutex("k").unwrap().lock().await.unwrap();
+            let _ = guard.release().await.unwrap();
+        }
     }
 }
 

@@ -98,6 +98,9 @@ pub async fn try_and_bounded_waits(store: Arc<dyn Store>) {
     );
     let deadline = std::time::Instant::now() + Duration::from_millis(50);
     assert!(lock.try_lock_until(deadline).await.unwrap().is_none());
+    // A deadline long past asks once, as try_lock does (it failed as "no answer").
+    let past = std::time::Instant::now() - Duration::from_secs(60);
+    assert!(lock.try_lock_until(past).await.unwrap().is_none());
     let state = locks.describe(name.as_str()).await.unwrap();
     assert!(
         state.waiters.is_empty(),
@@ -112,6 +115,12 @@ pub async fn try_and_bounded_waits(store: Arc<dyn Store>) {
     .unwrap();
     let _ = again
         .expect("free lock within a bounded wait")
+        .release()
+        .await
+        .unwrap();
+    let past = std::time::Instant::now() - Duration::from_secs(60);
+    let _ = (lock.try_lock_until(past).await.unwrap())
+        .expect("a free lock, asked for with a deadline long past")
         .release()
         .await
         .unwrap();
