@@ -251,6 +251,7 @@ impl Leadership {
     /// store in either order, and [`value`](Self::value) says the last to return.
     pub async fn proclaim(&self, value: impl Into<String>) -> Result<()> {
         let value = value.into();
+        crate::options::check_value(&value)?;
         self.guard.check()?;
         match self.store.proclaim(self.guard.lease(), &value).await? {
             Renewal::Renewed => {

@@ -185,7 +185,7 @@ pub use local::LocalStore;
 pub use lock::{Leasehold, Lock};
 pub use memory::MemoryStore;
 pub use name::{IntoLockName, LockName, MAX_NAME_LEN};
-pub use options::{DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MIN_TTL};
+pub use options::{DEFAULT_TTL, MAX_OWNER_LEN, MAX_PERMITS, MAX_TTL, MAX_VALUE_LEN, MIN_TTL};
 pub use rate::{Rate, RateDecision, RateLimiter, MAX_RATE_TOLERANCE};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;

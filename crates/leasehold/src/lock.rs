@@ -426,6 +426,9 @@ impl Lock {
 
     fn request(&self, enqueue: bool) -> Result<AcquireRequest> {
         let ttl = check_ttl(self.ttl)?;
+        if let Some(value) = &self.value {
+            crate::options::check_value(value)?;
+        }
         let owner = match &self.owner {
             Some(owner) => {
                 check_owner(owner)?;

@@ -39,6 +39,23 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<Duration> {
     Ok(ttl)
 }
 
+/// Longest value of an election's leader, in bytes: what every store can keep beside
+/// the lock (etcd and the local store refuse records of a MiB or more).
+pub const MAX_VALUE_LEN: usize = 64 * 1024;
+
+pub(crate) fn check_value(value: &str) -> Result<()> {
+    if value.len() <= MAX_VALUE_LEN {
+        return Ok(());
+    }
+    Err(Error::option(
+        "value",
+        format!(
+            "a leader's value of {} bytes is longer than {MAX_VALUE_LEN} bytes; publish where to find it (an address, a key) rather than the thing itself",
+            value.len()
+        ),
+    ))
+}
+
 pub(crate) fn check_owner(owner: &str) -> Result<()> {
     let rule = if owner.is_empty() {
         "must not be empty"

@@ -65,6 +65,10 @@ impl Rate {
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = self.period;
+        if p.subsec_nanos() % 1000 != 0 {
+            // A part below a microsecond (only `Rate::new` makes one).
+            return write!(f, "{}/{}ns", self.count, p.as_nanos());
+        }
         let unit = match p.as_micros() {
             1 => "us".to_string(),
             1_000 => "ms".to_string(),
@@ -165,13 +169,14 @@ impl RateLimit {
         if rate.period.is_zero() {
             return bad(format!("{rate} has a zero period"));
         }
-        let period_us = rate.period.as_micros();
-        if period_us < rate.count as u128 {
+        // From nanoseconds, rounded up: a period's part below a microsecond lets no more
+        // through (1 per 1.5 µs is one per 2 µs, not 1).
+        let interval_us = rate.period.as_nanos().div_ceil(rate.count as u128 * 1000);
+        if rate.period.as_nanos() < rate.count as u128 * 1000 {
             return bad(format!(
                 "{rate} is faster than one unit per microsecond, the limiter's resolution (at most 1000000/s)"
             ));
         }
-        let interval_us = period_us.div_ceil(rate.count as u128);
         if burst == 0 {
             return Err(Error::option(
                 "burst",
@@ -580,6 +585,16 @@ mod tests {
         // A count past u64 says so, not that it is no number.
         let huge = "99999999999999999999/s".parse::<Rate>().unwrap_err();
         assert!(huge.to_string().contains("too many units"), "{huge}");
+        // A period's part below a microsecond is rounded up, toward fewer.
+        let interval = |ns| {
+            let rate = Rate::new(1, Duration::from_nanos(ns));
+            RateLimit::new(rate, 1).unwrap().interval_us()
+        };
+        assert_eq!((interval(1_500), interval(1_000_500)), (2, 1001));
+        assert_eq!(
+            Rate::new(1, Duration::from_nanos(1_500)).to_string(),
+            "1/1500ns"
+        );
         // A fractional period is named as such, not as an unknown unit.
         let half = "3/1.5s".parse::<Rate>().unwrap_err();
         assert!(half.to_string().contains("fractional period"), "{half}");

@@ -92,6 +92,20 @@ pub async fn election_observe_proclaim_resign(store: Arc<dyn Store>) {
     );
     assert_eq!(asked.pid, std::process::id());
 
+    // A value longer than every store can keep is refused, in a campaign and a
+    // proclamation alike, as bad input (not as a store that is away).
+    let huge = "v".repeat(crate::MAX_VALUE_LEN + 1);
+    let refused = second.try_campaign(huge.as_str()).await.map(|_| ());
+    assert!(
+        matches!(refused, Err(Error::InvalidOption { .. })),
+        "{refused:?}"
+    );
+    let refused = leading.proclaim(huge).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidOption { .. })),
+        "{refused:?}"
+    );
+
     let waiting = tokio::spawn(async move { second.campaign("b:2").await.unwrap() });
     leading.proclaim("a:2").await.unwrap();
     assert_eq!(leading.value(), "a:2");
