@@ -225,13 +225,13 @@ impl Leasehold {
     ///
     /// Offered by the memory, local and Redis stores; etcd answers
     /// [`Error::Unsupported`] (it has no server clock every client can trust).
-    pub fn rate_limiter<N: TryInto<LockName, Error = Error>>(
+    pub fn rate_limiter<N: IntoLockName>(
         &self,
         name: N,
         rate: crate::Rate,
         burst: u64,
     ) -> Result<crate::RateLimiter> {
-        let name = self.stored(name.try_into()?)?;
+        let name = self.stored(name.into_lock_name()?)?;
         crate::RateLimiter::new(self.store.clone(), name, rate, burst)
     }
 

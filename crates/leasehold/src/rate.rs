@@ -65,7 +65,7 @@ impl Rate {
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = self.period;
-        if p.subsec_nanos() % 1000 != 0 {
+        if !p.subsec_nanos().is_multiple_of(1000) {
             // A part below a microsecond (only `Rate::new` makes one).
             return write!(f, "{}/{}ns", self.count, p.as_nanos());
         }

@@ -348,3 +348,19 @@ async fn etcd_refuses_rate_limiters_as_unsupported() {
         "{err}"
     );
 }
+
+/// A limiter's name is given as a lock's is: `&str`, `String`, `&String`, a `LockName`
+/// or a reference to one.
+#[tokio::test]
+async fn a_limiter_takes_every_form_of_name_a_lock_takes() {
+    let limits = Leasehold::new(MemoryStore::new());
+    let rate = Rate::per_second(10);
+    let owned = String::from("by-string");
+    let name = leasehold::LockName::new("by-name").unwrap();
+    limits.rate_limiter("by-str", rate, 1).unwrap();
+    limits.rate_limiter(owned.clone(), rate, 1).unwrap();
+    limits.rate_limiter(&owned, rate, 1).unwrap();
+    limits.rate_limiter(&name, rate, 1).unwrap();
+    let limiter = limits.rate_limiter(name, rate, 1).unwrap();
+    assert_eq!(limiter.name().as_str(), "by-name");
+}
