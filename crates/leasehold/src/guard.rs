@@ -175,7 +175,8 @@ impl LockGuard {
         })
     }
 
-    /// Until when the lock is provably held, given the renewals confirmed so far.
+    /// Until when the lock is provably held, given the renewals confirmed so far, as a
+    /// [`tokio::time::Instant`] (`.into_std()` gives a `std::time::Instant`).
     pub fn valid_until(&self) -> Instant {
         self.held().status.borrow().valid_until
     }
@@ -312,7 +313,7 @@ impl LockGuard {
     /// // ... write the new config ...
     /// guard.downgrade().await?;
     /// // ... read it back beside other readers; no writer gets in before the release ...
-    /// guard.release().await?;
+    /// let _ = guard.release().await?;
     /// # Ok(()) }
     /// ```
     ///

@@ -353,8 +353,10 @@ impl Lock {
         self
     }
 
-    /// Called each time an attempt finds the lock busy while waiting (who holds it, our
-    /// queue position), e.g. to show progress.
+    /// Called each time the store answers an attempt busy while waiting (who holds it,
+    /// our queue position), e.g. to show progress. A task that waits behind another task
+    /// of the same [`Leasehold`] (at its process's gate, where no attempt reaches the
+    /// store) is not called until its turn to ask comes.
     pub fn on_wait(mut self, f: impl Fn(&Busy) + Send + Sync + 'static) -> Self {
         self.on_wait = Some(Arc::new(f));
         self

@@ -371,7 +371,8 @@ impl RateLimiter {
     ///
     /// # Cancel safety
     /// A cancelled call may or may not have taken its units (the store may have
-    /// answered); the limiter then lets fewer through, never more.
+    /// answered); the limiter then lets fewer through, never more. So may a call that
+    /// failed with [`Error::Unavailable`] (its answer lost, or a retry after it).
     pub async fn try_acquire(&self, n: u64) -> Result<RateDecision> {
         self.decide(n, 0).await
     }

@@ -26,7 +26,7 @@ pub const URL_FORMS: &[UrlForm] = &[
     },
     UrlForm {
         form: "memory:",
-        store: "this process only",
+        store: "this process only; each `connect(\"memory:\")` is a store of its own, so clone one `Leasehold` to share its locks",
     },
     UrlForm {
         form: "redis://[user:password@]host:port[/db]",
