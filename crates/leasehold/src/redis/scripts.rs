@@ -222,6 +222,8 @@ impl RedisStore {
 
     /// Runs the EVALSHA `command(resent)` builds; a call that met a dropped connection
     /// (a server restart) is sent once more, on the reconnected one, built with `resent`.
+    /// One that timed out is not: the server is slow or stopped, not gone, and a second
+    /// wait would double the request timeout the caller set.
     pub(super) async fn send<T: redis::FromRedisValue>(
         &self,
         script: &Script,
@@ -241,6 +243,7 @@ impl RedisStore {
             match result {
                 Err(e)
                     if sent == 1
+                        && !e.is_timeout()
                         && (e.is_io_error()
                             || e.is_connection_dropped()
                             || e.is_connection_refusal()) =>
