@@ -275,17 +275,10 @@ pub(crate) fn must_exist(command: &[OsString]) -> Result<(), Failure> {
             "command not found: \"\" (an empty name)",
         ));
     }
-    let path = std::path::Path::new(program);
-    let candidates: Vec<std::path::PathBuf> = match program.as_encoded_bytes().contains(&b'/') {
-        true => vec![path.to_path_buf()],
-        false => std::env::var_os("PATH")
-            .map(|dirs| std::env::split_paths(&dirs).map(|d| d.join(path)).collect())
-            .unwrap_or_default(),
-    };
     // As execvp: the first that may be executed runs; else the first found says why not.
     let mut found = None;
-    for candidate in candidates.iter().filter(|c| c.exists()) {
-        if candidate.is_file() && executable(candidate) {
+    for candidate in candidates(program).into_iter().filter(|c| c.exists()) {
+        if candidate.is_file() && executable(&candidate) {
             return Ok(());
         }
         found.get_or_insert(candidate);
@@ -322,12 +315,19 @@ fn executable(path: &std::path::Path) -> bool {
 /// Whether `command` names a file, as a path or found on `PATH`: when exec says "not
 /// found" for a file that is there, what is missing is its interpreter.
 pub(crate) fn on_disk(command: &OsString) -> bool {
+    candidates(command).iter().any(|c| c.is_file())
+}
+
+/// Where exec looks for `command`: the path itself if it has a `/`, else each `PATH`
+/// directory in turn.
+fn candidates(command: &OsString) -> Vec<std::path::PathBuf> {
     let path = std::path::Path::new(command);
     if command.as_encoded_bytes().contains(&b'/') {
-        return path.is_file();
+        return vec![path.to_path_buf()];
     }
     std::env::var_os("PATH")
-        .is_some_and(|dirs| std::env::split_paths(&dirs).any(|dir| dir.join(path).is_file()))
+        .map(|dirs| std::env::split_paths(&dirs).map(|d| d.join(path)).collect())
+        .unwrap_or_default()
 }
 
 pub(crate) fn exit_code(status: ExitStatus) -> ExitCode {
