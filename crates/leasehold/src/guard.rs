@@ -24,7 +24,9 @@ use crate::{Error, FencingToken, LockName, Result};
 /// long the lock is provably held (or why it is lost).
 #[must_use = "the lock is released (best effort) as soon as the guard is dropped"]
 pub struct LockGuard {
-    held: Option<Held>,
+    /// Boxed: a task that waits for a lock and then releases it carries the guard and its
+    /// release's future for as long as it waits (thousands of them, on busy names).
+    held: Option<Box<Held>>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -88,7 +90,7 @@ impl LockGuard {
         renewals.add(&line);
         let holding = line.meter.holding(acquired);
         LockGuard {
-            held: Some(Held {
+            held: Some(Box::new(Held {
                 line,
                 status,
                 token: grant.token,
@@ -98,7 +100,7 @@ impl LockGuard {
                 acquired,
                 tasks: tasks.clone(),
                 _holding: holding,
-            }),
+            })),
         }
     }
 

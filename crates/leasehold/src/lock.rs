@@ -44,12 +44,7 @@ use crate::{Error, IntoLockName, LeaseholdBuilder, LockName, Result};
 /// ```
 #[derive(Clone)]
 pub struct Leasehold {
-    store: Arc<dyn Store>,
-    requester: Arc<Requester>,
-    gates: Arc<Gates>,
-    renewals: Arc<Renewals>,
-    /// Releases and undos running in the background, for [`Leasehold::shutdown`].
-    tasks: TaskTracker,
+    client: Arc<Client>,
     /// The lease of the locks it makes ([`LeaseholdBuilder::ttl`]).
     ttl: Duration,
     /// [`LeaseholdBuilder::key_prefix`]. Applied here, to names, rather than in each store's
@@ -62,10 +57,21 @@ pub struct Leasehold {
     lock_name_metrics: bool,
 }
 
+/// What a [`Leasehold`] and every lock handle it makes share: one pointer in each handle
+/// (a task that waits for a lock holds its handle).
+struct Client {
+    store: Arc<dyn Store>,
+    requester: Arc<Requester>,
+    gates: Arc<Gates>,
+    renewals: Arc<Renewals>,
+    /// Releases and undos running in the background, for [`Leasehold::shutdown`].
+    tasks: TaskTracker,
+}
+
 impl fmt::Debug for Leasehold {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Leasehold")
-            .field("store", &self.store.describe_store())
+            .field("store", &self.client.store.describe_store())
             .finish()
     }
 }
@@ -80,11 +86,13 @@ impl Leasehold {
     pub fn from_store(store: Arc<dyn Store>) -> Self {
         Leasehold {
             meter: Meter::new(store.as_ref()),
-            store,
-            requester: Arc::new(Requester::this_process()),
-            gates: Arc::default(),
-            renewals: Arc::default(),
-            tasks: TaskTracker::new(),
+            client: Arc::new(Client {
+                store,
+                requester: Arc::new(Requester::this_process()),
+                gates: Arc::default(),
+                renewals: Arc::default(),
+                tasks: TaskTracker::new(),
+            }),
             ttl: DEFAULT_TTL,
             prefix: None,
             lock_name_metrics: false,
@@ -155,32 +163,28 @@ impl Leasehold {
     /// Cancel-safe: it only waits; the work goes on in the background.
     #[must_use = "false: some releases had not reached the store; those locks end with their leases"]
     pub async fn shutdown(&self, patience: Duration) -> bool {
-        self.tasks.close();
+        self.client.tasks.close();
         let finished = async {
-            self.tasks.wait().await;
-            self.store.shed().await;
+            self.client.tasks.wait().await;
+            self.client.store.shed().await;
         };
         tokio::time::timeout(patience, finished).await.is_ok()
     }
 
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
+        &self.client.store
     }
 
     fn handle(&self, name: LockName, kind: LockKind) -> Result<Lock> {
         let name = self.stored(name)?;
         Ok(Lock {
-            store: self.store.clone(),
-            requester: self.requester.clone(),
-            gates: self.gates.clone(),
-            renewals: self.renewals.clone(),
-            tasks: self.tasks.clone(),
+            client: self.client.clone(),
             meter: (self.meter).of(Some(kind), self.lock_name_metrics.then_some(&name)),
             name,
             kind,
             ttl: self.ttl,
-            fair: self.store.capabilities().fair_by_default,
+            fair: self.client.store.capabilities().fair_by_default,
             owner: None,
             on_wait: None,
             value: None,
@@ -232,7 +236,7 @@ impl Leasehold {
         burst: u64,
     ) -> Result<crate::RateLimiter> {
         let name = self.stored(name.into_lock_name()?)?;
-        crate::RateLimiter::new(self.store.clone(), name, rate, burst)
+        crate::RateLimiter::new(self.client.store.clone(), name, rate, burst)
     }
 
     /// A leader election: candidates [`campaign`](crate::Election::campaign), anyone
@@ -241,7 +245,7 @@ impl Leasehold {
     /// name, fair, whose holder publishes a value.
     pub fn election<N: IntoLockName>(&self, name: N) -> Result<crate::Election> {
         let lock = self.mutex(name)?;
-        Ok(crate::Election::new(lock, self.store.clone()))
+        Ok(crate::Election::new(lock, self.client.store.clone()))
     }
 
     /// Holders and waiters of one lock. Tasks of this process that wait behind another
@@ -250,8 +254,8 @@ impl Leasehold {
     pub async fn describe<N: IntoLockName>(&self, name: N) -> Result<LockState> {
         let name = name.into_lock_name()?;
         let stored = self.stored(name.clone())?;
-        let mut state = self.store.describe(&stored).await?;
-        state.waiters.extend(self.gates.waiting(&stored));
+        let mut state = self.client.store.describe(&stored).await?;
+        state.waiters.extend(self.client.gates.waiting(&stored));
         state.name = name.to_string();
         Ok(state)
     }
@@ -261,10 +265,10 @@ impl Leasehold {
     /// only the locks behind it, named without it.
     pub async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
         let within = format!("{}{prefix}", self.prefix.as_deref().unwrap_or_default());
-        let mut states = self.store.list(&within).await?;
+        let mut states = self.client.store.list(&within).await?;
         for state in &mut states {
             if let Ok(name) = LockName::try_from(state.name.as_str()) {
-                state.waiters.extend(self.gates.waiting(&name));
+                state.waiters.extend(self.client.gates.waiting(&name));
             }
             if let Some(name) = self.unprefixed(&state.name) {
                 state.name = name.to_string();
@@ -282,7 +286,7 @@ impl Leasehold {
             .store_call(
                 Call::ForceRelease,
                 Instant::now(),
-                self.store.force_release(&name),
+                self.client.store.force_release(&name),
             )
             .await?;
         meter.force_released();
@@ -296,11 +300,7 @@ type OnWait = Arc<dyn Fn(&Busy) + Send + Sync>;
 /// A handle on one lock name with its options. Cheap to clone; acquire as often as needed.
 #[derive(Clone)]
 pub struct Lock {
-    store: Arc<dyn Store>,
-    requester: Arc<Requester>,
-    gates: Arc<Gates>,
-    renewals: Arc<Renewals>,
-    tasks: TaskTracker,
+    client: Arc<Client>,
     name: LockName,
     kind: LockKind,
     ttl: Duration,
@@ -379,7 +379,8 @@ impl Lock {
     /// Cancel-safe: a cancelled attempt that the store may have granted is released in
     /// the background by its acquisition id.
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
-        self.acquire(Wait::No, Instant::now()).await
+        let acquire = self.acquire(Wait::No, Instant::now())?;
+        acquire.await
     }
 
     /// Waits as long as it takes.
@@ -394,7 +395,8 @@ impl Lock {
     /// Cancel-safe: dropping the future leaves the queue and releases anything the store
     /// granted meanwhile, in the background, by acquisition id.
     pub async fn lock(&self) -> Result<LockGuard> {
-        match self.acquire(Wait::Forever, Instant::now()).await? {
+        let acquire = self.acquire(Wait::Forever, Instant::now())?;
+        match acquire.await? {
             Some(guard) => Ok(guard),
             None => Err(Error::Internal(
                 "an unbounded wait ended without the lock".into(),
@@ -408,10 +410,9 @@ impl Lock {
     /// As [`lock`](Self::lock).
     pub async fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
         let now = Instant::now();
-        match now.checked_add(wait) {
-            Some(deadline) => self.acquire(Wait::Until(deadline), now).await,
-            None => self.acquire(Wait::Forever, now).await,
-        }
+        let wait = now.checked_add(wait).map_or(Wait::Forever, Wait::Until);
+        let acquire = self.acquire(wait, now)?;
+        acquire.await
     }
 
     /// Waits until `deadline` at most; `None` if it passed.
@@ -422,8 +423,8 @@ impl Lock {
         // A deadline already past asks once, as `try_lock_for(ZERO)` does; counted from
         // it, the store's time for the answer would have run out before the question.
         let now = Instant::now();
-        self.acquire(Wait::Until(Instant::from_std(deadline).max(now)), now)
-            .await
+        let acquire = self.acquire(Wait::Until(Instant::from_std(deadline).max(now)), now)?;
+        acquire.await
     }
 
     fn request(&self, enqueue: bool) -> Result<AcquireRequest> {
@@ -448,77 +449,90 @@ impl Lock {
             fair: self.fair,
             enqueue,
             waited: Duration::ZERO,
-            requester: self.requester.clone(),
+            requester: self.client.requester.clone(),
             value: self.value.clone(),
         })
     }
 
     /// An acquire that began at `started` (the caller's clock read: each read costs, and
-    /// an uncontended acquire needs only this one and the one at the store's answer).
-    async fn acquire(&self, wait: Wait, started: Instant) -> Result<Option<LockGuard>> {
+    /// an uncontended acquire needs only this one and the one at the store's answer): its
+    /// turn at the process's gate, if it takes one, then the store.
+    ///
+    /// Boxed, as one block that owns its request: a task that waits for a lock
+    /// (thousands of them, on busy names) then carries a pointer rather than this state
+    /// inline, which its task's size would round up (tokio allocates a task in steps of
+    /// 128 bytes), and an `async fn` would lay out its arguments twice.
+    fn acquire(
+        &self,
+        wait: Wait,
+        started: Instant,
+    ) -> Result<Pin<Box<impl Future<Output = Result<Option<LockGuard>>> + Send + '_>>> {
         let mut req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::debug_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
-        let acquired = async {
-            let gated = self.kind == LockKind::Exclusive
-                && self.owner.is_none()
-                && (!self.fair || self.store.capabilities().queues_by_wait);
-            // When the first attempt is sent: at `started`, unless it waits at the gate
-            // first (counting a lease from earlier than its request is safe).
-            let mut first_sent = Some(started);
-            let turn = if !gated {
-                None
-            } else {
-                let until = match wait {
-                    Wait::No => Until::Now,
-                    Wait::Until(deadline) => Until::Deadline(deadline),
-                    Wait::Forever => Until::Forever,
-                };
-                let gate = self.gates.gate(&self.name, self.fair);
-                let undo = || Pending::new(self.store.clone(), &req, &self.tasks);
-                // The turn of a free gate is taken at once; a wait for it is boxed, so
-                // that acquires that never wait here do not carry its state (0.6 KB).
-                let entered = match gate.free_turn() {
-                    Some(turn) => Some((turn, None)),
-                    None => {
-                        first_sent = None;
-                        let waited = Box::pin(gate.enter(&req, until, undo()));
-                        self.meter.waiting_while(waited).await
-                    }
-                };
-                match entered {
-                    None => return Ok(None),
-                    Some((turn, handed)) => {
-                        // Handed over by the task before us, in one store step. Boxed:
-                        // it is not what a task waits in.
-                        if let Some(answer) = handed {
-                            let handed = Box::pin(self.handed_over(&req, answer, wait)).await;
-                            if let Some(done) = handed {
-                                return done.map(|g| g.map(|g| g.with_turn(Some(turn))));
+        let acquire = async move {
+            let acquired = 'acquire: {
+                let gated = self.kind == LockKind::Exclusive
+                    && self.owner.is_none()
+                    && (!self.fair || self.client.store.capabilities().queues_by_wait);
+                // When the first attempt is sent: at `started`, unless it waits at the gate
+                // first (counting a lease from earlier than its request is safe).
+                let mut first_sent = Some(started);
+                let turn = if !gated {
+                    None
+                } else {
+                    let until = match wait {
+                        Wait::No => Until::Now,
+                        Wait::Until(deadline) => Until::Deadline(deadline),
+                        Wait::Forever => Until::Forever,
+                    };
+                    let gate = self.client.gates.gate(&self.name, self.fair);
+                    let undo = || Pending::new(self.client.store.clone(), &req, &self.client.tasks);
+                    // The turn of a free gate is taken at once; a wait for it is boxed, so
+                    // that acquires that never wait here do not carry its state (0.6 KB).
+                    let entered = match gate.free_turn() {
+                        Some(turn) => Some((turn, None)),
+                        None => {
+                            first_sent = None;
+                            let enter = Box::pin(gate.enter(&req, until, undo()));
+                            self.meter.waiting_while(enter).await
+                        }
+                    };
+                    match entered {
+                        None => break 'acquire Ok(None),
+                        Some((turn, handed)) => {
+                            // Handed over by the task before us, in one store step. Boxed:
+                            // it is not what a task waits in.
+                            if let Some(answer) = handed {
+                                let handed = Box::pin(self.handed_over(&req, answer, wait)).await;
+                                if let Some(done) = handed {
+                                    break 'acquire done
+                                        .map(|g| g.map(|g| g.with_turn(Some(turn))));
+                                }
                             }
+                            // Our turn to ask (the task before us gave up, its hold ended
+                            // without a hand-over, or the hand-over lapsed before this task
+                            // ran): a fair request keeps its place by when it arrived here,
+                            // as a hand-over would have kept it.
+                            if self.fair {
+                                req.waited = started.elapsed();
+                            }
+                            Some(turn)
                         }
-                        // Our turn to ask (the task before us gave up, its hold ended
-                        // without a hand-over, or the hand-over lapsed before this task
-                        // ran): a fair request keeps its place by when it arrived here,
-                        // as a hand-over would have kept it.
-                        if self.fair {
-                            req.waited = started.elapsed();
-                        }
-                        Some(turn)
                     }
-                }
+                };
+                // Boxed: a task waiting at the gate (thousands of them, on a busy name) then
+                // carries a pointer rather than the store loop's state, about 2 KB.
+                // The request stays here (it is no larger here for it): the box is what a
+                // waiter in a store's queue carries.
+                let acquired =
+                    Box::pin(self.acquire_from_store(&req, wait, started, first_sent)).await;
+                acquired.map(|guard| guard.map(|g| g.with_turn(turn)))
             };
-            // Boxed: a task waiting at the gate (thousands of them, on a busy name) then
-            // carries a pointer rather than the store loop's state, about 2 KB.
-            // The request stays here (it is no larger here for it): the box is what a
-            // waiter in a store's queue carries.
-            let guard = Box::pin(self.acquire_from_store(&req, wait, started, first_sent)).await?;
-            Ok(guard.map(|g| g.with_turn(turn)))
-        }
-        .instrument(span)
-        .await;
-        let could_wait = !matches!(wait, Wait::No);
-        self.meter.acquired(&acquired, could_wait, started);
-        acquired
+            self.meter
+                .acquired(&acquired, !matches!(wait, Wait::No), started);
+            acquired
+        };
+        Ok(Box::pin(acquire.instrument(span)))
     }
 
     /// How a hand-over from the task before us at the gate (sent at the answer's instant)
@@ -529,7 +543,7 @@ impl Lock {
         (grant, sent): (Grant, Instant),
         wait: Wait,
     ) -> Option<Acquired> {
-        let mut pending = Pending::new(self.store.clone(), req, &self.tasks);
+        let mut pending = Pending::new(self.client.store.clone(), req, &self.client.tasks);
         let answer = (grant, sent, Instant::now());
         let done = self.settle(req, answer, &mut pending, bound(wait)).await;
         if done.is_none() {
@@ -545,14 +559,20 @@ impl Lock {
         tracing::debug!(token = grant.token.0, holds = grant.holds, "acquired");
         let granted = grant.lease.unwrap_or(req.ttl);
         let line = Lifeline::new(
-            self.store.clone(),
+            self.client.store.clone(),
             req.lease(),
             sent,
             req.ttl,
             granted,
             self.meter.clone(),
         );
-        LockGuard::start(line, (&self.renewals, &self.tasks), &grant, req, now)
+        LockGuard::start(
+            line,
+            (&self.client.renewals, &self.client.tasks),
+            &grant,
+            req,
+            now,
+        )
     }
 
     /// The guard of a grant, or `None` if its lease lapsed before it arrived. A grant that
@@ -584,9 +604,11 @@ impl Lock {
     ) -> Result<Option<LockGuard>> {
         let resent = Instant::now();
         let lease = req.lease();
-        let renewal = self
-            .meter
-            .store_call(Call::Renew, resent, self.store.renew(&lease, req.ttl));
+        let renewal = self.meter.store_call(
+            Call::Renew,
+            resent,
+            self.client.store.renew(&lease, req.ttl),
+        );
         match self
             .bounded(renewal, bound, "confirming a late grant", resent)
             .await?
@@ -653,7 +675,7 @@ impl Lock {
 
     fn unavailable(&self, source: String) -> Error {
         Error::Unavailable {
-            store: self.store.describe_store(),
+            store: self.client.store.describe_store(),
             source: source.into(),
         }
     }
@@ -661,56 +683,62 @@ impl Lock {
     /// Asks the store until the lock is granted or `wait` says to stop.
     /// `started` is when the acquire began; `first_sent`, when its first attempt counts as
     /// sent, if no clock read is needed for it.
-    async fn acquire_from_store(
-        &self,
-        req: &AcquireRequest,
+    ///
+    /// Not an `async fn`, which would keep its arguments twice: a waiter in a store's
+    /// queue (thousands of them) carries this state while it waits.
+    fn acquire_from_store<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
         wait: Wait,
         started: Instant,
         mut first_sent: Option<Instant>,
-    ) -> Acquired {
+    ) -> impl Future<Output = Acquired> + Send + 'a {
         let mut progress = Progress {
             wait,
             bound: bound(wait),
-            pending: Pending::new(self.store.clone(), req, &self.tasks),
+            pending: Pending::new(self.client.store.clone(), req, &self.client.tasks),
             started,
             answered: false,
             backoff: FIRST_BACKOFF,
             waiting: None,
         };
-        loop {
-            // A store answering from memory never yields; let other tasks run.
-            tokio::task::consume_budget().await;
-            let sent = first_sent.take().unwrap_or_else(Instant::now);
-            let admitted = match self.store.admit(req) {
-                Admission::Now(admitted) => admitted,
-                // Boxed: it is not what a waiter waits in.
-                Admission::Wait(wait) => {
-                    match Box::pin(self.admitted(wait, sent, &mut progress)).await {
-                        ControlFlow::Break(done) => return done,
-                        ControlFlow::Continue(None) => continue,
-                        ControlFlow::Continue(Some(admitted)) => admitted,
+        async move {
+            loop {
+                // A store answering from memory never yields; let other tasks run.
+                tokio::task::consume_budget().await;
+                let sent = first_sent.take().unwrap_or_else(Instant::now);
+                let admitted = match self.client.store.admit(req) {
+                    Admission::Now(admitted) => admitted,
+                    // Boxed: it is not what a waiter waits in.
+                    Admission::Wait(wait) => {
+                        match Box::pin(self.admitted(wait, sent, &mut progress)).await {
+                            ControlFlow::Break(done) => return done,
+                            ControlFlow::Continue(None) => continue,
+                            ControlFlow::Continue(Some(admitted)) => admitted,
+                        }
                     }
+                };
+                // The attempt and what its answer takes (a grant's confirmation, an undo, a
+                // backoff) are boxed: between attempts a waiter (thousands of them in a
+                // store's queue) keeps the loop's state and its wait, not theirs (0.9 KB).
+                let wake = match Box::pin(self.attempt(req, sent, &mut progress)).await {
+                    ControlFlow::Break(done) => return done,
+                    ControlFlow::Continue(None) => continue,
+                    ControlFlow::Continue(Some(wake)) => wake,
+                };
+                drop(admitted);
+                // Until the store signals a change, or `wake.at`; only a change that needs
+                // more (a hand-over's confirmation, a backoff) is boxed.
+                let changed =
+                    timeout_at(wake.at, self.client.store.changed(req, wake.watermark)).await;
+                let changed = match changed {
+                    Ok(Ok(None)) | Err(_) => continue,
+                    Ok(changed) => changed,
+                };
+                let step = Box::pin(self.after_change(req, changed, sent, wake.at, &mut progress));
+                if let ControlFlow::Break(done) = step.await {
+                    return done;
                 }
-            };
-            // The attempt and what its answer takes (a grant's confirmation, an undo, a
-            // backoff) are boxed: between attempts a waiter (thousands of them in a
-            // store's queue) keeps the loop's state and its wait, not theirs (0.9 KB).
-            let wake = match Box::pin(self.attempt(req, sent, &mut progress)).await {
-                ControlFlow::Break(done) => return done,
-                ControlFlow::Continue(None) => continue,
-                ControlFlow::Continue(Some(wake)) => wake,
-            };
-            drop(admitted);
-            // Until the store signals a change, or `wake.at`; only a change that needs
-            // more (a hand-over's confirmation, a backoff) is boxed.
-            let changed = timeout_at(wake.at, self.store.changed(req, wake.watermark)).await;
-            let changed = match changed {
-                Ok(Ok(None)) | Err(_) => continue,
-                Ok(changed) => changed,
-            };
-            let step = Box::pin(self.after_change(req, changed, sent, wake.at, &mut progress));
-            if let ControlFlow::Break(done) = step.await {
-                return done;
             }
         }
     }
@@ -745,7 +773,7 @@ impl Lock {
         progress: &mut Progress,
     ) -> ControlFlow<Acquired, Option<Wake>> {
         let attempt =
-            (self.meter).store_call_answered(Call::Acquire, sent, self.store.acquire(req));
+            (self.meter).store_call_answered(Call::Acquire, sent, self.client.store.acquire(req));
         let step = match self
             .bounded(attempt, progress.bound, "an attempt", sent)
             .await
@@ -895,7 +923,7 @@ impl Lock {
             sleep_until(retry).await;
             return ControlFlow::Continue(());
         }
-        if !progress.answered && self.store.capabilities().failed_calls_change_nothing {
+        if !progress.answered && self.client.store.capabilities().failed_calls_change_nothing {
             // Nothing of this request can be in the store.
             progress.pending.disarm();
         } else {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -231,18 +231,20 @@ impl Meter {
         Waiting(self.clone())
     }
 
-    /// `fut`, counted as a waiting task from its first poll that does not finish.
-    pub async fn waiting_while<F: Future>(&self, fut: F) -> F::Output {
-        let mut fut = pin!(fut);
+    /// `fut`, counted as a waiting task from its first poll that does not finish. Not an
+    /// `async fn`, which would keep `fut` twice.
+    pub fn waiting_while<'a, F: Future + Unpin + 'a>(
+        &'a self,
+        mut fut: F,
+    ) -> impl Future<Output = F::Output> + 'a {
         let mut waiting = None;
-        std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+        std::future::poll_fn(move |cx| match Pin::new(&mut fut).poll(cx) {
             Poll::Pending => {
                 waiting.get_or_insert_with(|| self.waiting());
                 Poll::Pending
             }
             ready => ready,
         })
-        .await
     }
 }
 

@@ -180,6 +180,24 @@ async fn routine_lock_traffic_logs_nothing_at_info_and_tells_debug_what_happened
     assert!(trace.contains("renewed"), "no renewal at TRACE:\n{trace}");
 }
 
+/// A task that waits for a lock carries its handle and `lock()`'s future for as long as it
+/// waits (thousands of them, on busy names), and tokio allocates a task in steps of 128
+/// bytes: the acquire's state is boxed, and the handle and the guard are small.
+#[tokio::test]
+async fn a_waiting_task_carries_little_beside_its_handle() {
+    let locks = Leasehold::new(MemoryStore::new());
+    let lock = locks.mutex("task-size").unwrap();
+    let handle = std::mem::size_of_val(&lock);
+    assert!(handle <= 128, "Lock: {handle} bytes");
+    let waiting = lock.lock();
+    let size = std::mem::size_of_val(&waiting);
+    assert!(size <= 32, "lock(): {size} bytes");
+    let guard = waiting.await.unwrap();
+    let size = std::mem::size_of_val(&guard);
+    assert!(size <= 16, "LockGuard: {size} bytes");
+    assert_eq!(guard.release().await.unwrap(), Released::Released);
+}
+
 /// A task that waits for a lock and then releases it carries the larger of the two
 /// futures for as long as it waits (thousands of them, on a busy name): the release's
 /// work is boxed, so it adds little beside the guard.

@@ -111,8 +111,8 @@ pub(super) struct Place {
 
 impl Place {
     /// `None` if the line's watch ended first.
-    pub async fn turn(&mut self) -> Option<Turn> {
-        std::future::poll_fn(|cx| self.line.poll_turn(self.id, cx)).await
+    pub fn turn(&mut self) -> impl std::future::Future<Output = Option<Turn>> + Send + '_ {
+        std::future::poll_fn(|cx| self.line.poll_turn(self.id, cx))
     }
 }
 

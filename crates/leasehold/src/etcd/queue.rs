@@ -95,7 +95,10 @@ pub(super) struct Standing {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) enum KeyId {
     Lease(i64),
-    Other(Box<[u8]>),
+    /// Boxed twice, so that an id is two words (waiters keep lists of them): such keys
+    /// are not ours, and rare.
+    #[allow(clippy::redundant_allocation)]
+    Other(Box<Box<[u8]>>),
 }
 
 impl KeyId {
@@ -115,7 +118,7 @@ impl KeyId {
             .and_then(|hex| i64::from_str_radix(hex, 16).ok());
         match id {
             Some(id) => KeyId::Lease(id),
-            None => KeyId::Other(key.into()),
+            None => KeyId::Other(Box::new(key.into())),
         }
     }
 }
@@ -413,7 +416,11 @@ mod tests {
         ];
         for odd in odd.into_iter().chain(["owner-id"]) {
             let key = [queue_prefix(&name), odd.as_bytes().to_vec()].concat();
-            assert_eq!(KeyId::of(&key), KeyId::Other(key.clone().into()), "{odd:?}");
+            assert_eq!(
+                KeyId::of(&key),
+                KeyId::Other(Box::new(key.clone().into())),
+                "{odd:?}"
+            );
         }
     }
 

@@ -138,14 +138,21 @@ impl Store for EtcdStore {
         let grant = match req.kind {
             // A reader is also let in by a writer's downgrade, which deletes nothing.
             // Raced only while it waits: a grant, once come, is seen through.
-            LockKind::Shared => tokio::select! {
-                grant = self.deletion_lets_in(req, seen) => grant?,
-                downgraded = Box::pin(self.downgraded(req, seen)) => {
-                    downgraded?;
-                    self.look_again(&req.lease);
-                    None
-                }
-            },
+            // Boxed, as the wait outside the queue is: a queued writer (thousands of
+            // them) carries its wait in line alone.
+            LockKind::Shared => {
+                Box::pin(async {
+                    tokio::select! {
+                        grant = self.deletion_lets_in(req, seen) => grant,
+                        downgraded = Box::pin(self.downgraded(req, seen)) => {
+                            downgraded?;
+                            self.look_again(&req.lease);
+                            Ok(None)
+                        }
+                    }
+                })
+                .await?
+            }
             _ => self.deletion_lets_in(req, seen).await?,
         };
         match grant {
@@ -318,18 +325,37 @@ impl EtcdStore {
     /// grant of a hand-over, whose key is still to move to a full lease.
     ///
     /// [`wait_in_line`]: Self::wait_in_line
-    async fn deletion_lets_in(&self, req: &AcquireRequest, seen: i64) -> Result<Option<Grant>> {
-        let blocker = match self.acquisition_state(&req.lease, |state| match state {
-            State::Outside { blocker } => Some(Some(blocker.clone())),
-            State::Queued { .. } => Some(None),
-            _ => None,
-        }) {
-            Some(Some(blocker)) => blocker,
-            Some(None) => return self.wait_in_line(req, seen).await,
-            None => return std::future::pending().await,
-        };
-        Box::pin(self.deleted(&blocker, seen)).await?;
-        Ok(None)
+    #[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice
+    fn deletion_lets_in<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+        seen: i64,
+    ) -> impl std::future::Future<Output = Result<Option<Grant>>> + Send + 'a {
+        // Not an `async fn`, which would keep its arguments twice, and what it read of
+        // the acquisition is gone before it waits: a queued waiter (thousands of them)
+        // carries its wait in line alone.
+        async move {
+            let queued = self.acquisition_state(&req.lease, |state| match state {
+                State::Queued { .. } => Some(true),
+                State::Outside { .. } => Some(false),
+                _ => None,
+            });
+            match queued {
+                Some(true) => return self.wait_in_line(req, seen).await,
+                Some(false) => {}
+                None => return std::future::pending().await,
+            }
+            let blocker = self.acquisition_state(&req.lease, |state| match state {
+                State::Outside { blocker } => Some(blocker.clone()),
+                _ => None,
+            });
+            // Its state changed meanwhile: look again.
+            let Some(blocker) = blocker else {
+                return Ok(None);
+            };
+            Box::pin(async move { self.deleted(&blocker, seen).await }).await?;
+            Ok(None)
+        }
     }
 
     /// Deletes our key if it is unchanged since `modified` and has no re-entry holds,

@@ -19,7 +19,7 @@ impl Lock {
                 "only a semaphore has permits",
             ));
         };
-        let state = self.store.describe(&self.name).await?;
+        let state = self.client.store.describe(&self.name).await?;
         let held = state.holders.len() as u32;
         Ok(permits.saturating_sub(held))
     }
