@@ -324,6 +324,9 @@ impl fmt::Debug for Lock {
     }
 }
 
+/// An acquire under way (see [`Lock::acquire`]).
+type Acquiring<'a> = Pin<Box<dyn Future<Output = Result<Option<LockGuard>>> + Send + 'a>>;
+
 #[derive(Clone, Copy)]
 enum Wait {
     No,
@@ -461,78 +464,92 @@ impl Lock {
     /// Boxed, as one block that owns its request: a task that waits for a lock
     /// (thousands of them, on busy names) then carries a pointer rather than this state
     /// inline, which its task's size would round up (tokio allocates a task in steps of
-    /// 128 bytes), and an `async fn` would lay out its arguments twice.
-    fn acquire(
-        &self,
-        wait: Wait,
-        started: Instant,
-    ) -> Result<Pin<Box<impl Future<Output = Result<Option<LockGuard>>> + Send + '_>>> {
-        let mut req = self.request(!matches!(wait, Wait::No))?;
+    /// 128 bytes), and an `async fn` would lay out its arguments twice. An acquire that
+    /// takes no turn at the gate carries the store loop in the same box.
+    fn acquire(&self, wait: Wait, started: Instant) -> Result<Acquiring<'_>> {
+        let req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::debug_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
+        let gated = self.kind == LockKind::Exclusive
+            && self.owner.is_none()
+            && (!self.fair || self.client.store.capabilities().queues_by_wait);
+        if gated {
+            return Ok(Box::pin(
+                self.through_gate(req, wait, started).instrument(span),
+            ));
+        }
         let acquire = async move {
-            let acquired = 'acquire: {
-                let gated = self.kind == LockKind::Exclusive
-                    && self.owner.is_none()
-                    && (!self.fair || self.client.store.capabilities().queues_by_wait);
-                // When the first attempt is sent: at `started`, unless it waits at the gate
-                // first (counting a lease from earlier than its request is safe).
-                let mut first_sent = Some(started);
-                let turn = if !gated {
-                    None
-                } else {
-                    let until = match wait {
-                        Wait::No => Until::Now,
-                        Wait::Until(deadline) => Until::Deadline(deadline),
-                        Wait::Forever => Until::Forever,
-                    };
-                    let gate = self.client.gates.gate(&self.name, self.fair);
-                    let undo = || Pending::new(self.client.store.clone(), &req, &self.client.tasks);
-                    // The turn of a free gate is taken at once; a wait for it is boxed, so
-                    // that acquires that never wait here do not carry its state (0.6 KB).
-                    let entered = match gate.free_turn() {
-                        Some(turn) => Some((turn, None)),
-                        None => {
-                            first_sent = None;
-                            let enter = Box::pin(gate.enter(&req, until, undo()));
-                            self.meter.waiting_while(enter).await
-                        }
-                    };
-                    match entered {
-                        None => break 'acquire Ok(None),
-                        Some((turn, handed)) => {
-                            // Handed over by the task before us, in one store step. Boxed:
-                            // it is not what a task waits in.
-                            if let Some(answer) = handed {
-                                let handed = Box::pin(self.handed_over(&req, answer, wait)).await;
-                                if let Some(done) = handed {
-                                    break 'acquire done
-                                        .map(|g| g.map(|g| g.with_turn(Some(turn))));
-                                }
-                            }
-                            // Our turn to ask (the task before us gave up, its hold ended
-                            // without a hand-over, or the hand-over lapsed before this task
-                            // ran): a fair request keeps its place by when it arrived here,
-                            // as a hand-over would have kept it.
-                            if self.fair {
-                                req.waited = started.elapsed();
-                            }
-                            Some(turn)
-                        }
-                    }
-                };
-                // Boxed: a task waiting at the gate (thousands of them, on a busy name) then
-                // carries a pointer rather than the store loop's state, about 2 KB.
-                // The request stays here (it is no larger here for it): the box is what a
-                // waiter in a store's queue carries.
-                let acquired =
-                    Box::pin(self.acquire_from_store(&req, wait, started, first_sent)).await;
-                acquired.map(|guard| guard.map(|g| g.with_turn(turn)))
-            };
+            let acquired = self
+                .acquire_from_store(&req, wait, started, Some(started))
+                .await;
             self.meter
                 .acquired(&acquired, !matches!(wait, Wait::No), started);
             acquired
         };
         Ok(Box::pin(acquire.instrument(span)))
+    }
+
+    /// [`acquire`](Self::acquire) for a request that takes its turn at the process's gate
+    /// first.
+    #[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice
+    fn through_gate(
+        &self,
+        mut req: AcquireRequest,
+        wait: Wait,
+        started: Instant,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send + '_ {
+        async move {
+            let acquired = 'acquire: {
+                // When the first attempt is sent: at `started`, unless it waits at the gate
+                // first (counting a lease from earlier than its request is safe).
+                let mut first_sent = Some(started);
+                let until = match wait {
+                    Wait::No => Until::Now,
+                    Wait::Until(deadline) => Until::Deadline(deadline),
+                    Wait::Forever => Until::Forever,
+                };
+                let gate = self.client.gates.gate(&self.name, self.fair);
+                let undo = || Pending::new(self.client.store.clone(), &req, &self.client.tasks);
+                // The turn of a free gate is taken at once; a wait for it is boxed, so
+                // that acquires that never wait here do not carry its state (0.6 KB).
+                let entered = match gate.free_turn() {
+                    Some(turn) => Some((turn, None)),
+                    None => {
+                        first_sent = None;
+                        let enter = Box::pin(gate.enter(&req, until, undo()));
+                        self.meter.waiting_while(enter).await
+                    }
+                };
+                let turn = match entered {
+                    None => break 'acquire Ok(None),
+                    Some((turn, handed)) => {
+                        // Handed over by the task before us, in one store step. Boxed:
+                        // it is not what a task waits in.
+                        if let Some(answer) = handed {
+                            let handed = Box::pin(self.handed_over(&req, answer, wait)).await;
+                            if let Some(done) = handed {
+                                break 'acquire done.map(|g| g.map(|g| g.with_turn(Some(turn))));
+                            }
+                        }
+                        // Our turn to ask (the task before us gave up, its hold ended
+                        // without a hand-over, or the hand-over lapsed before this task
+                        // ran): a fair request keeps its place by when it arrived here,
+                        // as a hand-over would have kept it.
+                        if self.fair {
+                            req.waited = started.elapsed();
+                        }
+                        turn
+                    }
+                };
+                // Boxed: a task waiting at the gate (thousands of them, on a busy name) then
+                // carries a pointer rather than the store loop's state.
+                let acquired =
+                    Box::pin(self.acquire_from_store(&req, wait, started, first_sent)).await;
+                acquired.map(|guard| guard.map(|g| g.with_turn(Some(turn))))
+            };
+            self.meter
+                .acquired(&acquired, !matches!(wait, Wait::No), started);
+            acquired
+        }
     }
 
     /// How a hand-over from the task before us at the gate (sent at the answer's instant)
@@ -728,9 +745,13 @@ impl Lock {
                 };
                 drop(admitted);
                 // Until the store signals a change, or `wake.at`; only a change that needs
-                // more (a hand-over's confirmation, a backoff) is boxed.
-                let changed =
-                    timeout_at(wake.at, self.client.store.changed(req, wake.watermark)).await;
+                // more (a hand-over's confirmation, a backoff) is boxed, and the timer
+                // (a waiter that only a change ends carries none).
+                let changed = self.client.store.changed(req, wake.watermark);
+                let changed = match wake.at {
+                    Some(at) => Box::pin(timeout_at(at, changed)).await,
+                    None => Ok(changed.await),
+                };
                 let changed = match changed {
                     Ok(Ok(None)) | Err(_) => continue,
                     Ok(changed) => changed,
@@ -863,15 +884,24 @@ impl Lock {
         }
         tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
         // Ask again when a holder's lease (or a waiter ahead) can have expired, or in time
-        // to refresh our own waiter lease, or at the deadline, if no change comes first.
-        let refresh = waiter_lease(req.ttl) / 2;
-        let retry_in = busy
-            .retry_in
-            .map_or(refresh, |d| (d + Duration::from_millis(1)).min(refresh));
-        let at = Instant::now() + retry_in;
+        // to refresh our own waiter lease (unless the store keeps it alive), or at the
+        // deadline, if no change comes first.
+        let refresh = (!self.client.store.capabilities().keeps_waiters_alive)
+            .then(|| waiter_lease(req.ttl) / 2);
+        let retry_in = match (busy.retry_in, refresh) {
+            (Some(retry), refresh) => {
+                let retry = retry + Duration::from_millis(1);
+                Some(refresh.map_or(retry, |refresh| retry.min(refresh)))
+            }
+            (None, refresh) => refresh,
+        };
+        let at = retry_in.map(|retry_in| Instant::now() + retry_in);
         ControlFlow::Continue(Some(Wake {
             watermark: busy.watermark,
-            at: deadline.map_or(at, |deadline| at.min(deadline)),
+            at: match (at, deadline) {
+                (Some(at), Some(deadline)) => Some(at.min(deadline)),
+                (at, deadline) => at.or(deadline),
+            },
         }))
     }
 
@@ -883,7 +913,7 @@ impl Lock {
         req: &AcquireRequest,
         changed: Result<Option<Grant>>,
         sent: Instant,
-        at: Instant,
+        at: Option<Instant>,
         progress: &mut Progress,
     ) -> Step {
         match changed {
@@ -899,7 +929,7 @@ impl Lock {
             Err(error) => {
                 tracing::debug!(%error, "change notification failed; backing off");
                 let backoff = Instant::now() + jitter(Duration::from_millis(50));
-                sleep_until(backoff.min(at)).await;
+                sleep_until(at.map_or(backoff, |at| backoff.min(at))).await;
             }
         }
         ControlFlow::Continue(())
@@ -958,7 +988,8 @@ type Step = ControlFlow<Acquired>;
 /// `at` at the latest.
 struct Wake {
     watermark: crate::store::Watermark,
-    at: Instant,
+    /// `None`: only a change ends the wait.
+    at: Option<Instant>,
 }
 
 /// Where an acquire stands between attempts.

@@ -855,3 +855,67 @@ async fn watch_fails_once_etcd_is_gone() {
         other => panic!("expected Unavailable, got {other:?}"),
     }
 }
+
+/// Store calls of kind `call` (`acquire`, `renew`, ...) recorded so far, as the
+/// histogram `leasehold_store_call_seconds` counts them (a snapshot hands over only what
+/// came since the last one).
+fn store_calls(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+    seen: &mut usize,
+    call: &str,
+) -> usize {
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let this_call = key.labels().any(|l| l.key() == "call" && l.value() == call);
+        if key.name() == "leasehold_store_call_seconds" && this_call {
+            if let metrics_util::debugging::DebugValue::Histogram(values) = value {
+                *seen += values.len();
+            }
+        }
+    }
+    *seen
+}
+
+/// A queued waiter waits for its turn alone: the client keeps its place in etcd's queue
+/// (its key's short lease) alive for it, so across several of those leases it asks the
+/// store nothing more (a waiter that refreshed its own place asked again every half of
+/// its lease), and then holds in its turn.
+#[test]
+fn a_queued_waiter_asks_nothing_more_while_its_place_is_kept_alive() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let (_server, locks) = start().await;
+            let ttl = Duration::from_secs(2);
+            assert_eq!(leasehold::store::waiter_lease(ttl), ttl);
+            let lock = locks.mutex("kept").unwrap().with_ttl(ttl);
+            let holder = lock.try_lock().await.unwrap().unwrap();
+            let waiter = tokio::spawn({
+                let lock = lock.clone();
+                async move { lock.lock().await }
+            });
+            eventually("the waiter to queue", || async {
+                locks.describe("kept").await.unwrap().waiters.len() == 1
+            })
+            .await;
+            let mut seen = 0;
+            let asked = store_calls(&snapshotter, &mut seen, "acquire");
+            // The time under test: three of the waiter's leases, each renewed for it.
+            tokio::time::sleep(3 * ttl).await;
+            assert_eq!(
+                store_calls(&snapshotter, &mut seen, "acquire"),
+                asked,
+                "attempts sent while the waiter waited"
+            );
+            assert_eq!(locks.describe("kept").await.unwrap().waiters.len(), 1);
+            let _ = holder.release().await.unwrap();
+            let guard = within("the hand-over", waiter).await.unwrap().unwrap();
+            let _ = guard.release().await.unwrap();
+        })
+    });
+}

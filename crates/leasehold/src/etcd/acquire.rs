@@ -516,7 +516,8 @@ impl EtcdStore {
         waiting: Waiting,
         mut busy: Busy,
     ) -> Attempt {
-        busy.retry_in = Some(ours.lease.left(Instant::now()) / 2);
+        // No recheck: the keeper keeps its waiter lease alive from here.
+        busy.retry_in = None;
         self.queued(req, ours, waiting, &busy);
         Attempt::Busy(busy)
     }
