@@ -327,6 +327,18 @@ impl fmt::Debug for Lock {
 /// An acquire under way (see [`Lock::acquire`]).
 type Acquiring<'a> = Pin<Box<dyn Future<Output = Result<Option<LockGuard>>> + Send + 'a>>;
 
+/// `acquire`, boxed, in `span` if that is enabled (a disabled span would still take its
+/// room in every waiter's box).
+fn in_span<'a>(
+    acquire: impl Future<Output = Result<Option<LockGuard>>> + Send + 'a,
+    span: tracing::Span,
+) -> Acquiring<'a> {
+    match span.is_disabled() {
+        true => Box::pin(acquire),
+        false => Box::pin(acquire.instrument(span)),
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Wait {
     No,
@@ -473,9 +485,7 @@ impl Lock {
             && self.owner.is_none()
             && (!self.fair || self.client.store.capabilities().queues_by_wait);
         if gated {
-            return Ok(Box::pin(
-                self.through_gate(req, wait, started).instrument(span),
-            ));
+            return Ok(in_span(self.through_gate(req, wait, started), span));
         }
         let acquire = async move {
             let acquired = self
@@ -485,7 +495,7 @@ impl Lock {
                 .acquired(&acquired, !matches!(wait, Wait::No), started);
             acquired
         };
-        Ok(Box::pin(acquire.instrument(span)))
+        Ok(in_span(acquire, span))
     }
 
     /// [`acquire`](Self::acquire) for a request that takes its turn at the process's gate
