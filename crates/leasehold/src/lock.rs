@@ -755,13 +755,9 @@ impl Lock {
                 };
                 drop(admitted);
                 // Until the store signals a change, or `wake.at`; only a change that needs
-                // more (a hand-over's confirmation, a backoff) is boxed, and the timer
-                // (a waiter that only a change ends carries none).
-                let changed = self.client.store.changed(req, wake.watermark);
-                let changed = match wake.at {
-                    Some(at) => Box::pin(timeout_at(at, changed)).await,
-                    None => Ok(changed.await),
-                };
+                // more (a hand-over's confirmation, a backoff) is boxed.
+                let changed =
+                    timeout_at(wake.at, self.client.store.changed(req, wake.watermark)).await;
                 let changed = match changed {
                     Ok(Ok(None)) | Err(_) => continue,
                     Ok(changed) => changed,
@@ -894,24 +890,15 @@ impl Lock {
         }
         tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
         // Ask again when a holder's lease (or a waiter ahead) can have expired, or in time
-        // to refresh our own waiter lease (unless the store keeps it alive), or at the
-        // deadline, if no change comes first.
-        let refresh = (!self.client.store.capabilities().keeps_waiters_alive)
-            .then(|| waiter_lease(req.ttl) / 2);
-        let retry_in = match (busy.retry_in, refresh) {
-            (Some(retry), refresh) => {
-                let retry = retry + Duration::from_millis(1);
-                Some(refresh.map_or(retry, |refresh| retry.min(refresh)))
-            }
-            (None, refresh) => refresh,
-        };
-        let at = retry_in.map(|retry_in| Instant::now() + retry_in);
+        // to refresh our own waiter lease, or at the deadline, if no change comes first.
+        let refresh = waiter_lease(req.ttl) / 2;
+        let retry_in = busy
+            .retry_in
+            .map_or(refresh, |d| (d + Duration::from_millis(1)).min(refresh));
+        let at = Instant::now() + retry_in;
         ControlFlow::Continue(Some(Wake {
             watermark: busy.watermark,
-            at: match (at, deadline) {
-                (Some(at), Some(deadline)) => Some(at.min(deadline)),
-                (at, deadline) => at.or(deadline),
-            },
+            at: deadline.map_or(at, |deadline| at.min(deadline)),
         }))
     }
 
@@ -923,7 +910,7 @@ impl Lock {
         req: &AcquireRequest,
         changed: Result<Option<Grant>>,
         sent: Instant,
-        at: Option<Instant>,
+        at: Instant,
         progress: &mut Progress,
     ) -> Step {
         match changed {
@@ -939,7 +926,7 @@ impl Lock {
             Err(error) => {
                 tracing::debug!(%error, "change notification failed; backing off");
                 let backoff = Instant::now() + jitter(Duration::from_millis(50));
-                sleep_until(at.map_or(backoff, |at| backoff.min(at))).await;
+                sleep_until(backoff.min(at)).await;
             }
         }
         ControlFlow::Continue(())
@@ -998,8 +985,7 @@ type Step = ControlFlow<Acquired>;
 /// `at` at the latest.
 struct Wake {
     watermark: crate::store::Watermark,
-    /// `None`: only a change ends the wait.
-    at: Option<Instant>,
+    at: Instant,
 }
 
 /// Where an acquire stands between attempts.

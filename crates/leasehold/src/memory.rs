@@ -216,7 +216,6 @@ impl Store for MemoryStore {
             reclaims_dead_processes: false,
             fair_by_default: false,
             queues_by_wait: false,
-            keeps_waiters_alive: false,
             failed_calls_change_nothing: true,
         }
     }

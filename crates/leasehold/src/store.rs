@@ -341,11 +341,6 @@ pub struct Capabilities {
     /// store that cannot be reached. False where an error can hide a change that was made
     /// (a reply lost on the network).
     pub failed_calls_change_nothing: bool,
-    /// The store keeps its queued waiters' places alive itself (their waiter leases), and
-    /// [`Store::changed`] resolves when one is lost: a waiter then asks again only when a
-    /// change or [`Busy::retry_in`] says to, not every half of its
-    /// [`waiter_lease`] to refresh its place.
-    pub keeps_waiters_alive: bool,
 }
 
 /// How a store takes the next attempt of a request (see [`Store::admit`]).

@@ -516,8 +516,7 @@ impl EtcdStore {
         waiting: Waiting,
         mut busy: Busy,
     ) -> Attempt {
-        // No recheck: the keeper keeps its waiter lease alive from here.
-        busy.retry_in = None;
+        busy.retry_in = Some(ours.lease.left(Instant::now()) / 2);
         self.queued(req, ours, waiting, &busy);
         Attempt::Busy(busy)
     }

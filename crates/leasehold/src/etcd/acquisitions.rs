@@ -1,13 +1,11 @@
 //! What this client keeps of each acquisition (what etcd holds for it), and how an
 //! attempt records where it ended: held, queued, outside the queue.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::leases::keep_waiters_alive;
 use super::queue::*;
 use super::wait::Blocker;
 use super::{EtcdLease, EtcdStore};
@@ -169,16 +167,6 @@ impl EtcdStore {
             .insert(id.clone(), Box::new(acquisition));
     }
 
-    /// [`record`](Self::record) of a key that waits in its queue: the keeper keeps its
-    /// waiter lease alive from now on (see [`keep_waiters_alive`]).
-    fn record_waiting(&self, id: &LeaseId, acquisition: Acquisition) {
-        let mut acquisitions = self.inner.acquisitions.locked();
-        acquisitions.insert(id.clone(), Box::new(acquisition));
-        if !self.inner.keeper.swap(true, Ordering::AcqRel) {
-            tokio::spawn(keep_waiters_alive(Arc::downgrade(&self.inner)));
-        }
-    }
-
     pub(super) fn forget(&self, id: &LeaseId) -> Option<Acquisition> {
         self.inner.acquisitions.locked().remove(id).map(|a| *a)
     }
@@ -238,7 +226,7 @@ impl EtcdStore {
 
     /// Records our key as waiting in the queue.
     pub(super) fn queued(&self, req: &AcquireRequest, ours: Ours, waiting: Waiting, busy: &Busy) {
-        self.record_waiting(
+        self.record(
             &req.lease,
             Acquisition {
                 marker: marker_key(&req.name, &req.owner, &ours.key),

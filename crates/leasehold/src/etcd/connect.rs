@@ -75,7 +75,6 @@ impl EtcdStore {
                 puts: tokio::sync::Semaphore::new(super::PUTS_AT_ONCE),
                 attempts: Arc::new(tokio::sync::Semaphore::new(super::ATTEMPTS_AT_ONCE)),
                 revokes: tokio_util::task::TaskTracker::new(),
-                keeper: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         // Fail now, with a clear error, rather than at the first lock.

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::acquisitions::{Acquisition, State};
@@ -456,94 +455,6 @@ impl EtcdStore {
             self.revoke_later(old.id);
         }
         Ok(Pass::Done(Renewal::Renewed))
-    }
-}
-
-/// Keepalives of waiter leases in flight at once.
-const WAITER_KEEPALIVES_AT_ONCE: usize = 64;
-
-/// Waiter leases due this much later are renewed with those due now: the keeper wakes
-/// at most this often, however the waiters' arrivals spread their leases.
-const WAITER_KEEPALIVES_BATCH: Duration = Duration::from_millis(100);
-
-/// Keeps alive the waiter leases of the client's keys that wait in their queues, each
-/// renewed once half of it has passed (as a waiter's own rechecks did), until no key waits (the next to wait starts it
-/// again). A waiter then waits for its turn alone, with no timer and no recheck of its
-/// own (thousands of them would each wake every few seconds); should its lease end all
-/// the same (the process paused, etcd out of reach), its key goes, and its line tells it.
-pub(super) async fn keep_waiters_alive(inner: std::sync::Weak<super::Inner>) {
-    let mut failed = false;
-    loop {
-        let Some(inner) = inner.upgrade() else { return };
-        let store = EtcdStore { inner };
-        let now = Instant::now();
-        let (due, next) = {
-            let acquisitions = store.inner.acquisitions.locked();
-            let waiting = acquisitions
-                .iter()
-                .filter_map(|(id, a)| match (&a.state, a.lease) {
-                    (State::Queued { .. }, Some(lease)) => Some((id, lease)),
-                    _ => None,
-                });
-            let (mut due, mut next, mut any) = (Vec::new(), None::<Instant>, false);
-            for (id, lease) in waiting {
-                any = true;
-                let renew_at = lease.alive_until - lease.ttl() / 2;
-                if renew_at <= now + WAITER_KEEPALIVES_BATCH {
-                    due.push((id.clone(), lease));
-                } else {
-                    next = Some(next.map_or(renew_at, |next| next.min(renew_at)));
-                }
-            }
-            if !any {
-                // Under the lock: a key recorded as waiting after this starts a keeper.
-                store
-                    .inner
-                    .keeper
-                    .store(false, std::sync::atomic::Ordering::Release);
-                return;
-            }
-            (due, next)
-        };
-        {
-            let renewed = futures_util::stream::iter(due)
-                .map(|(id, lease)| {
-                    let store = &store;
-                    async move {
-                        let per_member = try_per_member(lease.ttl());
-                        match rpc::trying_each_for(per_member, store.keep_alive(lease)).await {
-                            Ok(Some(renewed)) => store.renewed_waiting(&id, renewed),
-                            // Gone: its key went with it, and its line tells the waiter.
-                            Ok(None) => true,
-                            Err(_) => false,
-                        }
-                    }
-                })
-                .buffer_unordered(WAITER_KEEPALIVES_AT_ONCE);
-            futures_util::pin_mut!(renewed);
-            while let Some(ok) = renewed.next().await {
-                failed |= !ok;
-            }
-        }
-        drop(store);
-        // After trouble, a pause before asking again rather than a loop.
-        let least = if std::mem::take(&mut failed) { 250 } else { 10 };
-        let least = Instant::now() + Duration::from_millis(least);
-        tokio::time::sleep_until(next.map_or(least, |next| next.max(least))).await;
-    }
-}
-
-impl EtcdStore {
-    /// The waiter lease of the key that acquisition `id` has waiting, renewed; `true`.
-    fn renewed_waiting(&self, id: &LeaseId, renewed: EtcdLease) -> bool {
-        self.update(id, |a| {
-            if matches!(a.state, State::Queued { .. })
-                && a.lease.is_some_and(|l| l.id == renewed.id)
-            {
-                a.lease = Some(renewed);
-            }
-        });
-        true
     }
 }
 

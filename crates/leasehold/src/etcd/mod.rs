@@ -84,13 +84,11 @@
 //!   An acquire whose answer never came (timeout, cancellation) is undone by revoking its
 //!   lease: whatever etcd did with the request, the key goes with it.
 //! - A waiter's key is on a short lease of its own, the waiter lease
-//!   ([`waiter_lease`](crate::store::waiter_lease): the TTL, at most 5 s), kept alive by
-//!   the client's keeper of waiting keys (`leases::keep_waiters_alive`), one keepalive per
-//!   key each half of its lease, with no wake-up of the waiter: a waiter that dies (its
-//!   process with it) leaves the queue when that lease ends, and one that gave up undoes
-//!   its key. A waiter that asks again anyway (a line it could not join) is rechecked:
-//!   while the process's watch of the queue has seen every deletion there since the
-//!   waiter's last read, that recheck is a keepalive alone. When it
+//!   ([`waiter_lease`](crate::store::waiter_lease): the TTL, at most 5 s), kept alive by the
+//!   waiter's rechecks: a waiter that dies leaves the queue when that lease ends. While
+//!   the process's watch of the queue has seen every deletion there since the waiter's
+//!   last read, a recheck is that keepalive alone: the watch says where the key stands.
+//!   When it
 //!   is let in, the key moves to a lease of the full TTL (one Txn) before the grant is
 //!   returned; the short lease is revoked (the key keeps its name, so it is not reused). A waiter that finds its own key gone (its lease expired while the process
 //!   was paused or cut off) stops with [`Error::WaitEnded`](crate::Error::WaitEnded).
@@ -225,9 +223,6 @@ struct Inner {
     /// Revokes on their way in the background (see [`EtcdStore::revoke_later`]), which
     /// [`shed`](crate::store::Store::shed) waits for.
     revokes: tokio_util::task::TaskTracker,
-    /// Whether the keeper of the queued keys' waiter leases runs (see
-    /// [`leases::keep_waiters_alive`]); set and cleared under the `acquisitions` lock.
-    keeper: std::sync::atomic::AtomicBool,
 }
 
 /// Attempts that put a key at once: more queue in the process, not in etcd.

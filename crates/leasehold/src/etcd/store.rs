@@ -306,7 +306,6 @@ impl Store for EtcdStore {
             reclaims_dead_processes: false,
             fair_by_default: true,
             queues_by_wait: false,
-            keeps_waiters_alive: true,
             failed_calls_change_nothing: false,
         }
     }

@@ -856,7 +856,6 @@ impl Store for LocalStore {
             reclaims_dead_processes: true,
             fair_by_default: false,
             queues_by_wait: false,
-            keeps_waiters_alive: false,
             failed_calls_change_nothing: true,
         }
     }

@@ -184,7 +184,6 @@ impl Store for RedisStore {
             reclaims_dead_processes: false,
             fair_by_default: false,
             queues_by_wait: true,
-            keeps_waiters_alive: false,
             failed_calls_change_nothing: false,
         }
     }
