@@ -325,12 +325,12 @@ impl fmt::Debug for Lock {
 }
 
 /// An acquire under way (see [`Lock::acquire`]).
-type Acquiring<'a> = Pin<Box<dyn Future<Output = Result<Option<LockGuard>>> + Send + 'a>>;
+type Acquiring<'a> = Pin<Box<dyn Future<Output = Acquired> + Send + 'a>>;
 
 /// `acquire`, boxed, in `span` if that is enabled (a disabled span would still take its
 /// room in every waiter's box).
 fn in_span<'a>(
-    acquire: impl Future<Output = Result<Option<LockGuard>>> + Send + 'a,
+    acquire: impl Future<Output = Acquired> + Send + 'a,
     span: tracing::Span,
 ) -> Acquiring<'a> {
     match span.is_disabled() {
@@ -491,11 +491,16 @@ impl Lock {
             let acquired = self
                 .acquire_from_store(&req, wait, started, Some(started))
                 .await;
-            self.meter
-                .acquired(&acquired, !matches!(wait, Wait::No), started);
-            acquired
+            self.counted(acquired, wait, started)
         };
         Ok(in_span(acquire, span))
+    }
+
+    /// How an acquire that began at `started` ended, counted in the metrics.
+    fn counted(&self, acquired: Acquired, wait: Wait, started: Instant) -> Acquired {
+        self.meter
+            .acquired(&acquired, !matches!(wait, Wait::No), started);
+        acquired
     }
 
     /// [`acquire`](Self::acquire) for a request that takes its turn at the process's gate
@@ -506,7 +511,7 @@ impl Lock {
         mut req: AcquireRequest,
         wait: Wait,
         started: Instant,
-    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send + '_ {
+    ) -> impl Future<Output = Acquired> + Send + '_ {
         async move {
             let acquired = 'acquire: {
                 // When the first attempt is sent: at `started`, unless it waits at the gate
@@ -556,9 +561,7 @@ impl Lock {
                     Box::pin(self.acquire_from_store(&req, wait, started, first_sent)).await;
                 acquired.map(|guard| guard.map(|g| g.with_turn(Some(turn))))
             };
-            self.meter
-                .acquired(&acquired, !matches!(wait, Wait::No), started);
-            acquired
+            self.counted(acquired, wait, started)
         }
     }
 
