@@ -116,13 +116,13 @@ pub(crate) enum Until {
 /// future), it closes the channel, so no pass can come after, and deals with one that
 /// came before: the turn is passed on, a lock handed over or a place in the store's queue
 /// is released by `undo`.
-struct Expecting {
+struct Expecting<'a> {
     rx: oneshot::Receiver<Pass>,
     gate: Arc<Gate>,
-    undo: Option<Pending>,
+    undo: Option<Pending<'a>>,
 }
 
-impl Drop for Expecting {
+impl Drop for Expecting<'_> {
     fn drop(&mut self) {
         let Some(mut undo) = self.undo.take() else {
             return;
@@ -156,7 +156,7 @@ impl Gate {
         self: &Arc<Self>,
         req: &AcquireRequest,
         until: Until,
-        mut undo: Pending,
+        mut undo: Pending<'_>,
     ) -> Option<(Turn, Option<(Grant, Instant)>)> {
         let rx = {
             let mut state = self.0.locked();

@@ -19,7 +19,7 @@ use crate::keepalive::{jitter, usable_as_granted, Lifeline, Renewals};
 use crate::metrics::{Call, Meter};
 use crate::options::{check_owner, check_permits, check_ttl, waiter_lease, DEFAULT_TTL};
 use crate::store::{
-    AcquireRequest, Admission, Admitted, Attempt, Busy, Grant, Lease, LeaseId, LockKind, LockState,
+    AcquireRequest, Admission, Admitted, Attempt, Busy, Grant, LeaseId, LockKind, LockState,
     Renewal, Requester, Store,
 };
 use crate::{Error, IntoLockName, LeaseholdBuilder, LockName, Result};
@@ -447,17 +447,19 @@ impl Lock {
         if let Some(value) = &self.value {
             crate::options::check_value(value)?;
         }
+        let lease = LeaseId::random();
         let owner = match &self.owner {
             Some(owner) => {
                 check_owner(owner)?;
                 owner.clone()
             }
-            // Unique to this acquisition, so it cannot re-enter another.
-            None => crate::store::random_hex(&mut [0; 32]).to_string(),
+            // Unique to this acquisition, so it cannot re-enter another: its id (a store
+            // need not keep both, thousands of waiters would).
+            None => lease.as_str().to_string(),
         };
         Ok(AcquireRequest {
             name: self.name.clone(),
-            lease: LeaseId::random(),
+            lease,
             owner,
             kind: self.kind,
             ttl,
@@ -488,9 +490,7 @@ impl Lock {
             return Ok(in_span(self.through_gate(req, wait, started), span));
         }
         let acquire = async move {
-            let acquired = self
-                .acquire_from_store(&req, wait, started, Some(started))
-                .await;
+            let acquired = self.acquire_from_store(&req, wait, started, true).await;
             self.counted(acquired, wait, started)
         };
         Ok(in_span(acquire, span))
@@ -516,20 +516,20 @@ impl Lock {
             let acquired = 'acquire: {
                 // When the first attempt is sent: at `started`, unless it waits at the gate
                 // first (counting a lease from earlier than its request is safe).
-                let mut first_sent = Some(started);
+                let mut sent_at_start = true;
                 let until = match wait {
                     Wait::No => Until::Now,
                     Wait::Until(deadline) => Until::Deadline(deadline),
                     Wait::Forever => Until::Forever,
                 };
                 let gate = self.client.gates.gate(&self.name, self.fair);
-                let undo = || Pending::new(self.client.store.clone(), &req, &self.client.tasks);
+                let undo = || Pending::new(&self.client, &req);
                 // The turn of a free gate is taken at once; a wait for it is boxed, so
                 // that acquires that never wait here do not carry its state (0.6 KB).
                 let entered = match gate.free_turn() {
                     Some(turn) => Some((turn, None)),
                     None => {
-                        first_sent = None;
+                        sent_at_start = false;
                         let enter = Box::pin(gate.enter(&req, until, undo()));
                         self.meter.waiting_while(enter).await
                     }
@@ -558,7 +558,7 @@ impl Lock {
                 // Boxed: a task waiting at the gate (thousands of them, on a busy name) then
                 // carries a pointer rather than the store loop's state.
                 let acquired =
-                    Box::pin(self.acquire_from_store(&req, wait, started, first_sent)).await;
+                    Box::pin(self.acquire_from_store(&req, wait, started, sent_at_start)).await;
                 acquired.map(|guard| guard.map(|g| g.with_turn(Some(turn))))
             };
             self.counted(acquired, wait, started)
@@ -573,7 +573,7 @@ impl Lock {
         (grant, sent): (Grant, Instant),
         wait: Wait,
     ) -> Option<Acquired> {
-        let mut pending = Pending::new(self.client.store.clone(), req, &self.client.tasks);
+        let mut pending = Pending::new(&self.client, req);
         let answer = (grant, sent, Instant::now());
         let done = self.settle(req, answer, &mut pending, bound(wait)).await;
         if done.is_none() {
@@ -666,7 +666,7 @@ impl Lock {
         &self,
         req: &AcquireRequest,
         answer: (Grant, Instant, Instant),
-        pending: &mut Pending,
+        pending: &mut Pending<'_>,
         bound: Option<Instant>,
     ) -> Option<Result<Option<LockGuard>>> {
         match self.accept(req, answer, bound).await {
@@ -711,8 +711,8 @@ impl Lock {
     }
 
     /// Asks the store until the lock is granted or `wait` says to stop.
-    /// `started` is when the acquire began; `first_sent`, when its first attempt counts as
-    /// sent, if no clock read is needed for it.
+    /// `started` is when the acquire began, and when its first attempt counts as sent if
+    /// `sent_at_start` (no clock read is needed for it).
     ///
     /// Not an `async fn`, which would keep its arguments twice: a waiter in a store's
     /// queue (thousands of them) carries this state while it waits.
@@ -721,12 +721,11 @@ impl Lock {
         req: &'a AcquireRequest,
         wait: Wait,
         started: Instant,
-        mut first_sent: Option<Instant>,
+        mut sent_at_start: bool,
     ) -> impl Future<Output = Acquired> + Send + 'a {
         let mut progress = Progress {
             wait,
-            bound: bound(wait),
-            pending: Pending::new(self.client.store.clone(), req, &self.client.tasks),
+            pending: Pending::new(&self.client, req),
             started,
             answered: false,
             backoff: FIRST_BACKOFF,
@@ -736,7 +735,10 @@ impl Lock {
             loop {
                 // A store answering from memory never yields; let other tasks run.
                 tokio::task::consume_budget().await;
-                let sent = first_sent.take().unwrap_or_else(Instant::now);
+                let sent = match std::mem::take(&mut sent_at_start) {
+                    true => progress.started,
+                    false => Instant::now(),
+                };
                 let admitted = match self.client.store.admit(req) {
                     Admission::Now(admitted) => admitted,
                     // Boxed: it is not what a waiter waits in.
@@ -751,21 +753,23 @@ impl Lock {
                 // The attempt and what its answer takes (a grant's confirmation, an undo, a
                 // backoff) are boxed: between attempts a waiter (thousands of them in a
                 // store's queue) keeps the loop's state and its wait, not theirs (0.9 KB).
-                let wake = match Box::pin(self.attempt(req, sent, &mut progress)).await {
+                // The admission goes with it, held until its answer: the loop keeps
+                // nothing of it while it waits.
+                let attempt = self.attempt(req, sent, &mut progress, admitted);
+                let wake = match Box::pin(attempt).await {
                     ControlFlow::Break(done) => return done,
                     ControlFlow::Continue(None) => continue,
                     ControlFlow::Continue(Some(wake)) => wake,
                 };
-                drop(admitted);
                 // Until the store signals a change, or `wake.at`; only a change that needs
                 // more (a hand-over's confirmation, a backoff) is boxed.
-                let changed =
-                    timeout_at(wake.at, self.client.store.changed(req, wake.watermark)).await;
+                let Wake { watermark, at } = wake;
+                let changed = timeout_at(at, self.client.store.changed(req, watermark)).await;
                 let changed = match changed {
                     Ok(Ok(None)) | Err(_) => continue,
                     Ok(changed) => changed,
                 };
-                let step = Box::pin(self.after_change(req, changed, sent, wake.at, &mut progress));
+                let step = Box::pin(self.after_change(req, changed, sent, at, &mut progress));
                 if let ControlFlow::Break(done) = step.await {
                     return done;
                 }
@@ -779,11 +783,11 @@ impl Lock {
         &self,
         wait: Pin<Box<dyn Future<Output = Admitted> + Send>>,
         sent: Instant,
-        progress: &mut Progress,
+        progress: &mut Progress<'_>,
     ) -> ControlFlow<Acquired, Option<Admitted>> {
         let admitted = async { Ok(wait.await) };
         match self
-            .bounded(admitted, progress.bound, "an attempt", sent)
+            .bounded(admitted, progress.bound(), "an attempt", sent)
             .await
         {
             Ok(admitted) => ControlFlow::Continue(Some(admitted)),
@@ -794,18 +798,20 @@ impl Lock {
         }
     }
 
-    /// One attempt sent at `sent`, and the step its answer leads to: the acquire ends,
-    /// asks again at once, or waits for the [`Wake`] it returns.
+    /// One attempt sent at `sent` (`_admitted` by the store until it is answered), and
+    /// the step its answer leads to: the acquire ends, asks again at once, or waits for
+    /// the [`Wake`] it returns.
     async fn attempt(
         &self,
         req: &AcquireRequest,
         sent: Instant,
-        progress: &mut Progress,
+        progress: &mut Progress<'_>,
+        _admitted: Admitted,
     ) -> ControlFlow<Acquired, Option<Wake>> {
         let attempt =
             (self.meter).store_call_answered(Call::Acquire, sent, self.client.store.acquire(req));
         let step = match self
-            .bounded(attempt, progress.bound, "an attempt", sent)
+            .bounded(attempt, progress.bound(), "an attempt", sent)
             .await
         {
             Ok((Attempt::Granted(grant), now)) => {
@@ -844,9 +850,9 @@ impl Lock {
         &self,
         req: &AcquireRequest,
         answer: (Grant, Instant, Instant),
-        progress: &mut Progress,
+        progress: &mut Progress<'_>,
     ) -> Step {
-        let (bound, sent) = (progress.bound, answer.1);
+        let (bound, sent) = (progress.bound(), answer.1);
         if let Some(done) = self.settle(req, answer, &mut progress.pending, bound).await {
             return ControlFlow::Break(done);
         }
@@ -868,7 +874,7 @@ impl Lock {
         &self,
         req: &AcquireRequest,
         busy: Busy,
-        progress: &mut Progress,
+        progress: &mut Progress<'_>,
     ) -> ControlFlow<Acquired, Option<Wake>> {
         progress.answered = true;
         progress.backoff = FIRST_BACKOFF;
@@ -914,13 +920,13 @@ impl Lock {
         changed: Result<Option<Grant>>,
         sent: Instant,
         at: Instant,
-        progress: &mut Progress,
+        progress: &mut Progress<'_>,
     ) -> Step {
         match changed {
             // Handed over by the store: the lease runs from after `sent`, our last
             // request, so counting from it is safe.
             Ok(Some(grant)) => {
-                let (bound, answer) = (progress.bound, (grant, sent, Instant::now()));
+                let (bound, answer) = (progress.bound(), (grant, sent, Instant::now()));
                 if let Some(done) = self.settle(req, answer, &mut progress.pending, bound).await {
                     return ControlFlow::Break(done);
                 }
@@ -939,7 +945,7 @@ impl Lock {
     /// restart, a failover) until its deadline, asking again after a backoff; the same
     /// request is retried, so an attempt that was granted unseen is simply granted
     /// again. Otherwise the acquire ends with the error, its attempt undone.
-    async fn trouble(&self, error: Error, progress: &mut Progress) -> Step {
+    async fn trouble(&self, error: Error, progress: &mut Progress<'_>) -> Step {
         if progress.answered && error.is_retryable() && !matches!(progress.wait, Wait::No) {
             let retry = Instant::now() + jitter(progress.backoff);
             progress.backoff = (progress.backoff * 2).min(Duration::from_secs(1));
@@ -961,7 +967,7 @@ impl Lock {
             // within what is left of a bounded wait (then in the background).
             let now = Instant::now();
             let patience = progress
-                .bound
+                .bound()
                 .map_or(LATE_ANSWER, |b| b.saturating_duration_since(now));
             progress.pending.undo_within(patience).await;
         }
@@ -992,12 +998,10 @@ struct Wake {
 }
 
 /// Where an acquire stands between attempts.
-struct Progress {
+struct Progress<'a> {
     wait: Wait,
-    /// When a store call of a bounded wait is given up on.
-    bound: Option<Instant>,
     /// What the acquisition may have left in the store.
-    pending: Pending,
+    pending: Pending<'a>,
     started: Instant,
     /// Whether the store has answered an attempt.
     answered: bool,
@@ -1005,6 +1009,13 @@ struct Progress {
     backoff: Duration,
     /// Counts this acquire as waiting once the store said busy.
     waiting: Option<crate::metrics::Waiting>,
+}
+
+impl Progress<'_> {
+    /// When a store call of the wait is given up on.
+    fn bound(&self) -> Option<Instant> {
+        bound(self.wait)
+    }
 }
 
 /// The first backoff after store trouble while waiting (it doubles, up to a second).
@@ -1018,60 +1029,59 @@ const LATE_ANSWER: Duration = Duration::from_secs(1);
 /// An acquisition that may exist in the store without a guard (an attempt whose answer
 /// was lost, or a place in the queue): undone by its id unless disarmed (sent again on
 /// store trouble, as a guard's release is).
-pub(crate) struct Pending {
-    store: Arc<dyn Store>,
-    lease: Option<Lease>,
-    ttl: Duration,
-    tasks: TaskTracker,
+///
+/// It borrows the request and the client: a waiter (thousands of them) carries it.
+pub(crate) struct Pending<'a> {
+    client: &'a Arc<Client>,
+    req: &'a AcquireRequest,
+    armed: bool,
 }
 
-impl Pending {
-    pub(crate) fn new(store: Arc<dyn Store>, req: &AcquireRequest, tasks: &TaskTracker) -> Self {
+impl<'a> Pending<'a> {
+    fn new(client: &'a Arc<Client>, req: &'a AcquireRequest) -> Self {
         Pending {
-            store,
-            lease: Some(req.lease()),
-            ttl: req.ttl,
-            tasks: tasks.clone(),
+            client,
+            req,
+            armed: true,
         }
     }
 
     pub(crate) fn disarm(&mut self) {
-        self.lease = None;
+        self.armed = false;
     }
 
     /// Undoes the acquisition by its id (a release of what the store may have granted
     /// or queued), waited for at most `patience`; then it goes on in the background (the
     /// lease stays armed, so dropping this sends it).
     async fn undo_within(&mut self, patience: Duration) {
-        if self.lease.is_some() {
+        if self.armed {
             // Boxed: rare, and every step of an attempt that may undo would carry it.
             Box::pin(self.undo_now(patience)).await;
         }
     }
 
     async fn undo_now(&mut self, patience: Duration) {
-        let Some(lease) = self.lease.clone() else {
-            return;
-        };
-        let undo = release_or_again(&self.store, &lease, self.ttl, &self.tasks);
+        let Client { store, tasks, .. } = &**self.client;
+        let lease = self.req.lease();
+        let undo = release_or_again(store, &lease, self.req.ttl, tasks);
         if tokio::time::timeout(patience, undo).await.is_ok() {
-            self.lease = None;
+            self.armed = false;
         }
     }
 }
 
-impl Drop for Pending {
+impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        let Some(lease) = self.lease.take() else {
+        if !std::mem::take(&mut self.armed) {
             return;
-        };
+        }
         // Tracked, so that `Leasehold::shutdown` can wait for it before the process ends.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, ttl, tasks) = (self.store.clone(), self.ttl, self.tasks.clone());
+            let (client, lease, ttl) = (self.client.clone(), self.req.lease(), self.req.ttl);
             let undo = async move {
-                let _ = release_or_again(&store, &lease, ttl, &tasks).await;
+                let _ = release_or_again(&client.store, &lease, ttl, &client.tasks).await;
             };
-            self.tasks.spawn_on(undo, &runtime);
+            self.client.tasks.spawn_on(undo, &runtime);
         }
     }
 }

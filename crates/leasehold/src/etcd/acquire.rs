@@ -155,7 +155,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key: key.clone(),
-                marker: marker.clone(),
+                owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(lease),
                 state: State::Unknown,
                 hold: None,
@@ -376,7 +376,8 @@ impl EtcdStore {
                 return Ok(Pass::Done(self.outside(req, queue, &prefix, revision)));
             }
         };
-        let ahead: Vec<KeyId> = queue[..mine].iter().map(|m| KeyId::of(&m.kv.key)).collect();
+        let ahead: std::sync::Arc<[KeyId]> =
+            queue[..mine].iter().map(|m| KeyId::of(&m.kv.key)).collect();
         let here = Standing {
             waiting: Some(Waiting {
                 room: ahead.len() - 1,
@@ -715,12 +716,12 @@ pub(super) mod tests {
         // the answer lost.
         let retried = request(&name, "o");
         let lease = store.lease_for(retried.ttl).await.unwrap();
-        let (key, marker, _) = put_key(&store, &retried, lease).await;
+        let (key, _, _) = put_key(&store, &retried, lease).await;
         store.record(
             &retried.lease,
             Acquisition {
                 key: key.clone(),
-                marker,
+                owner: Acquisition::owner_of(&retried.lease, &retried.owner),
                 lease: Some(lease),
                 state: State::Unknown,
                 hold: None,

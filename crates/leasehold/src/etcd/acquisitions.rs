@@ -10,7 +10,7 @@ use super::queue::*;
 use super::wait::Blocker;
 use super::{EtcdLease, EtcdStore};
 use crate::store::{AcquireRequest, Attempt, Busy, Grant, HolderInfo, LeaseId, Watermark};
-use crate::{rules, Error, FencingToken, Locked};
+use crate::{rules, Error, FencingToken, LockName, Locked};
 
 /// How many busy queues a client remembers; past that it forgets them all.
 pub(super) const BUSY_QUEUES: usize = 4096;
@@ -18,8 +18,10 @@ pub(super) const BUSY_QUEUES: usize = 4096;
 #[derive(Clone, Debug)]
 pub(super) struct Acquisition {
     pub(super) key: Vec<u8>,
-    /// The owner's marker.
-    pub(super) marker: Vec<u8>,
+    /// The owner, unless it is the acquisition's id (an anonymous acquisition's owner):
+    /// its marker is made from it when needed, not kept (thousands of waiters would each
+    /// keep one).
+    pub(super) owner: Option<Box<str>>,
     pub(super) lease: Option<EtcdLease>,
     pub(super) state: State,
     /// A re-entry's hold key (see [`hold_key`]), on `lease`, as it was granted; `None`
@@ -72,6 +74,11 @@ impl State {
 }
 
 impl Acquisition {
+    /// What a record of acquisition `id` keeps of `owner`.
+    pub(super) fn owner_of(id: &LeaseId, owner: &str) -> Option<Box<str>> {
+        (owner != id.as_str()).then(|| owner.into())
+    }
+
     /// Our key, if it waits in the queue, and its place there.
     pub(super) fn queued(&self) -> Option<(Ours, &Waiting)> {
         match self {
@@ -107,6 +114,17 @@ pub(super) struct Ours {
     pub(super) create: i64,
     /// When the last attempt started: a hand-over lease counts from there.
     pub(super) attempted: Instant,
+}
+
+/// The marker of `key`, acquisition `id`'s of lock `name`, whose record keeps `owner`
+/// (see [`Acquisition::owner_of`]).
+pub(super) fn owners_marker(
+    name: &LockName,
+    id: &LeaseId,
+    owner: Option<&str>,
+    key: &[u8],
+) -> Vec<u8> {
+    marker_key(name, owner.unwrap_or(id.as_str()), key)
 }
 
 pub(super) fn conflict(req: &AcquireRequest, refusal: rules::Refusal) -> Error {
@@ -215,7 +233,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key: ours.key.clone(),
-                marker: marker_key(&req.name, &req.owner, &ours.key),
+                owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(ours.lease),
                 state: State::Held { create, modified },
                 hold: None,
@@ -229,7 +247,7 @@ impl EtcdStore {
         self.record(
             &req.lease,
             Acquisition {
-                marker: marker_key(&req.name, &req.owner, &ours.key),
+                owner: Acquisition::owner_of(&req.lease, &req.owner),
                 key: ours.key,
                 lease: Some(ours.lease),
                 state: State::Queued {
@@ -281,7 +299,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 key: Vec::new(),
-                marker: Vec::new(),
+                owner: None,
                 lease: None,
                 state: State::Outside { blocker },
                 hold: None,

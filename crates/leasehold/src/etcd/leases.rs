@@ -349,14 +349,15 @@ impl EtcdStore {
     pub(super) async fn on_full_lease(&self, req: &AcquireRequest, grant: Grant) -> Grant {
         let Some(Acquisition {
             key,
-            marker,
             lease: Some(short),
             state: State::Held { create, .. },
             hold: None,
+            ..
         }) = self.acquisition(&req.lease)
         else {
             return grant;
         };
+        let marker = marker_key(&req.name, &req.owner, &key);
         if !short.ours || short.asked >= lease_seconds(req.ttl) {
             return grant;
         }
@@ -498,12 +499,12 @@ mod tests {
         let name = LockName::new("cancelled-move").unwrap();
         let req = request(&name, "o");
         let short = store.lease_for(Duration::from_secs(5)).await.unwrap();
-        let (key, marker, create) = put_key(&store, &req, short).await;
+        let (key, _, create) = put_key(&store, &req, short).await;
         store.record(
             &req.lease,
             Acquisition {
                 key: key.clone(),
-                marker,
+                owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(short),
                 state: State::Held {
                     create,

@@ -72,8 +72,12 @@ struct State {
 
 struct Waiter {
     own: KeyId,
-    /// A few keys (a list is smaller than a set, and as quick at this size).
-    ahead: Vec<KeyId>,
+    /// The keys ahead as its read found them (a list is smaller than a set, and as quick
+    /// at this size), shared with its acquisition's record; `gone` marks those deleted
+    /// since, and `left` counts the rest.
+    ahead: Arc<[KeyId]>,
+    gone: Gone,
+    left: usize,
     /// How many keys may remain ahead when it holds.
     room: usize,
     /// Deletions at or before this revision are already reflected in `ahead`.
@@ -82,6 +86,45 @@ struct Waiter {
     /// of waiters wait in lines).
     turn: Option<Turn>,
     waker: Option<Waker>,
+}
+
+/// Which of a waiter's keys ahead have gone, by index: a word for up to 64 keys.
+enum Gone {
+    Few(u64),
+    Many(Box<[u64]>),
+}
+
+impl Gone {
+    fn none_of(keys: usize) -> Gone {
+        match keys {
+            0..=64 => Gone::Few(0),
+            _ => Gone::Many(vec![0; keys.div_ceil(64)].into()),
+        }
+    }
+
+    /// Marks key `i` gone; whether it had not been.
+    fn mark(&mut self, i: usize) -> bool {
+        let (word, bit) = match self {
+            Gone::Few(word) => (word, i),
+            Gone::Many(words) => (&mut words[i / 64], i % 64),
+        };
+        let had = *word & (1 << bit) != 0;
+        *word |= 1 << bit;
+        !had
+    }
+}
+
+impl Waiter {
+    /// Counts `key`'s deletion if it was ahead; whether few enough keys are left then.
+    fn deleted(&mut self, key: &KeyId) -> bool {
+        let Some(at) = self.ahead.iter().position(|k| k == key) else {
+            return false;
+        };
+        if self.gone.mark(at) {
+            self.left -= 1;
+        }
+        self.left <= self.room
+    }
 }
 
 /// Why a writer's wait is over.
@@ -137,7 +180,13 @@ impl Line {
 
     /// Joins the waiter whose key is `own`, with the keys `ahead` of it that could keep it
     /// out as read at revision `seen`, `room` of which may remain when it holds.
-    pub fn join(self: &Arc<Self>, own: &[u8], ahead: &[KeyId], room: usize, seen: i64) -> Joined {
+    pub fn join(
+        self: &Arc<Self>,
+        own: &[u8],
+        ahead: &Arc<[KeyId]>,
+        room: usize,
+        seen: i64,
+    ) -> Joined {
         let over = |state: std::sync::MutexGuard<'_, State>, turn| {
             // A line nobody waits in ends.
             if state.waiting.is_empty() {
@@ -153,35 +202,32 @@ impl Line {
         if seen < state.complete_after {
             return Joined::Gap(state.complete_after);
         }
-        let own = KeyId::of(own);
-        let mut ahead = ahead.to_vec();
+        let mut waiter = Waiter {
+            own: KeyId::of(own),
+            ahead: ahead.clone(),
+            gone: Gone::none_of(ahead.len()),
+            left: ahead.len(),
+            room,
+            seen,
+            turn: None,
+            waker: None,
+        };
         let mut gone = false;
         for (revision, key) in &state.log {
             if *revision > seen {
-                gone |= *key == own;
-                ahead.retain(|k| k != key);
+                gone |= *key == waiter.own;
+                waiter.deleted(key);
             }
         }
-        ahead.shrink_to_fit();
         if gone {
             return over(state, Turn::Gone);
         }
-        if ahead.len() <= room {
+        if waiter.left <= room {
             return over(state, Turn::Free);
         }
         let id = state.next_id;
         state.next_id += 1;
-        state.waiting.insert(
-            id,
-            Waiter {
-                own,
-                ahead,
-                room,
-                seen,
-                turn: None,
-                waker: None,
-            },
-        );
+        state.waiting.insert(id, waiter);
         Joined::Waiting(Place {
             line: self.clone(),
             id,
@@ -223,13 +269,10 @@ impl Line {
             .filter_map(|w| {
                 if w.own == key {
                     w.turn = Some(Turn::Gone);
-                } else {
-                    let at = w.ahead.iter().position(|k| *k == key)?;
-                    w.ahead.swap_remove(at);
-                    if w.ahead.len() > w.room {
-                        return None;
-                    }
+                } else if w.deleted(&key) {
                     w.turn = Some(Turn::Free);
+                } else {
+                    return None;
                 }
                 w.waker.take()
             })
@@ -332,11 +375,28 @@ mod tests {
     #[tokio::test]
     async fn a_writer_is_let_in_when_the_last_key_ahead_goes() {
         let line = line(10);
-        let mut place = waiting(line.join(b"me", &[key("a"), key("b")], 0, 12));
+        let mut place = waiting(line.join(b"me", &[key("a"), key("b")].into(), 0, 12));
         line.deleted(13, b"zz"); // behind us
         line.deleted(14, b"b");
         assert!(!place.is_ready(), "a is still ahead");
         line.deleted(15, b"a");
+        assert_eq!(place.turn().await, Some(Turn::Free));
+    }
+
+    #[tokio::test]
+    async fn a_writer_behind_many_keys_counts_each_deletion_once() {
+        // More keys than one word of `Gone` marks.
+        let names: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+        let ahead: Arc<[KeyId]> = names.iter().map(|n| key(n)).collect();
+        let line = line(10);
+        line.deleted(11, b"k99"); // before our read: still ahead
+        let mut place = waiting(line.join(b"me", &ahead, 0, 12));
+        for (revision, name) in (13..).zip(&names[..99]) {
+            line.deleted(revision, name.as_bytes());
+        }
+        line.deleted(200, b"k98"); // again (put again behind us, and gone)
+        assert!(!place.is_ready(), "k99 is still ahead");
+        line.deleted(201, b"k99");
         assert_eq!(place.turn().await, Some(Turn::Free));
     }
 
@@ -346,7 +406,7 @@ mod tests {
         // at 12: the new "a" is still ahead of us.
         let line = line(10);
         line.deleted(11, b"a");
-        let mut place = waiting(line.join(b"me", &[key("a")], 0, 12));
+        let mut place = waiting(line.join(b"me", &[key("a")].into(), 0, 12));
         line.deleted(12, b"a");
         assert!(!place.is_ready());
         line.deleted(13, b"a");
@@ -358,14 +418,14 @@ mod tests {
         let line = line(10);
         line.deleted(13, b"a");
         assert!(matches!(
-            line.join(b"me", &[key("a")], 0, 12),
+            line.join(b"me", &[key("a")].into(), 0, 12),
             Joined::Over(Turn::Free)
         ));
         assert!(line.ended(), "nobody waits in it");
         let line = super::tests::line(10);
         line.deleted(14, b"me");
         assert!(matches!(
-            line.join(b"me", &[key("b")], 0, 12),
+            line.join(b"me", &[key("b")].into(), 0, 12),
             Joined::Over(Turn::Gone)
         ));
     }
@@ -373,7 +433,7 @@ mod tests {
     #[tokio::test]
     async fn the_writers_own_key_going_ends_its_wait() {
         let line = line(10);
-        let mut place = waiting(line.join(b"me", &[key("a")], 0, 12));
+        let mut place = waiting(line.join(b"me", &[key("a")].into(), 0, 12));
         line.deleted(13, b"me");
         assert_eq!(place.turn().await, Some(Turn::Gone));
     }
@@ -382,7 +442,7 @@ mod tests {
     async fn a_permit_waiter_is_let_in_when_few_enough_keys_are_ahead() {
         let line = line(10);
         let ahead = [key("a"), key("b"), key("c")];
-        let mut place = waiting(line.join(b"me", &ahead, 1, 12));
+        let mut place = waiting(line.join(b"me", &ahead.into(), 1, 12));
         line.deleted(13, b"b");
         assert!(!place.is_ready(), "a and c are ahead, room for one");
         line.deleted(14, b"c");
@@ -393,7 +453,7 @@ mod tests {
     fn a_read_older_than_the_line_is_a_gap() {
         let line = line(10);
         assert!(matches!(
-            line.join(b"me", &[key("a")], 0, 9),
+            line.join(b"me", &[key("a")].into(), 0, 9),
             Joined::Gap(10)
         ));
         // The log drops its oldest deletions (at 11 and 12): it no longer covers 12.
@@ -401,11 +461,11 @@ mod tests {
             line.deleted(revision, b"x");
         }
         assert!(matches!(
-            line.join(b"me", &[key("a")], 0, 11),
+            line.join(b"me", &[key("a")].into(), 0, 11),
             Joined::Gap(12)
         ));
         assert!(matches!(
-            line.join(b"me", &[key("a")], 0, 12),
+            line.join(b"me", &[key("a")].into(), 0, 12),
             Joined::Waiting(_)
         ));
     }
@@ -413,12 +473,15 @@ mod tests {
     #[tokio::test]
     async fn the_last_writer_to_leave_ends_the_line() {
         let line = line(10);
-        let first = waiting(line.join(b"me", &[key("a")], 0, 12));
-        let mut second = waiting(line.join(b"you", &[key("a"), key("me")], 0, 12));
+        let first = waiting(line.join(b"me", &[key("a")].into(), 0, 12));
+        let mut second = waiting(line.join(b"you", &[key("a"), key("me")].into(), 0, 12));
         drop(first);
         assert!(!line.ended());
         line.end();
         assert_eq!(second.turn().await, None);
-        assert!(matches!(line.join(b"x", &[key("a")], 0, 12), Joined::Ended));
+        assert!(matches!(
+            line.join(b"x", &[key("a")].into(), 0, 12),
+            Joined::Ended
+        ));
     }
 }

@@ -1,6 +1,7 @@
 //! The queue model, pure: the key layout, the values of queue and hold keys, where a key
 //! stands in its queue (who holds), and the reads and writes of that layout as etcd ops.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -126,8 +127,9 @@ impl KeyId {
 /// What a waiting key waits for: the deletion of keys ahead of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Waiting {
-    /// The keys ahead whose deletion can let it in (see [`EtcdStore::wait_in_line`]).
-    pub(super) ahead: Vec<KeyId>,
+    /// The keys ahead whose deletion can let it in (see [`EtcdStore::wait_in_line`]):
+    /// shared by the acquisition's record and its place in line.
+    pub(super) ahead: Arc<[KeyId]>,
     /// How many of them may remain when it holds.
     pub(super) room: usize,
     /// Behind a waiting key of its own owner: when `ahead` is down to `room`, it does not
@@ -165,7 +167,7 @@ pub(super) fn standing(queue: &[Member], at: usize) -> Standing {
         };
     }
     let keys = |members: &mut dyn Iterator<Item = &Member>| {
-        members.map(|m| KeyId::of(&m.kv.key)).collect::<Vec<_>>()
+        members.map(|m| KeyId::of(&m.kv.key)).collect::<Arc<[_]>>()
     };
     let waiting = match queue[at].entry.kind {
         LockKind::Exclusive => writer_waiting(at, |i| &queue[i].kv.key),

@@ -139,10 +139,10 @@ impl EtcdStore {
         let (key, create) = (&member.kv.key, member.kv.create_revision);
         let lease = self.lease_for(req.ttl).await?;
         let hold = hold_key(&req.name, create, lease.id);
-        let marker = marker_key(&req.name, &req.owner, key);
+        let owner = Acquisition::owner_of(&req.lease, &req.owner);
         let acquisition = |state| Acquisition {
             key: key.clone(),
-            marker: marker.clone(),
+            owner: owner.clone(),
             lease: Some(lease),
             state,
             hold: Some(hold.clone()),

@@ -5,7 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::acquisitions::{Acquisition, State};
+use super::acquisitions::{owners_marker, Acquisition, State};
 use super::queue::*;
 use super::rpc::{prefix_end, Compare, Op, RangeRequest};
 use super::wait::Blocker;
@@ -80,11 +80,12 @@ impl Store for EtcdStore {
             // The key's own hold, or a waiting key: with no re-entries, delete it.
             Some(Acquisition {
                 key,
-                marker,
+                owner,
                 lease: Some(etcd_lease),
                 state,
                 hold: None,
             }) if matches!(state, State::Held { .. } | State::Queued { .. }) => {
+                let marker = owners_marker(&lease.name, &lease.id, owner.as_deref(), &key);
                 let (create, modified) = match state {
                     State::Held { create, modified } => (create, modified),
                     State::Queued { create, .. } => (create, create),
