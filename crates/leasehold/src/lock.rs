@@ -728,7 +728,7 @@ impl Lock {
             pending: Pending::new(&self.client, req),
             started,
             answered: false,
-            backoff: FIRST_BACKOFF,
+            troubles: 0,
             waiting: None,
         };
         async move {
@@ -764,12 +764,15 @@ impl Lock {
                 // Until the store signals a change, or `wake.at`; only a change that needs
                 // more (a hand-over's confirmation, a backoff) is boxed.
                 let Wake { watermark, at } = wake;
-                let changed = timeout_at(at, self.client.store.changed(req, watermark)).await;
-                let changed = match changed {
+                let changed = timeout_at(at, self.client.store.changed(req, watermark));
+                // What the change leads to is built in the match, so that the loop keeps
+                // no room for the change itself while it waits.
+                let step = match changed.await {
                     Ok(Ok(None)) | Err(_) => continue,
-                    Ok(changed) => changed,
+                    Ok(changed) => {
+                        Box::pin(self.after_change(req, changed, sent, at, &mut progress))
+                    }
                 };
-                let step = Box::pin(self.after_change(req, changed, sent, at, &mut progress));
                 if let ControlFlow::Break(done) = step.await {
                     return done;
                 }
@@ -877,7 +880,7 @@ impl Lock {
         progress: &mut Progress<'_>,
     ) -> ControlFlow<Acquired, Option<Wake>> {
         progress.answered = true;
-        progress.backoff = FIRST_BACKOFF;
+        progress.troubles = 0;
         let deadline = match progress.wait {
             Wait::No => {
                 progress.pending.disarm();
@@ -947,8 +950,7 @@ impl Lock {
     /// again. Otherwise the acquire ends with the error, its attempt undone.
     async fn trouble(&self, error: Error, progress: &mut Progress<'_>) -> Step {
         if progress.answered && error.is_retryable() && !matches!(progress.wait, Wait::No) {
-            let retry = Instant::now() + jitter(progress.backoff);
-            progress.backoff = (progress.backoff * 2).min(Duration::from_secs(1));
+            let retry = Instant::now() + jitter(progress.backoff());
             if let Wait::Until(deadline) = progress.wait {
                 if retry >= deadline {
                     progress.pending.undo_within(LATE_ANSWER).await;
@@ -1005,8 +1007,8 @@ struct Progress<'a> {
     started: Instant,
     /// Whether the store has answered an attempt.
     answered: bool,
-    /// How long to wait before asking again after store trouble.
-    backoff: Duration,
+    /// Store troubles in a row while waiting: the next backoff doubles with each.
+    troubles: u8,
     /// Counts this acquire as waiting once the store said busy.
     waiting: Option<crate::metrics::Waiting>,
 }
@@ -1015,6 +1017,13 @@ impl Progress<'_> {
     /// When a store call of the wait is given up on.
     fn bound(&self) -> Option<Instant> {
         bound(self.wait)
+    }
+
+    /// How long to wait before asking again after store trouble, counting this one.
+    fn backoff(&mut self) -> Duration {
+        let doubled = FIRST_BACKOFF.saturating_mul(1 << self.troubles.min(5));
+        self.troubles = self.troubles.saturating_add(1);
+        doubled.min(Duration::from_secs(1))
     }
 }
 
@@ -1083,5 +1092,24 @@ impl Drop for Pending<'_> {
             };
             self.client.tasks.spawn_on(undo, &runtime);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    /// A waiter in its store's queue (thousands of them) carries its acquire's box while
+    /// it waits: the request, the loop's progress and its wait for a change, and no room
+    /// for what a change or an attempt leads to.
+    #[tokio::test]
+    async fn an_acquire_that_waits_in_the_store_stays_small() {
+        let locks = Leasehold::new(MemoryStore::new());
+        // With an owner id: not gated, the store loop runs in the box.
+        let lock = locks.mutex("box-size").unwrap().with_owner("o");
+        let acquiring = lock.acquire(Wait::Forever, Instant::now()).unwrap();
+        let size = std::mem::size_of_val(&*acquiring);
+        assert!(size <= 464, "the acquire's box: {size} bytes");
     }
 }

@@ -154,7 +154,7 @@ impl EtcdStore {
         self.record(
             &req.lease,
             Acquisition {
-                key: key.clone(),
+                key: key.as_slice().into(),
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(lease),
                 state: State::Unknown,
@@ -380,7 +380,7 @@ impl EtcdStore {
             queue[..mine].iter().map(|m| KeyId::of(&m.kv.key)).collect();
         let here = Standing {
             waiting: Some(Waiting {
-                room: ahead.len() - 1,
+                room: u32::try_from(ahead.len() - 1).unwrap_or(u32::MAX),
                 ahead,
                 second: true,
             }),
@@ -529,7 +529,7 @@ impl EtcdStore {
     }
 
     /// A recheck that the line answers: where our key stands follows from the deletions
-    /// it has watched since our last read (see [`wait_in_line`](Self::wait_in_line)), so
+    /// it has watched since our last read (see [`deletion_lets_in`](Self::deletion_lets_in)), so
     /// the recheck only keeps our waiter lease alive, one message on the client's
     /// keepalive stream instead of a read of the queue. Thousands of waiters of one
     /// process cost etcd their keepalives, no reads. A keepalive that fails falls back
@@ -555,7 +555,9 @@ impl EtcdStore {
                 Ok(Pass::Done(self.wait_queued(req, ours, waiting, busy)))
             }
             Ok(None) => Err(self.wait_ended(req)),
-            Err(_) => self.recheck(req, ours, false).await,
+            // Boxed: a full recheck is about 6 KB, and a keepalive that goes through
+            // (thousands of waiters' at a time) needs none of it.
+            Err(_) => Box::pin(self.recheck(req, ours, false)).await,
         }
     }
 
@@ -720,7 +722,7 @@ pub(super) mod tests {
         store.record(
             &retried.lease,
             Acquisition {
-                key: key.clone(),
+                key: key.as_slice().into(),
                 owner: Acquisition::owner_of(&retried.lease, &retried.owner),
                 lease: Some(lease),
                 state: State::Unknown,
@@ -743,5 +745,34 @@ pub(super) mod tests {
             );
         }
         assert_eq!(queue.len(), 1, "only the older key is left");
+    }
+
+    /// A recheck that a waiter's line answers is a keepalive: thousands of waiters' are
+    /// on their way at a time, so it must not carry a full recheck's state (6 KB and
+    /// more).
+    #[tokio::test]
+    async fn a_recheck_in_line_carries_its_keepalive_alone() {
+        let (_server, store) = started().await;
+        let req = request(&LockName::new("small-recheck").unwrap(), "o");
+        let ours = Ours {
+            key: Vec::new(),
+            lease: super::super::leases::borrowed(1),
+            create: 1,
+            attempted: Instant::now(),
+        };
+        let waiting = Waiting {
+            ahead: Arc::from([]),
+            room: 0,
+            second: false,
+        };
+        let busy = Busy {
+            holder: None,
+            position: None,
+            retry_in: None,
+            watermark: crate::store::Watermark(0),
+        };
+        let recheck = store.recheck_in_line(&req, ours, waiting, busy);
+        let size = std::mem::size_of_val(&recheck);
+        assert!(size <= 2048, "recheck_in_line: {size} bytes");
     }
 }

@@ -17,7 +17,7 @@ pub(super) const BUSY_QUEUES: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub(super) struct Acquisition {
-    pub(super) key: Vec<u8>,
+    pub(super) key: Box<[u8]>,
     /// The owner, unless it is the acquisition's id (an anonymous acquisition's owner):
     /// its marker is made from it when needed, not kept (thousands of waiters would each
     /// keep one).
@@ -26,7 +26,7 @@ pub(super) struct Acquisition {
     pub(super) state: State,
     /// A re-entry's hold key (see [`hold_key`]), on `lease`, as it was granted; `None`
     /// for the hold that the queue key itself carries.
-    pub(super) hold: Option<Vec<u8>>,
+    pub(super) hold: Option<Box<[u8]>>,
 }
 
 #[derive(Clone, Debug)]
@@ -46,7 +46,7 @@ pub(super) enum State {
         /// (one copy for the queue's waiting keys) and our position.
         seen: i64,
         holder: Option<Arc<HolderInfo>>,
-        position: Option<usize>,
+        position: Option<u32>,
     },
     /// Granted: our key (or our owner's, re-entered) at `create`, last written at
     /// `modified`.
@@ -64,7 +64,7 @@ impl State {
                 ..
             } => Some(Busy {
                 holder: holder.as_deref().cloned(),
-                position: *position,
+                position: position.map(|p| p as usize),
                 retry_in: None,
                 watermark: Watermark(*seen as u64),
             }),
@@ -95,7 +95,7 @@ impl Acquisition {
                 ..
             } => Some((
                 Ours {
-                    key: key.clone(),
+                    key: key.to_vec(),
                     lease: *lease,
                     create: *create,
                     attempted: *attempted,
@@ -232,7 +232,7 @@ impl EtcdStore {
         self.record(
             &req.lease,
             Acquisition {
-                key: ours.key.clone(),
+                key: ours.key.as_slice().into(),
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(ours.lease),
                 state: State::Held { create, modified },
@@ -248,7 +248,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
-                key: ours.key,
+                key: ours.key.into(),
                 lease: Some(ours.lease),
                 state: State::Queued {
                     create: ours.create,
@@ -256,7 +256,7 @@ impl EtcdStore {
                     attempted: ours.attempted,
                     seen: busy.watermark.0 as i64,
                     holder: busy.holder.clone().map(|h| self.shown_holder(&req.name, h)),
-                    position: busy.position,
+                    position: busy.position.map(|p| u32::try_from(p).unwrap_or(u32::MAX)),
                 },
                 hold: None,
             },
@@ -298,7 +298,7 @@ impl EtcdStore {
         self.record(
             &req.lease,
             Acquisition {
-                key: Vec::new(),
+                key: Box::default(),
                 owner: None,
                 lease: None,
                 state: State::Outside { blocker },

@@ -58,7 +58,7 @@ impl EtcdStore {
             }) => (key, create),
             Some(_) => return Ok(Renewal::Lost),
             None => match self.find(&lease.name, &lease.id).await? {
-                Some((member, _, true)) => (member.kv.key, member.kv.create_revision),
+                Some((member, _, true)) => (member.kv.key.into(), member.kv.create_revision),
                 _ => return Ok(Renewal::Lost),
             },
         };
@@ -105,7 +105,7 @@ impl EtcdStore {
                 modified,
             } = &mut a.state
             {
-                if a.key == key && *c == create && *modified < revision {
+                if *a.key == *key && *c == create && *modified < revision {
                     *modified = revision;
                 }
             }

@@ -107,8 +107,8 @@ impl EtcdStore {
             None => match self.find(&lease.name, &lease.id).await? {
                 Some((m, hold, _)) => {
                     let on = hold.as_ref().map_or(m.kv.lease, |h| h.lease);
-                    let hold = hold.map(|h| h.key);
-                    (m.kv.key, borrowed(on), m.kv.create_revision, hold)
+                    let hold = hold.map(|h| h.key.into());
+                    (m.kv.key.into(), borrowed(on), m.kv.create_revision, hold)
                 }
                 None => return Ok(Pass::Done(Renewal::Lost)),
             },
@@ -503,7 +503,7 @@ mod tests {
         store.record(
             &req.lease,
             Acquisition {
-                key: key.clone(),
+                key: key.as_slice().into(),
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(short),
                 state: State::Held {

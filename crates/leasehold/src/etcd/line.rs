@@ -65,7 +65,8 @@ struct State {
     log: VecDeque<(i64, KeyId)>,
     /// Every deletion after this revision is in `log` (or was applied before it joined).
     complete_after: i64,
-    waiting: HashMap<u64, Waiter>,
+    /// Boxed: a map keeps room for more entries than it has, and a waiter is large.
+    waiting: HashMap<u64, Box<Waiter>>,
     next_id: u64,
     ended: bool,
 }
@@ -77,9 +78,9 @@ struct Waiter {
     /// since, and `left` counts the rest.
     ahead: Arc<[KeyId]>,
     gone: Gone,
-    left: usize,
+    left: u32,
     /// How many keys may remain ahead when it holds.
-    room: usize,
+    room: u32,
     /// Deletions at or before this revision are already reflected in `ahead`.
     seen: i64,
     /// Set when its wait is over, and its task woken (no channel of its own: thousands
@@ -184,7 +185,7 @@ impl Line {
         self: &Arc<Self>,
         own: &[u8],
         ahead: &Arc<[KeyId]>,
-        room: usize,
+        room: u32,
         seen: i64,
     ) -> Joined {
         let over = |state: std::sync::MutexGuard<'_, State>, turn| {
@@ -202,11 +203,12 @@ impl Line {
         if seen < state.complete_after {
             return Joined::Gap(state.complete_after);
         }
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let mut waiter = Waiter {
             own: KeyId::of(own),
             ahead: ahead.clone(),
             gone: Gone::none_of(ahead.len()),
-            left: ahead.len(),
+            left: count(ahead.len()),
             room,
             seen,
             turn: None,
@@ -222,12 +224,12 @@ impl Line {
         if gone {
             return over(state, Turn::Gone);
         }
-        if waiter.left <= room {
+        if waiter.left <= waiter.room {
             return over(state, Turn::Free);
         }
         let id = state.next_id;
         state.next_id += 1;
-        state.waiting.insert(id, waiter);
+        state.waiting.insert(id, Box::new(waiter));
         Joined::Waiting(Place {
             line: self.clone(),
             id,

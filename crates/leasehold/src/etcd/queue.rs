@@ -127,11 +127,11 @@ impl KeyId {
 /// What a waiting key waits for: the deletion of keys ahead of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Waiting {
-    /// The keys ahead whose deletion can let it in (see [`EtcdStore::wait_in_line`]):
+    /// The keys ahead whose deletion can let it in (see [`EtcdStore::deletion_lets_in`]):
     /// shared by the acquisition's record and its place in line.
     pub(super) ahead: Arc<[KeyId]>,
     /// How many of them may remain when it holds.
-    pub(super) room: usize,
+    pub(super) room: u32,
     /// Behind a waiting key of its own owner: when `ahead` is down to `room`, it does not
     /// hold, it looks again (its owner may hold by then: see [`EtcdStore::behind_owner`]).
     pub(super) second: bool,
@@ -184,7 +184,7 @@ pub(super) fn standing(queue: &[Member], at: usize) -> Standing {
         // A permit holder is among the first `permits`.
         LockKind::Permit { permits } => Some(Waiting {
             ahead: keys(&mut queue[..at].iter()),
-            room: permits as usize - 1,
+            room: permits - 1,
             second: false,
         }),
     };
@@ -390,7 +390,7 @@ mod tests {
     }
 
     /// Waiting for the keys `ahead` (by index), `room` of which may remain.
-    fn waits_for(ahead: &[u8], room: usize) -> Option<Waiting> {
+    fn waits_for(ahead: &[u8], room: u32) -> Option<Waiting> {
         Some(Waiting {
             ahead: ahead.iter().map(|&i| KeyId::of(&[b'k', i])).collect(),
             room,

@@ -141,11 +141,11 @@ impl EtcdStore {
         let hold = hold_key(&req.name, create, lease.id);
         let owner = Acquisition::owner_of(&req.lease, &req.owner);
         let acquisition = |state| Acquisition {
-            key: key.clone(),
+            key: key.as_slice().into(),
             owner: owner.clone(),
             lease: Some(lease),
             state,
-            hold: Some(hold.clone()),
+            hold: Some(hold.clone().into()),
         };
         // Unanswered, the hold key is undone by revoking its lease.
         self.record(&req.lease, acquisition(State::Unknown));
@@ -344,7 +344,7 @@ impl EtcdStore {
         };
         self.update(&lease.id, |a| {
             a.lease = Some(alive);
-            a.hold = Some(hold.key.clone());
+            a.hold = Some(hold.key.clone().into());
         });
         if key_alive.ttl() >= ttl && alive.ttl() >= ttl {
             return Ok(Pass::Done(Renewal::Renewed));

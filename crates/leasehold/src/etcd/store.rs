@@ -1,5 +1,7 @@
 //! The [`Store`] impl: each call of the trait, routed to the rooms that do the work.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -112,7 +114,7 @@ impl Store for EtcdStore {
                 return Ok(Released::NotHeld);
             }
             None => match self.find(&lease.name, &lease.id).await? {
-                Some((member, ..)) => (member.kv.key, member.kv.create_revision, None),
+                Some((member, ..)) => (member.kv.key.into(), member.kv.create_revision, None),
                 None => return Ok(Released::NotHeld),
             },
         };
@@ -134,34 +136,20 @@ impl Store for EtcdStore {
         Ok((released, self.acquire(to).await?))
     }
 
-    async fn changed(&self, req: &AcquireRequest, since: Watermark) -> Result<Option<Grant>> {
-        let seen = since.0 as i64;
-        let grant = match req.kind {
-            // A reader is also let in by a writer's downgrade, which deletes nothing.
-            // Raced only while it waits: a grant, once come, is seen through.
-            // Boxed, as the wait outside the queue is: a queued writer (thousands of
-            // them) carries its wait in line alone.
-            LockKind::Shared => {
-                Box::pin(async {
-                    tokio::select! {
-                        grant = self.deletion_lets_in(req, seen) => grant,
-                        downgraded = Box::pin(self.downgraded(req, seen)) => {
-                            downgraded?;
-                            self.look_again(&req.lease);
-                            Ok(None)
-                        }
-                    }
-                })
-                .await?
-            }
-            _ => self.deletion_lets_in(req, seen).await?,
-        };
-        match grant {
-            // The hand-over's calls are boxed, so that each waiter carries only what it
-            // needs while it waits (see `wait_in_line`).
-            Some(grant) => Ok(Some(Box::pin(self.on_full_lease(req, grant)).await)),
-            None => Ok(None),
-        }
+    /// Written out as `async_trait` would make it, so that the box holds the wait
+    /// itself ([`changed_since`](EtcdStore::changed_since)), not a frame around it: every
+    /// waiter (thousands of them) carries this box while it waits.
+    fn changed<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        req: &'life1 AcquireRequest,
+        since: Watermark,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Grant>>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(self.changed_since(req, since.0 as i64))
     }
 
     async fn ended(&self, lease: &Lease) -> Result<()> {
@@ -176,7 +164,7 @@ impl Store for EtcdStore {
         let mut seen = modified;
         let mut trouble = Duration::from_millis(50);
         loop {
-            match self.deleted(&Blocker::Key(key.clone()), seen).await {
+            match self.deleted(&Blocker::Key(key.to_vec()), seen).await {
                 Ok(true) => return Ok(()),
                 Ok(false) => {
                     // Compacted past `seen`: is our key still there?
@@ -321,13 +309,57 @@ impl Store for EtcdStore {
 }
 
 impl EtcdStore {
-    /// Resolves once a deletion may let `req` in: for a waiter outside the queue, of
-    /// what keeps it out; for a queued one, in its line (see [`wait_in_line`]), with the
-    /// grant of a hand-over, whose key is still to move to a full lease.
-    ///
-    /// [`wait_in_line`]: Self::wait_in_line
+    /// [`Store::changed`]: a wait for a deletion that lets `req` in, then a hand-over's
+    /// move onto the full lease.
     #[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice
-    fn deletion_lets_in<'a>(
+    fn changed_since<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+        seen: i64,
+    ) -> impl Future<Output = Result<Option<Grant>>> + Send + 'a {
+        async move {
+            let grant = match req.kind {
+                // A reader is also let in by a writer's downgrade, which deletes nothing.
+                // Raced only while it waits: a grant, once come, is seen through.
+                // Boxed, as the wait outside the queue is: a queued writer (thousands of
+                // them) carries its wait in line alone.
+                LockKind::Shared => {
+                    Box::pin(async {
+                        tokio::select! {
+                            grant = self.deletion_lets_in(req, seen) => grant,
+                            downgraded = Box::pin(self.downgraded(req, seen)) => {
+                                downgraded?;
+                                self.look_again(&req.lease);
+                                Ok(None)
+                            }
+                        }
+                    })
+                    .await?
+                }
+                _ => self.deletion_lets_in(req, seen).await?,
+            };
+            match grant {
+                // The hand-over's calls are boxed, so that each waiter carries only what
+                // it needs while it waits (see `deletion_lets_in`).
+                Some(grant) => Ok(Some(Box::pin(self.on_full_lease(req, grant)).await)),
+                None => Ok(None),
+            }
+        }
+    }
+
+    /// Resolves once a deletion may let `req` in: for a waiter outside the queue, of
+    /// what keeps it out; for a queued one, in its line, with the grant of a hand-over,
+    /// whose key is still to move to a full lease.
+    ///
+    /// A queued acquisition waits in line here rather than in the lock loop. The process
+    /// watches the queue for deletions once for all its waiters (see line.rs), and a
+    /// waiter holds when enough of the keys that could keep it out have gone: the release
+    /// that lets it in reaches it as one event, with no read or watch of its own on the
+    /// hand-over's path. While it waits, a waiter keeps its place in line alone (a few
+    /// words): joining, which may start the line's watch or read the queue, is boxed, and
+    /// its key is read from its record once its turn comes.
+    #[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice
+    pub(super) fn deletion_lets_in<'a>(
         &'a self,
         req: &'a AcquireRequest,
         seen: i64,
@@ -342,7 +374,16 @@ impl EtcdStore {
                 _ => None,
             });
             match queued {
-                Some(true) => return self.wait_in_line(req, seen).await,
+                Some(true) => {
+                    let mut place = match Box::pin(self.join_line(req, seen)).await? {
+                        Ok(place) => place,
+                        Err(over) => return Ok(over),
+                    };
+                    return match place.turn().await {
+                        Some(turn) => Ok(self.after_turn(req, turn)),
+                        None => Err(self.watch_ended()),
+                    };
+                }
                 Some(false) => {}
                 None => return std::future::pending().await,
             }
