@@ -361,8 +361,8 @@ impl Lock {
     }
 
     /// The re-entry key: acquiring again under the same owner id adds a hold and returns
-    /// the same fencing token instead of waiting for itself. Default: a fresh id per
-    /// acquisition (no re-entry, like `std::sync::Mutex`).
+    /// the same fencing token instead of waiting for itself. Default: each acquisition's
+    /// own random id (no re-entry, like `std::sync::Mutex`).
     pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
         self

@@ -136,9 +136,9 @@ impl Store for EtcdStore {
         Ok((released, self.acquire(to).await?))
     }
 
-    /// Written out as `async_trait` would make it, so that the box holds the wait
-    /// itself ([`changed_since`](EtcdStore::changed_since)), not a frame around it: every
-    /// waiter (thousands of them) carries this box while it waits.
+    // Written out as `async_trait` would make it, so that the box holds the wait itself
+    // (`changed_since`), not a frame around it: every waiter (thousands of them) carries
+    // this box while it waits.
     fn changed<'life0, 'life1, 'async_trait>(
         &'life0 self,
         req: &'life1 AcquireRequest,
