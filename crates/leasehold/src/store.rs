@@ -78,7 +78,7 @@ impl std::borrow::Borrow<str> for LeaseId {
 }
 
 /// 128 random bits as 32 lowercase hex digits, written in `out`.
-pub(crate) fn random_hex(out: &mut [u8; 32]) -> &str {
+fn random_hex(out: &mut [u8; 32]) -> &str {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bits = rand::random::<u128>();
     for (i, digit) in out.iter_mut().enumerate() {

@@ -380,7 +380,7 @@ impl EtcdStore {
             queue[..mine].iter().map(|m| KeyId::of(&m.kv.key)).collect();
         let here = Standing {
             waiting: Some(Waiting {
-                room: u32::try_from(ahead.len() - 1).unwrap_or(u32::MAX),
+                room: count(ahead.len() - 1),
                 ahead,
                 second: true,
             }),

@@ -256,7 +256,7 @@ impl EtcdStore {
                     attempted: ours.attempted,
                     seen: busy.watermark.0 as i64,
                     holder: busy.holder.clone().map(|h| self.shown_holder(&req.name, h)),
-                    position: busy.position.map(|p| u32::try_from(p).unwrap_or(u32::MAX)),
+                    position: busy.position.map(count),
                 },
                 hold: None,
             },

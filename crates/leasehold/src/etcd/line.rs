@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 
-use super::queue::KeyId;
+use super::queue::{count, KeyId};
 use super::rpc::Watch;
 use crate::Locked;
 
@@ -81,7 +81,7 @@ struct Waiter {
     left: u32,
     /// How many keys may remain ahead when it holds.
     room: u32,
-    /// Deletions at or before this revision are already reflected in `ahead`.
+    /// Deletions at or before this revision are already marked in `gone`.
     seen: i64,
     /// Set when its wait is over, and its task woken (no channel of its own: thousands
     /// of waiters wait in lines).
@@ -203,7 +203,6 @@ impl Line {
         if seen < state.complete_after {
             return Joined::Gap(state.complete_after);
         }
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let mut waiter = Waiter {
             own: KeyId::of(own),
             ahead: ahead.clone(),

@@ -137,6 +137,11 @@ pub(super) struct Waiting {
     pub(super) second: bool,
 }
 
+/// `n` as a count kept in 32 bits (a queue's keys, a place in it), saturating.
+pub(super) fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 /// A writer waits for every key ahead of it. `key(i)`: the `i`th key of the queue, in
 /// create order.
 pub(super) fn writer_waiting<'a>(at: usize, key: impl Fn(usize) -> &'a [u8]) -> Option<Waiting> {

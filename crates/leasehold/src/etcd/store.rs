@@ -359,7 +359,7 @@ impl EtcdStore {
     /// words): joining, which may start the line's watch or read the queue, is boxed, and
     /// its key is read from its record once its turn comes.
     #[allow(clippy::manual_async_fn)] // an `async fn` keeps its arguments twice
-    pub(super) fn deletion_lets_in<'a>(
+    fn deletion_lets_in<'a>(
         &'a self,
         req: &'a AcquireRequest,
         seen: i64,
