@@ -902,8 +902,13 @@ impl Lock {
         }
         tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
         // Ask again when a holder's lease (or a waiter ahead) can have expired, or in time
-        // to refresh our own waiter lease, or at the deadline, if no change comes first.
-        let refresh = waiter_lease(req.ttl) / 2;
+        // to refresh our own waiter lease (where the store does not keep it alive: then
+        // now and then, should a change have gone unsignalled), or at the deadline, if no
+        // change comes first.
+        let refresh = match self.client.store.capabilities().keeps_waiters_alive {
+            true => req.ttl.min(QUIET_WAIT),
+            false => waiter_lease(req.ttl) / 2,
+        };
         let retry_in = busy
             .retry_in
             .map_or(refresh, |d| (d + Duration::from_millis(1)).min(refresh));
@@ -1029,6 +1034,11 @@ impl Progress<'_> {
 
 /// The first backoff after store trouble while waiting (it doubles, up to a second).
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Longest a waiter goes without asking again where the store keeps its place alive
+/// (see [`Capabilities::keeps_waiters_alive`](crate::store::Capabilities)): its changes
+/// come signalled, and this bounds a missed one.
+const QUIET_WAIT: Duration = Duration::from_secs(30);
 
 /// How long a bounded wait lets a store call finish after its deadline (and an undo then
 /// take, before it goes on in the background): a slow store cannot stretch the wait by

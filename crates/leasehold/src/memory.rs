@@ -217,6 +217,7 @@ impl Store for MemoryStore {
             fair_by_default: false,
             queues_by_wait: false,
             failed_calls_change_nothing: true,
+            keeps_waiters_alive: false,
         }
     }
 

@@ -341,6 +341,9 @@ pub struct Capabilities {
     /// store that cannot be reached. False where an error can hide a change that was made
     /// (a reply lost on the network).
     pub failed_calls_change_nothing: bool,
+    /// The store keeps a waiting request's place alive itself (etcd: one lease that a
+    /// client's waiting keys share), so a waiter need not ask again in time to keep it.
+    pub keeps_waiters_alive: bool,
 }
 
 /// How a store takes the next attempt of a request (see [`Store::admit`]).

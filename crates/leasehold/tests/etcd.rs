@@ -107,6 +107,90 @@ async fn a_waiter_waits_on_a_short_lease_and_holds_on_the_full_ttl() {
     assert!(queue_leases(&server).is_empty());
 }
 
+/// The ids of the leases etcd has (`etcdctl lease list`: a count, then one hex id a line).
+fn leases(server: &EtcdServer) -> Vec<i64> {
+    let list = server.etcdctl(&["lease", "list"]);
+    (list.lines().skip(1))
+        .map(|id| i64::from_str_radix(id.trim(), 16).expect("a hex lease id"))
+        .collect()
+}
+
+/// The waiting keys of one client share one etcd lease, however many they are, and it
+/// stays alive past its TTL with no recheck from its waiters. A waiter let in holds on a
+/// lease of its own, of its TTL, even when that is as short as the waiter lease (the
+/// shared one lives on without its guard). Once nobody waits, the shared lease is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_client_share_one_lease_and_hold_on_their_own() {
+    let (server, locks) = start().await;
+    let ttl = Duration::from_secs(3);
+    let names = ["a", "b", "c"];
+    let mut holders = Vec::new();
+    for name in names {
+        let lock = locks.mutex(name).unwrap().with_ttl(ttl);
+        holders.push(lock.try_lock().await.unwrap().expect("free"));
+    }
+    let (go, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut waiters = Vec::new();
+    for i in 0..9 {
+        let lock = locks.mutex(names[i % 3]).unwrap().with_ttl(ttl);
+        let mut go = go.subscribe();
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.lock().await.expect("served");
+            let _ = go.recv().await;
+            guard.release().await.unwrap()
+        }));
+    }
+    for name in names {
+        eventually("three waiters on each name", || async {
+            locks.describe(name).await.unwrap().waiters.len() == 3
+        })
+        .await;
+    }
+    let queued = tokio::task::block_in_place(|| queue_leases(&server));
+    assert_eq!(queued.len(), 12, "{queued:?}");
+    let mut shared: Vec<i64> = queued.clone();
+    shared.sort_unstable();
+    shared.dedup();
+    // Three holders' leases and one for all nine waiters.
+    assert_eq!(shared.len(), 4, "{queued:?}");
+    let shared_id = *shared
+        .iter()
+        .find(|id| queued.iter().filter(|q| q == id).count() == 9)
+        .expect("one lease carries the nine waiting keys");
+    // The interval under test: past the shared lease's TTL, nobody's rechecks needed.
+    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
+    for name in names {
+        assert_eq!(locks.describe(name).await.unwrap().waiters.len(), 3);
+    }
+    for holder in holders {
+        let _ = holder.release().await.unwrap();
+    }
+    eventually("the first waiter of each name to hold", || async {
+        let queued = tokio::task::block_in_place(|| queue_leases(&server));
+        queued.len() == 9 && queued.iter().filter(|&&q| q == shared_id).count() == 6
+    })
+    .await;
+    for id in tokio::task::block_in_place(|| queue_leases(&server)) {
+        if id != shared_id {
+            let granted = tokio::task::block_in_place(|| granted_ttl(&server, id));
+            assert_eq!(granted, 3, "a holder's own lease, of its TTL");
+        }
+    }
+    let _ = go.send(());
+    drop(go);
+    for waiter in waiters {
+        assert_eq!(
+            within("a waiter", waiter).await.unwrap(),
+            Released::Released
+        );
+    }
+    assert!(tokio::task::block_in_place(|| queue_leases(&server)).is_empty());
+    eventually("the shared lease to be revoked", || async {
+        !tokio::task::block_in_place(|| leases(&server)).contains(&shared_id)
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_own_lease_ends_stops_with_a_clear_error() {
     let (server, locks) = start().await;

@@ -7,7 +7,6 @@ use super::acquisitions::{conflict, Acquisition, Ours, State};
 use super::queue::*;
 use super::rpc::{self, prefix_end, Compare, KeyValue, Op, TxnRequest, TxnResponse};
 use super::{try_per_member, EtcdLease, EtcdStore, Pass};
-use crate::options::waiter_lease;
 use crate::store::{AcquireRequest, Attempt, Busy, LockKind};
 use crate::{rules, Error, Locked, Result};
 
@@ -47,6 +46,9 @@ struct Put {
     entry: Entry,
     /// A mutex try: the key goes in only if the queue is empty.
     only_if_free: bool,
+    /// The queue was busy last time: the Txn carries the join (on a waiter's lease, if
+    /// the request waits).
+    joins: bool,
     /// The lease is new to this acquisition (nothing was put on it before).
     fresh: bool,
 }
@@ -144,12 +146,23 @@ impl EtcdStore {
         // it moves to a lease of the full TTL when it is let in (`on_full_lease`).
         let joins = !only_if_free && self.inner.busy_queues.locked().contains(&prefix);
         let fresh = known.as_ref().is_none_or(|a| a.lease.is_none());
-        let lease = match known.and_then(|a| a.lease) {
-            Some(lease) => lease,
-            None if joins && req.enqueue => self.lease_for(waiter_lease(req.ttl)).await?,
-            None => self.lease_for(req.ttl).await?,
+        let (lease, key) = match known.and_then(|a| Some((a.lease?, a.key))) {
+            // An earlier put of this request may have gone in: the same key again.
+            Some((lease, key)) if lease.shared => (lease, key.into()),
+            Some((lease, _)) => (lease, queue_key(&req.name, lease.id)),
+            None if joins && req.enqueue => {
+                // Named by an id of its own: the lease is the waiters' shared one.
+                let id = (rand::random::<i64>() & i64::MAX).max(1);
+                (
+                    self.waiter_lease_for(req.ttl).await?,
+                    queue_key(&req.name, id),
+                )
+            }
+            None => {
+                let lease = self.lease_for(req.ttl).await?;
+                (lease, queue_key(&req.name, lease.id))
+            }
         };
-        let key = queue_key(&req.name, lease.id);
         let marker = marker_key(&req.name, &req.owner, &key);
         self.record(
             &req.lease,
@@ -168,6 +181,7 @@ impl EtcdStore {
             lease,
             entry,
             only_if_free,
+            joins,
             fresh,
         })
     }
@@ -201,7 +215,8 @@ impl EtcdStore {
             join,
             vec![range_queue(&prefix), range_prefix(&owners, false)],
         );
-        let join = match self.inner.busy_queues.locked().contains(&prefix) {
+        // As decided with the lease (a waiting key goes on the waiters' shared one).
+        let join = match put.joins {
             true => vec![Op::Txn(Box::new(join))],
             false => Vec::new(),
         };
@@ -215,7 +230,11 @@ impl EtcdStore {
             Err(Error::Unavailable { source, .. })
                 if source.to_string().contains("requested lease not found") =>
             {
-                // A spare lease that etcd ended (revoked by hand, or a restore): drop it.
+                // A spare lease that etcd ended (revoked by hand, or a restore), or the
+                // waiters' lease: drop it.
+                if put.lease.shared {
+                    self.waiter_lease_ended(put.lease.id);
+                }
                 self.forget(&req.lease);
                 return Ok(Pass::Again(Retry::LeaseEnded));
             }
@@ -447,9 +466,13 @@ impl EtcdStore {
 
     /// A waiting acquisition tries again: is its key still there, and where?
     async fn recheck(&self, req: &AcquireRequest, ours: Ours, second: bool) -> Result<Step> {
-        let (key, lease, started) = (&ours.key[..], ours.lease, ours.attempted);
+        let (key, started) = (&ours.key[..], ours.attempted);
+        let Some(lease) = self.current(ours.lease) else {
+            return Err(self.wait_ended(req));
+        };
         let prefix = queue_prefix(&req.name);
-        let due = lease.left(started) * 3 < lease.ttl() * 2;
+        // The waiters' shared lease has a keeper of its own.
+        let due = !lease.shared && lease.left(started) * 3 < lease.ttl() * 2;
         // A writer's own key, first of its owner's, reads the keys and the first value; a
         // key behind its owner's reads the whole queue (whose keys are whose).
         let writer = req.kind == LockKind::Exclusive && !second;
@@ -509,7 +532,8 @@ impl EtcdStore {
 
     /// Records our key as waiting, `busy`: the next recheck keeps our waiter lease alive,
     /// due while half of what is left remains (a lease granted before the put waited for
-    /// its admission may have had much of its TTL run out).
+    /// its admission may have had much of its TTL run out). The waiters' shared lease
+    /// needs no recheck: its keeper keeps it alive.
     fn wait_queued(
         &self,
         req: &AcquireRequest,
@@ -517,7 +541,9 @@ impl EtcdStore {
         waiting: Waiting,
         mut busy: Busy,
     ) -> Attempt {
-        busy.retry_in = Some(ours.lease.left(Instant::now()) / 2);
+        if !ours.lease.shared {
+            busy.retry_in = Some(ours.lease.left(Instant::now()) / 2);
+        }
         self.queued(req, ours, waiting, &busy);
         Attempt::Busy(busy)
     }
@@ -541,8 +567,10 @@ impl EtcdStore {
         waiting: Waiting,
         busy: Busy,
     ) -> Result<Step> {
-        let lease = ours.lease;
-        let renewed = match lease.left(ours.attempted) * 3 < lease.ttl() * 2 {
+        let Some(lease) = self.current(ours.lease) else {
+            return Err(self.wait_ended(req));
+        };
+        let renewed = match !lease.shared && lease.left(ours.attempted) * 3 < lease.ttl() * 2 {
             true => {
                 let per_member = try_per_member(lease.ttl());
                 rpc::trying_each_for(per_member, self.keep_alive(lease)).await

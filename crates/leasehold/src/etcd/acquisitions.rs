@@ -147,8 +147,11 @@ pub(super) fn grant(
 }
 
 impl EtcdStore {
+    /// What this client keeps of acquisition `id`, with its lease's latest bound.
     pub(super) fn acquisition(&self, id: &LeaseId) -> Option<Acquisition> {
-        (self.inner.acquisitions.locked().get(id)).map(|a| (**a).clone())
+        let mut known = (self.inner.acquisitions.locked().get(id)).map(|a| (**a).clone())?;
+        known.lease = known.lease.map(|l| self.current(l).unwrap_or(l));
+        Some(known)
     }
 
     /// Whether acquisition `id` has a key waiting in its queue.

@@ -69,6 +69,8 @@ impl EtcdStore {
                 acquisitions: Mutex::default(),
                 spare: Mutex::default(),
                 moving: Mutex::default(),
+                waiter_leases: Mutex::default(),
+                granting: tokio::sync::Mutex::default(),
                 lines: Lines::default(),
                 busy_queues: Mutex::default(),
                 shown_holders: Mutex::default(),

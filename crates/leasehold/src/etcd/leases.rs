@@ -37,6 +37,9 @@ pub(super) struct EtcdLease {
     /// Granted by this client for one acquisition (not borrowed from a re-entered key),
     /// so it may be reused once that acquisition's key is gone.
     pub(super) ours: bool,
+    /// The waiter lease this client's waiting keys share (see `waiters.rs`): kept alive
+    /// by a task of its own, never spared, never revoked while in use.
+    pub(super) shared: bool,
 }
 
 impl EtcdLease {
@@ -62,6 +65,7 @@ pub(super) fn borrowed(id: i64) -> EtcdLease {
         asked: 0,
         alive_until: Instant::now(),
         ours: false,
+        shared: false,
     }
 }
 
@@ -154,7 +158,9 @@ impl EtcdStore {
             return Ok(Pass::Done(Renewal::Lost));
         };
         self.set_lease(&lease.id, renewed, None);
-        if renewed.ttl() < ttl {
+        // Still on the waiters' shared lease (its move at the grant failed): a lease of
+        // its own, so that the hold ends with this guard's renewals.
+        if renewed.ttl() < ttl || renewed.shared || self.is_waiter_lease(renewed.id) {
             return self.move_to_longer_lease(lease, &kv, renewed, ttl).await;
         }
         Ok(Pass::Done(Renewal::Renewed))
@@ -234,6 +240,7 @@ impl EtcdStore {
             asked: seconds,
             alive_until: sent + Duration::from_secs(answer.ttl.max(0) as u64),
             ours: true,
+            shared: false,
         })
     }
 
@@ -302,6 +309,10 @@ impl EtcdStore {
     }
 
     pub(super) async fn revoke(&self, id: i64) -> Result<()> {
+        // Other waiters' keys are on it: its keeper revokes it once none are.
+        if self.is_waiter_lease(id) {
+            return Ok(());
+        }
         let result: std::result::Result<rpc::Empty, _> = self
             .inner
             .client
@@ -358,7 +369,9 @@ impl EtcdStore {
             return grant;
         };
         let marker = marker_key(&req.name, &req.owner, &key);
-        if !short.ours || short.asked >= lease_seconds(req.ttl) {
+        // A key on the waiters' shared lease always moves: that lease lives on without
+        // our guard's renewals.
+        if !short.shared && (!short.ours || short.asked >= lease_seconds(req.ttl)) {
             return grant;
         }
         let pending = self.inner.moving.locked().get(&req.lease).copied();
@@ -405,8 +418,11 @@ impl EtcdStore {
         };
         self.inner.moving.locked().remove(&req.lease);
         self.set_lease(&req.lease, full, Some(revision));
-        // Not for reuse: the key keeps the short lease's name.
-        self.revoke_later(short.id);
+        // Not for reuse: the key keeps the short lease's name. (The shared one is not
+        // ours to revoke.)
+        if !short.shared {
+            self.revoke_later(short.id);
+        }
         let longer = full
             .alive_until
             .saturating_duration_since(short.alive_until);

@@ -26,7 +26,7 @@
 //!   writer or mutex holds when it is first, a reader when no writer is ahead of it, a
 //!   permit holder when it is among the first N.
 //! - Key names come from leases, which the process reuses, so a lock's queue keeps to a
-//!   few names: etcd keeps every deleted key in its index until the next compaction, and
+//!   few names (a waiting key's name is new, see below): etcd keeps every deleted key in its index until the next compaction, and
 //!   each read of a queue (or compare over it) walks them all. A key per owner id, new for
 //!   each acquisition, made a busy lock slower by the minute.
 //! - An acquisition that joins a non-empty queue also puts the marker
@@ -83,15 +83,19 @@
 //!   (compared on create/mod revision), so a retried release never deletes a newer lock.
 //!   An acquire whose answer never came (timeout, cancellation) is undone by revoking its
 //!   lease: whatever etcd did with the request, the key goes with it.
-//! - A waiter's key is on a short lease of its own, the waiter lease
-//!   ([`waiter_lease`](crate::store::waiter_lease): the TTL, at most 5 s), kept alive by the
-//!   waiter's rechecks: a waiter that dies leaves the queue when that lease ends. While
-//!   the process's watch of the queue has seen every deletion there since the waiter's
-//!   last read, a recheck is that keepalive alone: the watch says where the key stands.
-//!   When it
-//!   is let in, the key moves to a lease of the full TTL (one Txn) before the grant is
-//!   returned; the short lease is revoked (the key keeps its name, so it is not reused). A waiter that finds its own key gone (its lease expired while the process
-//!   was paused or cut off) stops with [`Error::WaitEnded`](crate::Error::WaitEnded).
+//! - A waiter's key is on a short lease, the waiter lease
+//!   ([`waiter_lease`](crate::store::waiter_lease): the TTL, at most 5 s), that all the
+//!   waiting keys of a client share (one per length), kept alive by one task at a third
+//!   of its TTL: a process that dies leaves the queues when that lease ends, and ten
+//!   thousand waiters cost etcd one keepalive every few seconds, not one each. A waiting
+//!   key is named by a random id (not after the shared lease). While the process's watch
+//!   of the queue has seen every deletion there since the waiter's last read, a recheck
+//!   costs no call: the watch says where the key stands, and a waiter only looks again
+//!   when a change is signalled (or every 30 s, should one be missed). When it is let
+//!   in, the key moves to a lease of its own, of the full TTL (one Txn), before the grant
+//!   is returned, so that the hold ends with its guard's renewals. A waiter that finds
+//!   its own key gone (the lease expired while the process was paused or cut off) stops
+//!   with [`Error::WaitEnded`](crate::Error::WaitEnded). See `waiters.rs`.
 //! - **Values** (elections): a hold's value is in its queue key's entry, put with the
 //!   key, so a queued waiter's shows once it holds; a re-entry leaves the key, and the
 //!   value, as they are. A plain lock's entry has no value field: its acquire and release
@@ -129,7 +133,7 @@
 // - connect.rs: the URL and the members, the calls every room makes, their errors.
 // - queue.rs: the queue model, pure: key layout, key values, who holds (`standing`).
 // - leases.rs: etcd leases, the pool of spare ones, keepalives, renewing a hold, moving a
-//   key onto a longer lease.
+//   key onto a longer lease. waiters.rs: the lease waiting keys share, and its keeper.
 // - acquisitions.rs: what the client keeps of each acquisition, and recording outcomes.
 // - acquire.rs: the attempt: passes that put or re-read our key and settle where it stands.
 // - reentry.rs: re-entry holds, each on a lease of its own (taking, renewing, releasing).
@@ -150,6 +154,7 @@ mod reentry;
 mod rpc;
 mod store;
 mod wait;
+mod waiters;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -208,6 +213,9 @@ struct Inner {
     /// key goes onto the same lease, so a move etcd applied unseen lands there too; the
     /// release revokes it (see [`EtcdStore::on_full_lease`]).
     moving: Mutex<HashMap<LeaseId, EtcdLease>>,
+    /// The leases waiting keys share, and the lock a new one is granted under.
+    waiter_leases: Mutex<waiters::WaiterLeases>,
+    granting: tokio::sync::Mutex<()>,
     lines: Lines,
     /// Queues (by prefix) this client last found busy: an attempt there joins at once
     /// (see [`EtcdStore::attempt`]).
@@ -237,10 +245,14 @@ fn spare_ids(spare: &mut HashMap<i64, Vec<EtcdLease>>) -> Vec<i64> {
 }
 
 impl Drop for Inner {
-    /// The spare leases have no keys and nobody to reuse them now: revoke them rather
-    /// than leave them in etcd until their TTL (in the background, if a runtime runs).
+    /// The spare leases have no keys and nobody to reuse them now, and the waiters'
+    /// leases no waiters: revoke them rather than leave them in etcd until their TTL (in
+    /// the background, if a runtime runs).
     fn drop(&mut self) {
-        let spare = (self.spare.get_mut()).map_or_else(|_| Vec::new(), spare_ids);
+        let mut spare = (self.spare.get_mut()).map_or_else(|_| Vec::new(), spare_ids);
+        if let Ok(waiters) = self.waiter_leases.get_mut() {
+            spare.extend(waiters.drain());
+        }
         if spare.is_empty() {
             return;
         }

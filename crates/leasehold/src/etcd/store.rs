@@ -54,6 +54,7 @@ impl Store for EtcdStore {
     }
 
     async fn shed(&self) {
+        self.shed_waiter_leases();
         self.shed_leases().await;
     }
 
@@ -68,13 +69,24 @@ impl Store for EtcdStore {
         let known = self.acquisition(&lease.id);
         let (key, create, own) = match known {
             Some(Acquisition {
+                key,
+                owner,
                 lease: Some(etcd_lease),
                 state: State::Unknown,
                 ..
             }) => {
                 // Whatever etcd did with the unanswered attempt, its key goes with the lease
-                // (or with the full lease a cancelled hand-over moved it to).
-                self.revoke(etcd_lease.id).await?;
+                // (or with the full lease a cancelled hand-over moved it to). On the
+                // waiters' shared lease, the key goes by name, and the lease is retired:
+                // a put applied late goes when it ends.
+                if etcd_lease.shared {
+                    let marker = owners_marker(&lease.name, &lease.id, owner.as_deref(), &key);
+                    self.call_txn(txn(vec![], remove(&key, &marker), vec![]))
+                        .await?;
+                    self.retire_waiter_lease(etcd_lease.id);
+                } else {
+                    self.revoke(etcd_lease.id).await?;
+                }
                 self.forget(&lease.id);
                 self.moved_off(&lease.id, None);
                 return Ok(Released::Released);
@@ -296,6 +308,7 @@ impl Store for EtcdStore {
             fair_by_default: true,
             queues_by_wait: false,
             failed_calls_change_nothing: false,
+            keeps_waiters_alive: true,
         }
     }
 

@@ -248,10 +248,15 @@ impl EtcdStore {
     /// Nothing keeps our key out any more, and nothing can queue ahead of it: the lock is
     /// ours, if our own lease is surely still alive.
     pub(super) fn handed_over(&self, req: &AcquireRequest, ours: &Ours) -> Option<Grant> {
-        let lease = ours.lease;
+        let lease = self.current(ours.lease)?;
         if lease.left(Instant::now()) * 2 < lease.ttl().min(req.ttl) {
             return None;
         }
+        let ours = &Ours {
+            key: ours.key.clone(),
+            lease,
+            ..*ours
+        };
         match self.granted(req, ours, ours.create) {
             Attempt::Granted(grant) => Some(grant),
             Attempt::Busy(_) => None,

@@ -185,6 +185,7 @@ impl Store for RedisStore {
             fair_by_default: false,
             queues_by_wait: true,
             failed_calls_change_nothing: false,
+            keeps_waiters_alive: false,
         }
     }
 
