@@ -119,7 +119,7 @@ impl EtcdStore {
         if let (Some(lease), State::Unknown, Some(_)) = (known.lease, &known.state, &known.hold) {
             return Known::LostReentry(lease);
         }
-        match (known.queued(), &known.state) {
+        match (known.queued(&req.name), &known.state) {
             (Some((ours, waiting)), State::Queued { seen, .. }) => {
                 let ours = Ours {
                     attempted: started,
@@ -148,7 +148,7 @@ impl EtcdStore {
         let fresh = known.as_ref().is_none_or(|a| a.lease.is_none());
         let (lease, key) = match known.and_then(|a| Some((a.lease?, a.key))) {
             // An earlier put of this request may have gone in: the same key again.
-            Some((lease, key)) if lease.shared => (lease, key.into()),
+            Some((lease, key)) if lease.shared => (lease, key.key_in(&req.name)),
             Some((lease, _)) => (lease, queue_key(&req.name, lease.id)),
             None if joins && req.enqueue => {
                 // Named by an id of its own: the lease is the waiters' shared one.
@@ -167,7 +167,7 @@ impl EtcdStore {
         self.record(
             &req.lease,
             Acquisition {
-                key: key.as_slice().into(),
+                key: KeyId::of(&key),
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(lease),
                 state: State::Unknown,
@@ -750,7 +750,7 @@ pub(super) mod tests {
         store.record(
             &retried.lease,
             Acquisition {
-                key: key.as_slice().into(),
+                key: KeyId::of(&key),
                 owner: Acquisition::owner_of(&retried.lease, &retried.owner),
                 lease: Some(lease),
                 state: State::Unknown,

@@ -17,7 +17,8 @@ pub(super) const BUSY_QUEUES: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub(super) struct Acquisition {
-    pub(super) key: Box<[u8]>,
+    /// Our queue key (a re-entry's: its owner's key), [`KeyId::NONE`] outside the queue.
+    pub(super) key: KeyId,
     /// The owner, unless it is the acquisition's id (an anonymous acquisition's owner):
     /// its marker is made from it when needed, not kept (thousands of waiters would each
     /// keep one).
@@ -80,7 +81,7 @@ impl Acquisition {
     }
 
     /// Our key, if it waits in the queue, and its place there.
-    pub(super) fn queued(&self) -> Option<(Ours, &Waiting)> {
+    pub(super) fn queued(&self, name: &LockName) -> Option<(Ours, &Waiting)> {
         match self {
             Acquisition {
                 key,
@@ -95,7 +96,7 @@ impl Acquisition {
                 ..
             } => Some((
                 Ours {
-                    key: key.to_vec(),
+                    key: key.key_in(name),
                     lease: *lease,
                     create: *create,
                     attempted: *attempted,
@@ -235,7 +236,7 @@ impl EtcdStore {
         self.record(
             &req.lease,
             Acquisition {
-                key: ours.key.as_slice().into(),
+                key: KeyId::of(&ours.key),
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(ours.lease),
                 state: State::Held { create, modified },
@@ -251,7 +252,7 @@ impl EtcdStore {
             &req.lease,
             Acquisition {
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
-                key: ours.key.into(),
+                key: KeyId::of(&ours.key),
                 lease: Some(ours.lease),
                 state: State::Queued {
                     create: ours.create,
@@ -301,7 +302,7 @@ impl EtcdStore {
         self.record(
             &req.lease,
             Acquisition {
-                key: Box::default(),
+                key: KeyId::NONE,
                 owner: None,
                 lease: None,
                 state: State::Outside { blocker },

@@ -55,10 +55,10 @@ impl EtcdStore {
                 key,
                 state: State::Held { create, .. },
                 ..
-            }) => (key, create),
+            }) => (key.key_in(&lease.name), create),
             Some(_) => return Ok(Renewal::Lost),
             None => match self.find(&lease.name, &lease.id).await? {
-                Some((member, _, true)) => (member.kv.key.into(), member.kv.create_revision),
+                Some((member, _, true)) => (member.kv.key, member.kv.create_revision),
                 _ => return Ok(Renewal::Lost),
             },
         };
@@ -99,13 +99,14 @@ impl EtcdStore {
     /// Our acquisitions of `key` (created at `create`) see it written at `revision`, so
     /// that a release still finds it unchanged (see [`delete_alone`](Self::delete_alone)).
     fn rewritten(&self, key: &[u8], create: i64, revision: i64) {
+        let key = KeyId::of(key);
         for a in self.inner.acquisitions.locked().values_mut() {
             if let State::Held {
                 create: c,
                 modified,
             } = &mut a.state
             {
-                if *a.key == *key && *c == create && *modified < revision {
+                if a.key == key && *c == create && *modified < revision {
                     *modified = revision;
                 }
             }

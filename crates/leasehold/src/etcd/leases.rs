@@ -106,13 +106,13 @@ impl EtcdStore {
                 state: State::Held { create, .. },
                 hold,
                 ..
-            }) => (key, etcd_lease, create, hold),
+            }) => (key.key_in(&lease.name), etcd_lease, create, hold),
             Some(_) => return Ok(Pass::Done(Renewal::Lost)),
             None => match self.find(&lease.name, &lease.id).await? {
                 Some((m, hold, _)) => {
                     let on = hold.as_ref().map_or(m.kv.lease, |h| h.lease);
                     let hold = hold.map(|h| h.key.into());
-                    (m.kv.key.into(), borrowed(on), m.kv.create_revision, hold)
+                    (m.kv.key, borrowed(on), m.kv.create_revision, hold)
                 }
                 None => return Ok(Pass::Done(Renewal::Lost)),
             },
@@ -368,6 +368,7 @@ impl EtcdStore {
         else {
             return grant;
         };
+        let key = key.key_in(&req.name);
         let marker = marker_key(&req.name, &req.owner, &key);
         // A key on the waiters' shared lease always moves: that lease lives on without
         // our guard's renewals.
@@ -480,6 +481,7 @@ mod tests {
     use futures_util::FutureExt;
 
     use super::super::acquire::tests::{put_key, request, started};
+    use super::super::queue::KeyId;
     use super::*;
     use crate::store::{Released, Store};
     use crate::{FencingToken, LockName};
@@ -519,7 +521,7 @@ mod tests {
         store.record(
             &req.lease,
             Acquisition {
-                key: key.as_slice().into(),
+                key: KeyId::of(&key),
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(short),
                 state: State::Held {

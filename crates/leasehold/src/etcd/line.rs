@@ -183,7 +183,7 @@ impl Line {
     /// out as read at revision `seen`, `room` of which may remain when it holds.
     pub fn join(
         self: &Arc<Self>,
-        own: &[u8],
+        own: &KeyId,
         ahead: &Arc<[KeyId]>,
         room: u32,
         seen: i64,
@@ -204,7 +204,7 @@ impl Line {
             return Joined::Gap(state.complete_after);
         }
         let mut waiter = Waiter {
-            own: KeyId::of(own),
+            own: own.clone(),
             ahead: ahead.clone(),
             gone: Gone::none_of(ahead.len()),
             left: count(ahead.len()),
@@ -376,7 +376,7 @@ mod tests {
     #[tokio::test]
     async fn a_writer_is_let_in_when_the_last_key_ahead_goes() {
         let line = line(10);
-        let mut place = waiting(line.join(b"me", &[key("a"), key("b")].into(), 0, 12));
+        let mut place = waiting(line.join(&key("me"), &[key("a"), key("b")].into(), 0, 12));
         line.deleted(13, b"zz"); // behind us
         line.deleted(14, b"b");
         assert!(!place.is_ready(), "a is still ahead");
@@ -391,7 +391,7 @@ mod tests {
         let ahead: Arc<[KeyId]> = names.iter().map(|n| key(n)).collect();
         let line = line(10);
         line.deleted(11, b"k99"); // before our read: still ahead
-        let mut place = waiting(line.join(b"me", &ahead, 0, 12));
+        let mut place = waiting(line.join(&key("me"), &ahead, 0, 12));
         for (revision, name) in (13..).zip(&names[..99]) {
             line.deleted(revision, name.as_bytes());
         }
@@ -407,7 +407,7 @@ mod tests {
         // at 12: the new "a" is still ahead of us.
         let line = line(10);
         line.deleted(11, b"a");
-        let mut place = waiting(line.join(b"me", &[key("a")].into(), 0, 12));
+        let mut place = waiting(line.join(&key("me"), &[key("a")].into(), 0, 12));
         line.deleted(12, b"a");
         assert!(!place.is_ready());
         line.deleted(13, b"a");
@@ -419,14 +419,14 @@ mod tests {
         let line = line(10);
         line.deleted(13, b"a");
         assert!(matches!(
-            line.join(b"me", &[key("a")].into(), 0, 12),
+            line.join(&key("me"), &[key("a")].into(), 0, 12),
             Joined::Over(Turn::Free)
         ));
         assert!(line.ended(), "nobody waits in it");
         let line = super::tests::line(10);
         line.deleted(14, b"me");
         assert!(matches!(
-            line.join(b"me", &[key("b")].into(), 0, 12),
+            line.join(&key("me"), &[key("b")].into(), 0, 12),
             Joined::Over(Turn::Gone)
         ));
     }
@@ -434,7 +434,7 @@ mod tests {
     #[tokio::test]
     async fn the_writers_own_key_going_ends_its_wait() {
         let line = line(10);
-        let mut place = waiting(line.join(b"me", &[key("a")].into(), 0, 12));
+        let mut place = waiting(line.join(&key("me"), &[key("a")].into(), 0, 12));
         line.deleted(13, b"me");
         assert_eq!(place.turn().await, Some(Turn::Gone));
     }
@@ -443,7 +443,7 @@ mod tests {
     async fn a_permit_waiter_is_let_in_when_few_enough_keys_are_ahead() {
         let line = line(10);
         let ahead = [key("a"), key("b"), key("c")];
-        let mut place = waiting(line.join(b"me", &ahead.into(), 1, 12));
+        let mut place = waiting(line.join(&key("me"), &ahead.into(), 1, 12));
         line.deleted(13, b"b");
         assert!(!place.is_ready(), "a and c are ahead, room for one");
         line.deleted(14, b"c");
@@ -454,7 +454,7 @@ mod tests {
     fn a_read_older_than_the_line_is_a_gap() {
         let line = line(10);
         assert!(matches!(
-            line.join(b"me", &[key("a")].into(), 0, 9),
+            line.join(&key("me"), &[key("a")].into(), 0, 9),
             Joined::Gap(10)
         ));
         // The log drops its oldest deletions (at 11 and 12): it no longer covers 12.
@@ -462,11 +462,11 @@ mod tests {
             line.deleted(revision, b"x");
         }
         assert!(matches!(
-            line.join(b"me", &[key("a")].into(), 0, 11),
+            line.join(&key("me"), &[key("a")].into(), 0, 11),
             Joined::Gap(12)
         ));
         assert!(matches!(
-            line.join(b"me", &[key("a")].into(), 0, 12),
+            line.join(&key("me"), &[key("a")].into(), 0, 12),
             Joined::Waiting(_)
         ));
     }
@@ -474,14 +474,14 @@ mod tests {
     #[tokio::test]
     async fn the_last_writer_to_leave_ends_the_line() {
         let line = line(10);
-        let first = waiting(line.join(b"me", &[key("a")].into(), 0, 12));
-        let mut second = waiting(line.join(b"you", &[key("a"), key("me")].into(), 0, 12));
+        let first = waiting(line.join(&key("me"), &[key("a")].into(), 0, 12));
+        let mut second = waiting(line.join(&key("you"), &[key("a"), key("me")].into(), 0, 12));
         drop(first);
         assert!(!line.ended());
         line.end();
         assert_eq!(second.turn().await, None);
         assert!(matches!(
-            line.join(b"x", &[key("a")].into(), 0, 12),
+            line.join(&key("x"), &[key("a")].into(), 0, 12),
             Joined::Ended
         ));
     }

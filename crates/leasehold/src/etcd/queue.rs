@@ -88,14 +88,15 @@ pub(super) struct Standing {
     pub(super) position: usize,
 }
 
-/// A key of one queue as its waiters keep it. What follows the queue's prefix is the hex
-/// id of the lease the key was named after: kept as that id where it reads back exactly,
-/// a key ahead costs a waiter no allocation (thousands of waiters keep the keys ahead of
-/// them, in their record and in their line). Any other key keeps its bytes, so two
-/// keys of one queue are equal exactly when their ids are.
+/// A key of one queue as this client keeps it. What follows the queue's prefix is the
+/// hex id the key was named by (its lease's, or a waiting key's own): kept as that id
+/// where it reads back exactly, a key costs no allocation (thousands of waiters keep
+/// their own key and the keys ahead of them, in their record and in their line). Any
+/// other key keeps its bytes, so two keys of one queue are equal exactly when their ids
+/// are.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) enum KeyId {
-    Lease(i64),
+    Named(i64),
     /// Boxed twice, so that an id is two words (waiters keep lists of them): such keys
     /// are not ours, and rare.
     #[allow(clippy::redundant_allocation)]
@@ -103,6 +104,17 @@ pub(super) enum KeyId {
 }
 
 impl KeyId {
+    /// No key (an acquisition outside the queue): ids start at 1.
+    pub(super) const NONE: KeyId = KeyId::Named(0);
+
+    /// The key this id names in `name`'s queue.
+    pub(super) fn key_in(&self, name: &LockName) -> Vec<u8> {
+        match self {
+            KeyId::Named(id) => queue_key(name, *id),
+            KeyId::Other(key) => key.to_vec(),
+        }
+    }
+
     /// The id of a queue's `key`: lock names have no control characters, so its suffix is
     /// what follows its last NUL.
     pub(super) fn of(key: &[u8]) -> KeyId {
@@ -118,7 +130,7 @@ impl KeyId {
             .flatten()
             .and_then(|hex| i64::from_str_radix(hex, 16).ok());
         match id {
-            Some(id) => KeyId::Lease(id),
+            Some(id) => KeyId::Named(id),
             None => KeyId::Other(Box::new(key.into())),
         }
     }
@@ -409,7 +421,7 @@ mod tests {
     fn a_key_is_kept_as_its_lease_id_where_that_reads_back_exactly() {
         let name = LockName::new("n").unwrap();
         for id in [0, 0x1f, i64::MAX] {
-            assert_eq!(KeyId::of(&queue_key(&name, id)), KeyId::Lease(id));
+            assert_eq!(KeyId::of(&queue_key(&name, id)), KeyId::Named(id));
         }
         // Not as `queue_key` writes an id: kept whole, so never equal to an id's key.
         let odd = [

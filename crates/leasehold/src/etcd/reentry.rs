@@ -141,7 +141,7 @@ impl EtcdStore {
         let hold = hold_key(&req.name, create, lease.id);
         let owner = Acquisition::owner_of(&req.lease, &req.owner);
         let acquisition = |state| Acquisition {
-            key: key.as_slice().into(),
+            key: KeyId::of(key),
             owner: owner.clone(),
             lease: Some(lease),
             state,

@@ -80,6 +80,7 @@ impl Store for EtcdStore {
                 // waiters' shared lease, the key goes by name, and the lease is retired:
                 // a put applied late goes when it ends.
                 if etcd_lease.shared {
+                    let key = key.key_in(&lease.name);
                     let marker = owners_marker(&lease.name, &lease.id, owner.as_deref(), &key);
                     self.call_txn(txn(vec![], remove(&key, &marker), vec![]))
                         .await?;
@@ -99,6 +100,7 @@ impl Store for EtcdStore {
                 state,
                 hold: None,
             }) if matches!(state, State::Held { .. } | State::Queued { .. }) => {
+                let key = key.key_in(&lease.name);
                 let marker = owners_marker(&lease.name, &lease.id, owner.as_deref(), &key);
                 let (create, modified) = match state {
                     State::Held { create, modified } => (create, modified),
@@ -117,10 +119,10 @@ impl Store for EtcdStore {
             }
             Some(Acquisition {
                 key,
-                lease,
+                lease: own,
                 state: State::Held { create, .. },
                 ..
-            }) => (key, create, lease),
+            }) => (key.key_in(&lease.name), create, own),
             Some(_) => {
                 self.forget(&lease.id);
                 return Ok(Released::NotHeld);
@@ -173,10 +175,11 @@ impl Store for EtcdStore {
         else {
             return std::future::pending().await;
         };
+        let key = key.key_in(&lease.name);
         let mut seen = modified;
         let mut trouble = Duration::from_millis(50);
         loop {
-            match self.deleted(&Blocker::Key(key.to_vec()), seen).await {
+            match self.deleted(&Blocker::Key(key.clone()), seen).await {
                 Ok(true) => return Ok(()),
                 Ok(false) => {
                     // Compacted past `seen`: is our key still there?

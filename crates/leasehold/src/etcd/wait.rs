@@ -219,7 +219,7 @@ impl EtcdStore {
     /// Our key while it waits in the queue, and whether it waits behind its owner's.
     fn queued_key(&self, req: &AcquireRequest) -> Option<(Ours, bool)> {
         let acquisitions = self.inner.acquisitions.locked();
-        let (ours, waiting) = acquisitions.get(&req.lease)?.queued()?;
+        let (ours, waiting) = acquisitions.get(&req.lease)?.queued(&req.name)?;
         Some((ours, waiting.second))
     }
 

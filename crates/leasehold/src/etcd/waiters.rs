@@ -205,7 +205,7 @@ async fn keep_waiters_alive(store: Weak<Inner>, mut lease: EtcdLease) {
 mod tests {
     use super::super::acquire::tests::{put_key, request, started};
     use super::super::acquisitions::{Acquisition, State};
-    use super::super::queue::range_key;
+    use super::super::queue::{range_key, KeyId};
     use super::*;
     use crate::store::{Released, Store};
     use crate::LockName;
@@ -226,7 +226,7 @@ mod tests {
         store.record(
             &req.lease,
             Acquisition {
-                key: key.as_slice().into(),
+                key: KeyId::of(&key),
                 owner: Acquisition::owner_of(&req.lease, &req.owner),
                 lease: Some(shared),
                 state: State::Unknown,
