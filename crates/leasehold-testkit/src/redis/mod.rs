@@ -131,13 +131,23 @@ impl RedisServer {
         cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
+        let started_before = self.starts_logged();
         self.process.spawn(cmd, "redis-server");
+        // Its own log says it listens: a PING alone may be answered by the server of
+        // another test that took the port first (ours then exits, and a cluster
+        // waited forever for the node).
         wait_until("redis-server to answer PING", PATIENCE, || {
-            if self.ping() {
+            if self.starts_logged() > started_before && self.ping() {
                 return Some(true);
             }
             self.process.exited().then_some(false)
         })
+    }
+
+    /// How many times its log says it bound its ports and is ready (a restart logs to
+    /// the same file).
+    fn starts_logged(&self) -> usize {
+        std::fs::read_to_string(self.log()).map_or(0, |log| log.matches("Ready to accept").count())
     }
 
     /// Whether the server answers PING now (`-NOAUTH` counts: it is up).
