@@ -52,7 +52,7 @@ impl Gates {
             let open = state.queue.iter().filter(|waiting| !waiting.tx.is_closed());
             waiting.extend(open.map(|waiting| {
                 let info = WaiterInfo {
-                    owner: waiting.req.owner.clone(),
+                    owner: waiting.req.owner.to_string(),
                     host: waiting.req.requester.host.clone(),
                     pid: waiting.req.requester.pid,
                     kind: waiting.req.kind,

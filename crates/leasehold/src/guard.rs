@@ -96,7 +96,7 @@ impl LockGuard {
                 token: grant.token,
                 holds: grant.holds,
                 kind: req.kind,
-                owner: req.owner.clone(),
+                owner: req.owner.to_string(),
                 acquired,
                 tasks: tasks.clone(),
                 _holding: holding,

@@ -305,7 +305,7 @@ pub struct Lock {
     kind: LockKind,
     ttl: Duration,
     fair: bool,
-    owner: Option<String>,
+    owner: Option<Arc<str>>,
     on_wait: Option<OnWait>,
     meter: Meter,
     /// Published with each hold ([`AcquireRequest::value`]): an election's.
@@ -364,7 +364,7 @@ impl Lock {
     /// the same fencing token instead of waiting for itself. Default: each acquisition's
     /// own random id (no re-entry, like `std::sync::Mutex`).
     pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = Some(owner.into());
+        self.owner = Some(owner.into().into());
         self
     }
 
@@ -455,7 +455,7 @@ impl Lock {
             }
             // Unique to this acquisition, so it cannot re-enter another: its id (a store
             // need not keep both, thousands of waiters would).
-            None => lease.as_str().to_string(),
+            None => lease.shared_text(),
         };
         Ok(AcquireRequest {
             name: self.name.clone(),

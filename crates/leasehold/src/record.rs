@@ -309,7 +309,7 @@ impl Record {
             last => last + 1,
         };
         self.holders.push(Holder {
-            owner: req.owner.clone(),
+            owner: req.owner.to_string(),
             kind: req.kind,
             token: self.last_token,
             since_ms: now.wall_ms,
@@ -336,7 +336,7 @@ impl Record {
             None => {
                 self.waiters.push(Waiter {
                     lease: req.lease.as_str().to_string(),
-                    owner: req.owner.clone(),
+                    owner: req.owner.to_string(),
                     kind: req.kind,
                     seq: self.next_seq,
                     host: hold.host,

@@ -61,6 +61,11 @@ impl LeaseId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The id's text, shared (no copy).
+    pub fn shared_text(&self) -> Arc<str> {
+        self.0.clone()
+    }
 }
 
 /// A lease id read back from a store's own records.
@@ -120,8 +125,10 @@ pub struct AcquireRequest {
     pub name: LockName,
     /// This acquisition's id (see [`LeaseId`]).
     pub lease: LeaseId,
-    /// Re-entry key: the same owner acquiring again holds it again.
-    pub owner: String,
+    /// Re-entry key: the same owner acquiring again holds it again. Shared: an
+    /// anonymous acquisition's owner is its lease id's text, and a lock's owner id is
+    /// the same for each acquisition.
+    pub owner: Arc<str>,
     /// Mutex, read, write or permit.
     pub kind: LockKind,
     /// Lease length.

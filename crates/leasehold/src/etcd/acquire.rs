@@ -302,7 +302,7 @@ impl EtcdStore {
         }
         // Our owner's first key: ours, or an earlier one (we re-enter it if it holds, and
         // else wait behind it in a place of our own).
-        let Some(at) = queue.iter().position(|m| m.entry.owner == req.owner) else {
+        let Some(at) = queue.iter().position(|m| *m.entry.owner == *req.owner) else {
             if !joined.succeeded && !put.only_if_free {
                 // Markers without their keys (a key deleted alone, by hand or by an older
                 // version): clear them and join again.
@@ -438,7 +438,7 @@ impl EtcdStore {
         let (create, modified) = (keys[at].create_revision, keys[at].mod_revision);
         if let Some(first) = first
             .as_ref()
-            .filter(|f| f.entry.owner == req.owner && f.kv.key != key)
+            .filter(|f| *f.entry.owner == *req.owner && f.kv.key != key)
         {
             // Our owner holds through a key put into an empty queue: re-enter it.
             self.withdraw(req, key, create, lease).await?;
@@ -519,7 +519,10 @@ impl EtcdStore {
         let Some(at) = queue.iter().position(|m| m.kv.key == key) else {
             return Err(self.wait_ended(req));
         };
-        if let Some(first) = queue[..at].iter().position(|m| m.entry.owner == req.owner) {
+        if let Some(first) = queue[..at]
+            .iter()
+            .position(|m| *m.entry.owner == *req.owner)
+        {
             return self
                 .behind_owner(req, &queue, first, Some(at), lease, revision, started)
                 .await;
@@ -676,7 +679,7 @@ pub(super) mod tests {
         AcquireRequest {
             name: name.clone(),
             lease: LeaseId::random(),
-            owner: owner.to_string(),
+            owner: owner.into(),
             kind: LockKind::Exclusive,
             ttl: Duration::from_secs(30),
             fair: true,
@@ -706,7 +709,7 @@ pub(super) mod tests {
         let key = queue_key(&req.name, lease.id);
         let marker = marker_key(&req.name, &req.owner, &key);
         let entry = Entry {
-            owner: req.owner.clone(),
+            owner: req.owner.to_string(),
             host: "h".into(),
             pid: 1,
             kind: LockKind::Exclusive,

@@ -57,7 +57,7 @@ impl Entry {
     /// The entry of `req`'s own key, held (or waiting) since now.
     pub(super) fn of(req: &AcquireRequest) -> Entry {
         Entry {
-            owner: req.owner.clone(),
+            owner: req.owner.to_string(),
             host: req.requester.host.clone(),
             pid: req.requester.pid,
             kind: req.kind,
