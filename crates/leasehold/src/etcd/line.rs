@@ -204,7 +204,7 @@ impl Line {
             return Joined::Gap(state.complete_after);
         }
         let mut waiter = Waiter {
-            own: own.clone(),
+            own: *own,
             ahead: ahead.clone(),
             gone: Gone::none_of(ahead.len()),
             left: count(ahead.len()),
@@ -262,7 +262,7 @@ impl Line {
                 state.complete_after = oldest;
             }
         }
-        state.log.push_back((revision, key.clone()));
+        state.log.push_back((revision, key));
         let woken: Vec<Waker> = state
             .waiting
             .values_mut()

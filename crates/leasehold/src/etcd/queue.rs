@@ -1,7 +1,7 @@
 //! The queue model, pure: the key layout, the values of queue and hold keys, where a key
 //! stands in its queue (who holds), and the reads and writes of that layout as etcd ops.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -11,7 +11,7 @@ use super::rpc::{
     TxnRequest,
 };
 use crate::store::{AcquireRequest, HolderInfo, LeaseId, LockKind};
-use crate::{FencingToken, LockName};
+use crate::{FencingToken, LockName, Locked};
 
 pub(super) const ROOT: &[u8] = b"leasehold\0";
 /// Owner markers: outside every range under [`ROOT`].
@@ -88,30 +88,36 @@ pub(super) struct Standing {
     pub(super) position: usize,
 }
 
-/// A key of one queue as this client keeps it. What follows the queue's prefix is the
-/// hex id the key was named by (its lease's, or a waiting key's own): kept as that id
-/// where it reads back exactly, a key costs no allocation (thousands of waiters keep
-/// their own key and the keys ahead of them, in their record and in their line). Any
-/// other key keeps its bytes, so two keys of one queue are equal exactly when their ids
-/// are.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) enum KeyId {
-    Named(i64),
-    /// Boxed twice, so that an id is two words (waiters keep lists of them): such keys
-    /// are not ours, and rare.
-    #[allow(clippy::redundant_allocation)]
-    Other(Box<Box<[u8]>>),
+/// A key of one queue as this client keeps it, in one word: what follows the queue's
+/// prefix is the hex id the key was named by (its lease's, or a waiting key's own),
+/// kept as that id where it reads back exactly. A key costs no allocation, and a list
+/// of the keys ahead of a waiter eight bytes a key (thousands of waiters keep their own
+/// key and the keys ahead of them, in their record and in their line). Any other key
+/// (not named by this library: rare) gets a negative id from a table of the process,
+/// where it stays; so two keys of one queue are equal exactly when their ids are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct KeyId(i64);
+
+/// The keys not named by an id, each once, in the order they were met: `KeyId(-1 - i)`
+/// is `OTHER_KEYS.keys[i]`.
+static OTHER_KEYS: std::sync::LazyLock<Mutex<OtherKeys>> =
+    std::sync::LazyLock::new(Default::default);
+
+#[derive(Default)]
+struct OtherKeys {
+    ids: std::collections::HashMap<Box<[u8]>, i64>,
+    keys: Vec<Box<[u8]>>,
 }
 
 impl KeyId {
     /// No key (an acquisition outside the queue): ids start at 1.
-    pub(super) const NONE: KeyId = KeyId::Named(0);
+    pub(super) const NONE: KeyId = KeyId(0);
 
     /// The key this id names in `name`'s queue.
     pub(super) fn key_in(&self, name: &LockName) -> Vec<u8> {
-        match self {
-            KeyId::Named(id) => queue_key(name, *id),
-            KeyId::Other(key) => key.to_vec(),
+        match usize::try_from(-1 - self.0) {
+            Ok(other) => OTHER_KEYS.locked().keys[other].to_vec(),
+            Err(_) => queue_key(name, self.0),
         }
     }
 
@@ -129,10 +135,17 @@ impl KeyId {
             .then(|| std::str::from_utf8(suffix).ok())
             .flatten()
             .and_then(|hex| i64::from_str_radix(hex, 16).ok());
-        match id {
-            Some(id) => KeyId::Named(id),
-            None => KeyId::Other(Box::new(key.into())),
+        if let Some(id) = id {
+            return KeyId(id);
         }
+        let mut others = OTHER_KEYS.locked();
+        if let Some(&id) = others.ids.get(key) {
+            return KeyId(id);
+        }
+        let id = -1 - others.keys.len() as i64;
+        others.keys.push(key.into());
+        others.ids.insert(key.into(), id);
+        KeyId(id)
     }
 }
 
@@ -421,7 +434,9 @@ mod tests {
     fn a_key_is_kept_as_its_lease_id_where_that_reads_back_exactly() {
         let name = LockName::new("n").unwrap();
         for id in [0, 0x1f, i64::MAX] {
-            assert_eq!(KeyId::of(&queue_key(&name, id)), KeyId::Named(id));
+            let key = queue_key(&name, id);
+            assert_eq!(KeyId::of(&key), KeyId(id));
+            assert_eq!(KeyId(id).key_in(&name), key);
         }
         // Not as `queue_key` writes an id: kept whole, so never equal to an id's key.
         let odd = [
@@ -435,11 +450,10 @@ mod tests {
         ];
         for odd in odd.into_iter().chain(["owner-id"]) {
             let key = [queue_prefix(&name), odd.as_bytes().to_vec()].concat();
-            assert_eq!(
-                KeyId::of(&key),
-                KeyId::Other(Box::new(key.clone().into())),
-                "{odd:?}"
-            );
+            let id = KeyId::of(&key);
+            assert!(id.0 < 0, "{odd:?}");
+            assert_eq!(KeyId::of(&key), id, "{odd:?}: the same id again");
+            assert_eq!(id.key_in(&name), key, "{odd:?}");
         }
     }
 

@@ -128,7 +128,7 @@ impl Store for EtcdStore {
                 return Ok(Released::NotHeld);
             }
             None => match self.find(&lease.name, &lease.id).await? {
-                Some((member, ..)) => (member.kv.key.into(), member.kv.create_revision, None),
+                Some((member, ..)) => (member.kv.key, member.kv.create_revision, None),
                 None => return Ok(Released::NotHeld),
             },
         };
