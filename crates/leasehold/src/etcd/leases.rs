@@ -27,10 +27,10 @@ const REVOKE_TRIES: usize = 3;
 #[derive(Clone, Copy, Debug)]
 pub(super) struct EtcdLease {
     pub(super) id: i64,
-    /// Seconds etcd granted.
-    pub(super) ttl: i64,
+    /// Seconds etcd granted. (32 bits, as `asked`: every waiter's record keeps a lease.)
+    pub(super) ttl: u32,
     /// Seconds asked for: the spare list it goes back to.
-    pub(super) asked: i64,
+    pub(super) asked: u32,
     /// Request time of the last grant or keepalive plus the TTL: etcd cannot end the
     /// lease earlier.
     pub(super) alive_until: Instant,
@@ -48,13 +48,18 @@ impl EtcdLease {
     }
 
     pub(super) fn ttl(&self) -> Duration {
-        Duration::from_secs(self.ttl.max(0) as u64)
+        Duration::from_secs(self.ttl.into())
     }
 }
 
 /// Whole seconds of etcd lease covering `ttl`.
 pub(super) fn lease_seconds(ttl: Duration) -> i64 {
     (ttl.as_millis().div_ceil(1000) as i64).max(1)
+}
+
+/// etcd's seconds (an `i64`) as kept, within 0..=u32::MAX (far above the longest TTL).
+fn seconds_u32(seconds: i64) -> u32 {
+    seconds.clamp(0, u32::MAX.into()) as u32
 }
 
 /// A lease another acquisition made, known only by id until a keepalive bounds it.
@@ -236,9 +241,9 @@ impl EtcdStore {
         }
         Ok(EtcdLease {
             id: answer.id,
-            ttl: answer.ttl,
-            asked: seconds,
-            alive_until: sent + Duration::from_secs(answer.ttl.max(0) as u64),
+            ttl: seconds_u32(answer.ttl),
+            asked: seconds_u32(seconds),
+            alive_until: sent + Duration::from_secs(seconds_u32(answer.ttl).into()),
             ours: true,
             shared: false,
         })
@@ -250,7 +255,7 @@ impl EtcdStore {
         if lease.ours && lease.alive_until > Instant::now() {
             {
                 let mut spare = self.inner.spare.locked();
-                let list = spare.entry(lease.asked).or_default();
+                let list = spare.entry(lease.asked.into()).or_default();
                 // Twice in the list, one lease would back two acquisitions.
                 if list.iter().any(|l| l.id == lease.id) {
                     return;
@@ -331,8 +336,8 @@ impl EtcdStore {
         let answer =
             (self.inner.client.keep_alive(lease.id).await).map_err(|s| self.unavailable(s))?;
         Ok((answer.ttl > 0).then(|| EtcdLease {
-            ttl: answer.ttl,
-            alive_until: sent + Duration::from_secs(answer.ttl as u64),
+            ttl: seconds_u32(answer.ttl),
+            alive_until: sent + Duration::from_secs(seconds_u32(answer.ttl).into()),
             ..lease
         }))
     }
@@ -372,7 +377,7 @@ impl EtcdStore {
         let marker = marker_key(&req.name, &req.owner, &key);
         // A key on the waiters' shared lease always moves: that lease lives on without
         // our guard's renewals.
-        if !short.shared && (!short.ours || short.asked >= lease_seconds(req.ttl)) {
+        if !short.shared && (!short.ours || i64::from(short.asked) >= lease_seconds(req.ttl)) {
             return grant;
         }
         let pending = self.inner.moving.locked().get(&req.lease).copied();
