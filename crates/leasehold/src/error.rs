@@ -92,7 +92,9 @@ pub enum Error {
     },
 
     /// A wait ended without the lock because the store dropped our place in its queue
-    /// (the waiter's own lease expired while this process was paused or cut off).
+    /// (the waiter's own lease expired while this process was paused or cut off). A
+    /// wait joins the queue again, at its end, when this happens: a bounded one returns
+    /// this if its time runs out on the way; `lock()` never does.
     #[error("lock \"{name}\": stopped waiting: {reason}")]
     WaitEnded {
         /// The lock.
@@ -117,9 +119,11 @@ pub enum Error {
 }
 
 impl Error {
-    /// True when the same call may succeed later (the store was unreachable or slow).
+    /// True when the same call may succeed later (the store was unreachable or slow, or
+    /// it dropped a waiter's place: a wait then joins the queue again by itself, and
+    /// returns this only once its time is up).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::Unavailable { .. })
+        matches!(self, Error::Unavailable { .. } | Error::WaitEnded { .. })
     }
 
     pub(crate) fn option(option: &'static str, reason: impl Into<String>) -> Self {

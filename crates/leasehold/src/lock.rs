@@ -962,7 +962,14 @@ impl Lock {
                     return ControlFlow::Break(Err(error));
                 }
             }
-            tracing::debug!(%error, "store trouble while waiting; retrying");
+            match error {
+                // Our place went (our process or the store stalled for longer than the
+                // waiter lease): the next attempt joins again, at the end of the queue.
+                Error::WaitEnded { .. } => {
+                    tracing::warn!(%error, "joining the queue again, at its end")
+                }
+                _ => tracing::debug!(%error, "store trouble while waiting; retrying"),
+            }
             sleep_until(retry).await;
             return ControlFlow::Continue(());
         }

@@ -191,8 +191,11 @@ async fn waiters_of_one_client_share_one_lease_and_hold_on_their_own() {
     .await;
 }
 
+/// A waiter whose place etcd dropped (its lease ended: what a pause of the process, or
+/// of etcd, longer than the waiter lease does) joins the queue again, at its end, and is
+/// served: `lock()` waits as long as it takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_whose_own_lease_ends_stops_with_a_clear_error() {
+async fn a_waiter_whose_place_is_dropped_joins_the_queue_again() {
     let (server, locks) = start().await;
     let lock = locks.mutex("k").unwrap().with_ttl(Duration::from_secs(2));
     let holder = lock.try_lock().await.unwrap().unwrap();
@@ -209,22 +212,26 @@ async fn a_waiter_whose_own_lease_ends_stops_with_a_clear_error() {
         locks.describe("k").await.unwrap().last_token,
         holder.token()
     );
-    // What a pause longer than its TTL does to a waiter: etcd ends its lease.
-    let leases = queue_leases(&server);
+    let leases = tokio::task::block_in_place(|| queue_leases(&server));
     assert_eq!(leases.len(), 2);
-    let id = format!("{:x}", leases[1]);
+    let dropped = leases[1];
+    let id = format!("{dropped:x}");
     let revoked = tokio::task::block_in_place(|| server.etcdctl(&["lease", "revoke", &id]));
     assert!(revoked.contains("revoked"), "{revoked}");
-    let ended = within("the waiter to stop", waiter).await.unwrap();
-    match ended {
-        Err(Error::WaitEnded { name, reason }) => {
-            assert_eq!(name, "k");
-            assert!(reason.contains("lease expired"), "{reason}");
-        }
-        other => panic!("expected WaitEnded, got {other:?}"),
-    }
+    eventually("the waiter to queue again, on another lease", || async {
+        let leases = tokio::task::block_in_place(|| queue_leases(&server));
+        leases.len() == 2 && leases[1] != dropped
+    })
+    .await;
     assert!(holder.check().is_ok());
+    let first = holder.token();
     let _ = holder.release().await.unwrap();
+    let guard = within("the waiter to be served", waiter)
+        .await
+        .unwrap()
+        .expect("lock() waits as long as it takes");
+    assert!(guard.token() > first);
+    let _ = guard.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
