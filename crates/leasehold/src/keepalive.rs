@@ -216,9 +216,18 @@ impl Lifeline {
             Ok(Renewal::Lost) => None,
             Err(_) if self.is_closed() => None,
             Err(error) => {
-                tracing::warn!(lock = %self.lease.name, %error, "renewal failed; retrying until the safe deadline");
-                self.status
+                let first = self
+                    .status
                     .send_if_modified(|s| !std::mem::replace(&mut s.failing, true));
+                // Once per run of failures: the retries that follow come several a second.
+                match first {
+                    true => {
+                        tracing::warn!(lock = %self.lease.name, %error, "renewal failed; retrying until the safe deadline")
+                    }
+                    false => {
+                        tracing::debug!(lock = %self.lease.name, %error, "renewal failed again")
+                    }
+                }
                 // An error answer waits a little before the next try; an unanswered one
                 // has waited already, and the time left is short.
                 let backoff = match unanswered {

@@ -244,9 +244,9 @@ impl Client {
                 tokio::time::timeout(limit, call(member))
                     .await
                     .unwrap_or_else(|_| {
+                        // The failover below names the member.
                         Err(Status::deadline_exceeded(format!(
-                            "{} did not answer within {limit:?}",
-                            member.address
+                            "did not answer within {limit:?}"
                         )))
                     })
             };
