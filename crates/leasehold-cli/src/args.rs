@@ -21,7 +21,7 @@ pub(crate) fn store_help() -> String {
         ));
     }
     help.push_str(
-        "memory: is for bench: run, hold, status, list and release refuse it. Without --store, \
+        "memory: is for bench: run, hold, status, list, release and torture refuse it. Without --store, \
 the LEASEHOLD_STORE environment variable (empty: the default).",
     );
     help
