@@ -152,7 +152,7 @@ impl EtcdStore {
             Some((lease, _)) => (lease, queue_key(&req.name, lease.id)),
             None if joins && req.enqueue => {
                 // Named by an id of its own: the lease is the waiters' shared one.
-                let id = (rand::random::<i64>() & i64::MAX).max(1);
+                let id = super::leases::random_id();
                 (
                     self.waiter_lease_for(req.ttl).await?,
                     queue_key(&req.name, id),

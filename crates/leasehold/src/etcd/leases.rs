@@ -62,6 +62,11 @@ fn seconds_u32(seconds: i64) -> u32 {
     seconds.clamp(0, u32::MAX.into()) as u32
 }
 
+/// A random id, positive (etcd's lease ids, and the ids that name waiting keys).
+pub(super) fn random_id() -> i64 {
+    (rand::random::<i64>() & i64::MAX).max(1)
+}
+
 /// A lease another acquisition made, known only by id until a keepalive bounds it.
 pub(super) fn borrowed(id: i64) -> EtcdLease {
     EtcdLease {
@@ -219,7 +224,7 @@ impl EtcdStore {
         let seconds = lease_seconds(ttl);
         // Our own id, so that a grant etcd applied but whose answer was lost can be
         // revoked rather than left until its TTL.
-        let id = (rand::random::<i64>() & i64::MAX).max(1);
+        let id = random_id();
         let sent = Instant::now();
         let answer: LeaseGrantResponse = self
             .inner
@@ -482,7 +487,7 @@ impl EtcdStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use futures_util::FutureExt;
 
     use super::super::acquire::tests::{put_key, request, started};
@@ -492,7 +497,7 @@ mod tests {
     use crate::{FencingToken, LockName};
 
     /// The leases etcd has: `etcdctl lease list` prints a count, then one id a line.
-    fn leases(server: &leasehold_testkit::EtcdServer) -> Vec<String> {
+    pub(in crate::etcd) fn leases(server: &leasehold_testkit::EtcdServer) -> Vec<String> {
         let list = server.etcdctl(&["lease", "list"]);
         list.lines().skip(1).map(str::to_owned).collect()
     }

@@ -40,6 +40,12 @@ impl WaiterLeases {
         self.current.clear();
         self.live.drain().map(|(id, _)| id).collect()
     }
+
+    /// Forgets `id`: no waiter takes it any more, and nothing keeps it from a revoke.
+    fn forget(&mut self, id: i64) {
+        self.current.retain(|_, current| *current != id);
+        self.live.remove(&id);
+    }
 }
 
 impl EtcdStore {
@@ -105,9 +111,7 @@ impl EtcdStore {
     /// `id` has ended in etcd (a put found it gone): forgotten, so that waiters take
     /// another.
     pub(super) fn waiter_lease_ended(&self, id: i64) {
-        let mut leases = self.inner.waiter_leases.locked();
-        leases.current.retain(|_, current| *current != id);
-        leases.live.remove(&id);
+        self.inner.waiter_leases.locked().forget(id);
     }
 
     /// Whether an acquisition of this client has a key (or a put) on lease `id`.
@@ -131,8 +135,7 @@ impl EtcdStore {
         if *taken + lease.ttl() > looked {
             return false;
         }
-        leases.current.retain(|_, current| *current != id);
-        leases.live.remove(&id);
+        leases.forget(id);
         true
     }
 
@@ -205,6 +208,7 @@ async fn keep_waiters_alive(store: Weak<Inner>, mut lease: EtcdLease) {
 mod tests {
     use super::super::acquire::tests::{put_key, request, started};
     use super::super::acquisitions::{Acquisition, State};
+    use super::super::leases::tests::leases;
     use super::super::queue::{range_key, KeyId};
     use super::*;
     use crate::store::{Released, Store};
@@ -255,8 +259,7 @@ mod tests {
         let id = format!("{:x}", shared.id);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let list = tokio::task::block_in_place(|| server.etcdctl(&["lease", "list"]));
-            if !list.lines().skip(1).any(|l| l.trim() == id) {
+            if !tokio::task::block_in_place(|| leases(&server)).contains(&id) {
                 break;
             }
             assert!(
