@@ -69,7 +69,7 @@ struct Held {
     token: FencingToken,
     holds: u32,
     kind: LockKind,
-    owner: String,
+    owner: Arc<str>,
     acquired: Instant,
     /// Where the release runs when the guard is dropped (see `Leasehold::shutdown`).
     tasks: TaskTracker,
@@ -96,7 +96,7 @@ impl LockGuard {
                 token: grant.token,
                 holds: grant.holds,
                 kind: req.kind,
-                owner: req.owner.to_string(),
+                owner: req.owner.clone(),
                 acquired,
                 tasks: tasks.clone(),
                 _holding: holding,

@@ -295,20 +295,24 @@ fn attempt_budget(left: Duration) -> Duration {
 }
 
 /// Renews the leases of every guard made through one [`Leasehold`](crate::Leasehold):
-/// one task sleeps until the earliest due renewal and starts it. A new guard wakes the
-/// task only if its renewal is due before the task's next wake-up, so short holds —
-/// acquired and released within a third of their TTL — cost no task and no wake-up.
+/// one task sleeps until the earliest due renewal and starts it. A new guard is one push
+/// onto a list, and wakes the task only if its renewal is due before the task's next
+/// wake-up: short holds, acquired and released within a third of their TTL, cost no
+/// task, no wake-up and no place in the task's schedule (they are gone when it looks).
 #[derive(Debug, Default)]
 pub(crate) struct Renewals {
-    schedule: std::sync::Mutex<Schedule>,
+    arrivals: std::sync::Mutex<Arrivals>,
     changed: tokio::sync::Notify,
 }
 
+/// What guards tell the driver; the lock is held for a push, not for a schedule's upkeep.
 #[derive(Debug, Default)]
-struct Schedule {
-    due: BTreeMap<(Instant, u64), Weak<Lifeline>>,
-    next_id: u64,
-    /// Entries left by the last cleanup.
+struct Arrivals {
+    /// Renewals due, added since the driver last looked.
+    new: Vec<(Instant, Weak<Lifeline>)>,
+    /// The earliest of `new`.
+    earliest: Option<Instant>,
+    /// Entries of `new` left by the last cleanup.
     after_cleanup: usize,
     /// When the driver will look next; `None` when no driver runs in this runtime.
     driver_wakes_at: Option<Instant>,
@@ -331,40 +335,45 @@ impl Renewals {
     }
 
     fn schedule(self: &Arc<Self>, line: Weak<Lifeline>, at: Instant) {
-        let mut s = self.schedule.locked();
-        s.next_id += 1;
-        let id = s.next_id;
-        s.due.insert((at, id), line);
-        // Entries of released guards leave when they come due; under a high acquisition
-        // rate, drop them sooner so the map stays near the number of live guards.
-        if s.due.len() > s.after_cleanup * 2 + 64 {
-            s.due.retain(|_, line| line.strong_count() > 0);
-            s.after_cleanup = s.due.len();
+        let mut a = self.arrivals.locked();
+        a.new.push((at, line));
+        a.earliest = Some(a.earliest.map_or(at, |e| e.min(at)));
+        // Entries of released guards leave when the driver looks; under a high
+        // acquisition rate, drop them sooner so the list stays near the live guards.
+        if a.new.len() > a.after_cleanup * 2 + 64 {
+            a.new.retain(|(_, line)| line.strong_count() > 0);
+            a.after_cleanup = a.new.len();
+            a.earliest = a.new.iter().map(|(at, _)| *at).min();
         }
-        let running = s.driver.as_ref().is_some_and(|d| !d.is_finished());
+        let running = a.driver.as_ref().is_some_and(|d| !d.is_finished());
         if !running {
-            s.driver_wakes_at = Some(at);
-            s.driver = Some(tokio::spawn(self.clone().drive()));
-        } else if s.driver_wakes_at.is_none_or(|w| at < w) {
-            s.driver_wakes_at = Some(at);
+            a.driver_wakes_at = Some(at);
+            a.driver = Some(tokio::spawn(self.clone().drive()));
+        } else if a.driver_wakes_at.is_none_or(|w| at < w) {
+            a.driver_wakes_at = Some(at);
             self.changed.notify_one();
         }
     }
 
     async fn drive(self: Arc<Self>) {
+        // The schedule is the driver's own: guards only push to `arrivals`.
+        let mut due: BTreeMap<(Instant, u64), Weak<Lifeline>> = BTreeMap::new();
+        let mut next_id = 0u64;
+        let mut taken = Vec::new();
         loop {
-            let (due, next) = {
-                let mut s = self.schedule.locked();
-                let now = Instant::now();
-                let later = s.due.split_off(&(now, u64::MAX));
-                let due = std::mem::replace(&mut s.due, later);
-                // Drop entries of guards that are gone, so the map does not grow.
-                s.due.retain(|_, line| line.strong_count() > 0);
-                let next = s.due.keys().next().map(|(at, _)| *at);
-                s.driver_wakes_at = next;
-                (due, next)
-            };
-            for line in due.into_values() {
+            {
+                let mut a = self.arrivals.locked();
+                std::mem::swap(&mut taken, &mut a.new);
+                (a.earliest, a.after_cleanup) = (None, 0);
+            }
+            for (at, line) in taken.drain(..) {
+                if line.strong_count() > 0 {
+                    next_id += 1;
+                    due.insert((at, next_id), line);
+                }
+            }
+            let later = due.split_off(&(Instant::now(), u64::MAX));
+            for line in std::mem::replace(&mut due, later).into_values() {
                 let Some(line) = line.upgrade() else { continue };
                 let renewals = self.clone();
                 tokio::spawn(async move {
@@ -373,6 +382,19 @@ impl Renewals {
                     }
                 });
             }
+            // Drop entries of guards that are gone, so the schedule does not grow.
+            due.retain(|_, line| line.strong_count() > 0);
+            let next = {
+                let mut a = self.arrivals.locked();
+                let next = due.keys().next().map(|(at, _)| *at);
+                // Arrivals since the swap above count too.
+                let next = match (next, a.earliest) {
+                    (Some(n), Some(e)) => Some(n.min(e)),
+                    (n, e) => n.or(e),
+                };
+                a.driver_wakes_at = next;
+                next
+            };
             match next {
                 Some(at) => {
                     tokio::select! {
@@ -408,6 +430,85 @@ mod tests {
         // Long leases keep a third; the last moments a floor of 50 ms.
         assert_eq!(attempt_budget(ms(6000)), ms(2000));
         assert_eq!(attempt_budget(ms(60)), ms(50));
+    }
+
+    /// A lease of `ttl` on the memory store, granted now, as a guard's renewals see it.
+    async fn line(store: &Arc<dyn Store>, name: &str, ttl: Duration) -> Arc<Lifeline> {
+        let lease = Lease {
+            name: name.try_into().expect("a valid name"),
+            id: crate::store::LeaseId::random(),
+        };
+        let req = crate::store::AcquireRequest {
+            name: lease.name.clone(),
+            lease: lease.id.clone(),
+            owner: "test".into(),
+            kind: crate::LockKind::Exclusive,
+            ttl,
+            fair: false,
+            enqueue: false,
+            waited: Duration::ZERO,
+            requester: Arc::new(crate::store::Requester::this_process()),
+            value: None,
+        };
+        let sent = Instant::now();
+        let granted = store.acquire(&req).await.expect("the memory store answers");
+        assert!(matches!(granted, crate::store::Attempt::Granted(_)));
+        let meter = Meter::new(store.as_ref());
+        Lifeline::new(store.clone(), lease, sent, ttl, ttl, meter)
+    }
+
+    #[tokio::test]
+    async fn a_lease_due_before_the_drivers_next_wake_is_renewed_in_time() {
+        let store: Arc<dyn Store> = Arc::new(crate::MemoryStore::new());
+        let renewals = Arc::new(Renewals::default());
+        // The driver sleeps until this one is due, about 10 s from now.
+        let long = line(&store, "long", Duration::from_secs(30)).await;
+        renewals.add(&long);
+        // Until the driver has taken it and sleeps.
+        let taken = async {
+            while !renewals.arrivals.locked().new.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        };
+        timeout_at(Instant::now() + Duration::from_secs(5), taken)
+            .await
+            .expect("the driver takes the first lease");
+        // Due in about 100 ms: it must wake the driver, or this lease is lost.
+        let short = line(&store, "short", Duration::from_millis(300)).await;
+        renewals.add(&short);
+        let mut status = short.status.subscribe();
+        let first = status.borrow().renewed_at;
+        let renewed = timeout_at(
+            Instant::now() + Duration::from_secs(5),
+            status.wait_for(|s| s.renewed_at > first || s.lost.is_some()),
+        )
+        .await;
+        let status = renewed
+            .expect("no renewal within 5 s")
+            .expect("the lease lives");
+        assert!(status.lost.is_none(), "lost: {:?}", status.lost);
+    }
+
+    #[tokio::test]
+    async fn leases_released_before_their_first_renewal_leave_no_entry_behind() {
+        let store: Arc<dyn Store> = Arc::new(crate::MemoryStore::new());
+        let renewals = Arc::new(Renewals::default());
+        let held = line(&store, "held", Duration::from_secs(30)).await;
+        renewals.add(&held);
+        for i in 0..5_000 {
+            let short = line(&store, &format!("short{i}"), Duration::from_secs(30)).await;
+            renewals.add(&short);
+            short.close();
+            let released = store.release(&short.lease).await.expect("the store answers");
+            assert_eq!(released, crate::Released::Released);
+        }
+        // Cleaned as the list grows: at most twice what lived at the last cleanup (the
+        // held lease and the one just added), plus 64 and one.
+        let kept = renewals.arrivals.locked().new.len();
+        assert!(
+            kept <= 2 * 2 + 64 + 1,
+            "{kept} entries kept for 1 live lease"
+        );
     }
 
     #[test]
