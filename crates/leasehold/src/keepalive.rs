@@ -499,7 +499,10 @@ mod tests {
             let short = line(&store, &format!("short{i}"), Duration::from_secs(30)).await;
             renewals.add(&short);
             short.close();
-            let released = store.release(&short.lease).await.expect("the store answers");
+            let released = store
+                .release(&short.lease)
+                .await
+                .expect("the store answers");
             assert_eq!(released, crate::Released::Released);
         }
         // Cleaned as the list grows: at most twice what lived at the last cleanup (the

@@ -185,9 +185,7 @@ impl Leasehold {
             kind,
             ttl: self.ttl,
             fair: self.client.store.capabilities().fair_by_default,
-            owner: None,
-            on_wait: None,
-            value: None,
+            extras: None,
         })
     }
 
@@ -305,12 +303,26 @@ pub struct Lock {
     kind: LockKind,
     ttl: Duration,
     fair: bool,
+    meter: Meter,
+    /// The options few handles set, behind one pointer: every task that waits for a
+    /// lock holds its handle (thousands of them, on busy names).
+    extras: Option<Arc<Extras>>,
+}
+
+/// A [`Lock`]'s rarer options.
+#[derive(Clone, Default)]
+struct Extras {
     owner: Option<Arc<str>>,
     on_wait: Option<OnWait>,
-    meter: Meter,
     /// Published with each hold ([`AcquireRequest::value`]): an election's.
     value: Option<Arc<str>>,
 }
+
+static NO_EXTRAS: Extras = Extras {
+    owner: None,
+    on_wait: None,
+    value: None,
+};
 
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -319,7 +331,7 @@ impl fmt::Debug for Lock {
             .field("kind", &self.kind)
             .field("ttl", &self.ttl)
             .field("fair", &self.fair)
-            .field("owner", &self.owner)
+            .field("owner", &self.extras().owner)
             .finish()
     }
 }
@@ -364,7 +376,7 @@ impl Lock {
     /// the same fencing token instead of waiting for itself. Default: each acquisition's
     /// own random id (no re-entry, like `std::sync::Mutex`).
     pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = Some(owner.into().into());
+        self.extras_mut().owner = Some(owner.into().into());
         self
     }
 
@@ -373,19 +385,27 @@ impl Lock {
     /// of the same [`Leasehold`] (at its process's gate, where no attempt reaches the
     /// store) is not called until its turn to ask comes.
     pub fn on_wait(mut self, f: impl Fn(&Busy) + Send + Sync + 'static) -> Self {
-        self.on_wait = Some(Arc::new(f));
+        self.extras_mut().on_wait = Some(Arc::new(f));
         self
     }
 
     /// Publishes `value` with each hold this lock takes (an election candidate's).
     pub(crate) fn with_value(mut self, value: Option<Arc<str>>) -> Self {
-        self.value = value;
+        self.extras_mut().value = value;
         self
     }
 
     /// The lock's name.
     pub fn name(&self) -> &LockName {
         &self.name
+    }
+
+    fn extras(&self) -> &Extras {
+        self.extras.as_deref().unwrap_or(&NO_EXTRAS)
+    }
+
+    fn extras_mut(&mut self) -> &mut Extras {
+        Arc::make_mut(self.extras.get_or_insert_with(Arc::default))
     }
 
     /// One attempt; `None` if someone else holds it.
@@ -444,11 +464,12 @@ impl Lock {
 
     fn request(&self, enqueue: bool) -> Result<AcquireRequest> {
         let ttl = check_ttl(self.ttl)?;
-        if let Some(value) = &self.value {
+        let extras = self.extras();
+        if let Some(value) = &extras.value {
             crate::options::check_value(value)?;
         }
         let lease = LeaseId::random();
-        let owner = match &self.owner {
+        let owner = match &extras.owner {
             Some(owner) => {
                 check_owner(owner)?;
                 owner.clone()
@@ -467,7 +488,7 @@ impl Lock {
             enqueue,
             waited: Duration::ZERO,
             requester: self.client.requester.clone(),
-            value: self.value.clone(),
+            value: extras.value.clone(),
         })
     }
 
@@ -484,7 +505,7 @@ impl Lock {
         let req = self.request(!matches!(wait, Wait::No))?;
         let span = tracing::debug_span!("acquire", lock = %self.name, kind = self.kind.word(), owner = %req.owner);
         let gated = self.kind == LockKind::Exclusive
-            && self.owner.is_none()
+            && self.extras().owner.is_none()
             && (!self.fair || self.client.store.capabilities().queues_by_wait);
         if gated {
             return Ok(in_span(self.through_gate(req, wait, started), span));
@@ -897,7 +918,7 @@ impl Lock {
         if progress.waiting.is_none() {
             progress.waiting = Some(self.meter.waiting());
         }
-        if let Some(on_wait) = &self.on_wait {
+        if let Some(on_wait) = &self.extras().on_wait {
             on_wait(&busy);
         }
         tracing::trace!(holder = ?busy.holder.as_ref().map(|h| &h.owner), position = ?busy.position, "waiting");
@@ -1128,5 +1149,13 @@ mod tests {
         let acquiring = lock.acquire(Wait::Forever, Instant::now()).unwrap();
         let size = std::mem::size_of_val(&*acquiring);
         assert!(size <= 464, "the acquire's box: {size} bytes");
+    }
+
+    /// Every task that waits for a lock holds its handle; tokio allocates a task in steps
+    /// of 128 bytes, so each byte of the handle can cost a waiter 128 of them.
+    #[test]
+    fn a_lock_handle_keeps_its_rarer_options_behind_one_pointer() {
+        let size = std::mem::size_of::<Lock>();
+        assert!(size <= 80, "a lock handle: {size} bytes");
     }
 }

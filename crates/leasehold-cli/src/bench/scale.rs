@@ -315,7 +315,7 @@ impl Waiting {
     /// A task that waits for `lock` (no limit), takes it, releases it, and returns when
     /// it was served.
     fn spawn(&self, lock: Lock) -> JoinHandle<Option<Instant>> {
-        let counted = Arc::new(AtomicBool::new(false));
+        let counted = AtomicBool::new(false);
         let queued = self.queued.clone();
         let handle = lock.on_wait(move |_| {
             if !counted.swap(true, Ordering::Relaxed) {
@@ -323,20 +323,21 @@ impl Waiting {
             }
         });
         let errors = self.errors.clone();
+        // The answer is taken apart before the release's wait, so the task does not keep
+        // room for it while it waits (a task is allocated in steps of 128 bytes).
         tokio::spawn(async move {
-            match handle.lock().await {
-                Ok(guard) => {
-                    let served = Instant::now();
-                    let _ = guard.release().await;
-                    Some(served)
-                }
+            let guard = match handle.lock().await {
+                Ok(guard) => guard,
                 Err(e) => {
                     let mut errors = errors.lock().unwrap_or_else(|e| e.into_inner());
                     errors.0 += 1;
                     errors.1.get_or_insert(e.to_string());
-                    None
+                    return None;
                 }
-            }
+            };
+            let served = Instant::now();
+            let _ = guard.release().await;
+            Some(served)
         })
     }
 

@@ -62,9 +62,7 @@ impl Lock {
         let turn = Lock {
             name: turn_name,
             kind: LockKind::Exclusive,
-            owner: None,
-            on_wait: None,
-            value: None,
+            extras: None,
             ..self.clone()
         };
         let left = |deadline: Option<Instant>| {
@@ -77,7 +75,7 @@ impl Lock {
         let Some(turn) = turn else { return Ok(None) };
         let mut taken = Vec::with_capacity(n as usize);
         for i in 1..=n {
-            let permit = match &self.owner {
+            let permit = match &self.extras().owner {
                 Some(owner) => self.clone().with_owner(format!("{owner}#{i}")),
                 None => self.clone(),
             };
