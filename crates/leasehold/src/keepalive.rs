@@ -302,7 +302,16 @@ fn attempt_budget(left: Duration) -> Duration {
 #[derive(Debug, Default)]
 pub(crate) struct Renewals {
     arrivals: std::sync::Mutex<Arrivals>,
+    /// The driver's schedule: only the driver locks it, and it outlives a driver whose
+    /// runtime ended (the next driver, on another runtime, takes it over).
+    due: std::sync::Mutex<Due>,
     changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Due {
+    at: BTreeMap<(Instant, u64), Weak<Lifeline>>,
+    next_id: u64,
 }
 
 /// What guards tell the driver; the lock is held for a push, not for a schedule's upkeep.
@@ -356,9 +365,7 @@ impl Renewals {
     }
 
     async fn drive(self: Arc<Self>) {
-        // The schedule is the driver's own: guards only push to `arrivals`.
-        let mut due: BTreeMap<(Instant, u64), Weak<Lifeline>> = BTreeMap::new();
-        let mut next_id = 0u64;
+        // Guards only push to `arrivals`; the schedule is the driver's.
         let mut taken = Vec::new();
         loop {
             {
@@ -366,29 +373,34 @@ impl Renewals {
                 std::mem::swap(&mut taken, &mut a.new);
                 (a.earliest, a.after_cleanup) = (None, 0);
             }
-            for (at, line) in taken.drain(..) {
-                if line.strong_count() > 0 {
-                    next_id += 1;
-                    due.insert((at, next_id), line);
-                }
-            }
-            let later = due.split_off(&(Instant::now(), u64::MAX));
-            for line in std::mem::replace(&mut due, later).into_values() {
-                let Some(line) = line.upgrade() else { continue };
-                let renewals = self.clone();
-                tokio::spawn(async move {
-                    if let Some(at) = line.renew_step().await {
-                        renewals.schedule(Arc::downgrade(&line), at);
+            let next_due = {
+                let mut due = self.due.locked();
+                for (at, line) in taken.drain(..) {
+                    if line.strong_count() > 0 {
+                        due.next_id += 1;
+                        let id = due.next_id;
+                        due.at.insert((at, id), line);
                     }
-                });
-            }
-            // Drop entries of guards that are gone, so the schedule does not grow.
-            due.retain(|_, line| line.strong_count() > 0);
+                }
+                let later = due.at.split_off(&(Instant::now(), u64::MAX));
+                let now_due = std::mem::replace(&mut due.at, later);
+                // Drop entries of guards that are gone, so the schedule does not grow.
+                due.at.retain(|_, line| line.strong_count() > 0);
+                for line in now_due.into_values() {
+                    let Some(line) = line.upgrade() else { continue };
+                    let renewals = self.clone();
+                    tokio::spawn(async move {
+                        if let Some(at) = line.renew_step().await {
+                            renewals.schedule(Arc::downgrade(&line), at);
+                        }
+                    });
+                }
+                due.at.keys().next().map(|(at, _)| *at)
+            };
             let next = {
                 let mut a = self.arrivals.locked();
-                let next = due.keys().next().map(|(at, _)| *at);
                 // Arrivals since the swap above count too.
-                let next = match (next, a.earliest) {
+                let next = match (next_due, a.earliest) {
                     (Some(n), Some(e)) => Some(n.min(e)),
                     (n, e) => n.or(e),
                 };
@@ -465,14 +477,7 @@ mod tests {
         let long = line(&store, "long", Duration::from_secs(30)).await;
         renewals.add(&long);
         // Until the driver has taken it and sleeps.
-        let taken = async {
-            while !renewals.arrivals.locked().new.is_empty() {
-                tokio::task::yield_now().await;
-            }
-        };
-        timeout_at(Instant::now() + Duration::from_secs(5), taken)
-            .await
-            .expect("the driver takes the first lease");
+        taken_by_the_driver(&renewals).await;
         // Due in about 100 ms: it must wake the driver, or this lease is lost.
         let short = line(&store, "short", Duration::from_millis(300)).await;
         renewals.add(&short);
@@ -487,6 +492,52 @@ mod tests {
             .expect("no renewal within 5 s")
             .expect("the lease lives");
         assert!(status.lost.is_none(), "lost: {:?}", status.lost);
+    }
+
+    /// Until the driver has taken what guards added.
+    async fn taken_by_the_driver(renewals: &Renewals) {
+        let taken = async {
+            while !renewals.arrivals.locked().new.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        };
+        timeout_at(Instant::now() + Duration::from_secs(5), taken)
+            .await
+            .expect("the driver takes what was added");
+    }
+
+    #[test]
+    fn a_driver_on_a_later_runtime_renews_what_an_ended_one_had_scheduled() {
+        let store: Arc<dyn Store> = Arc::new(crate::MemoryStore::new());
+        let renewals = Arc::new(Renewals::default());
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+        };
+        // Scheduled by a driver whose runtime then ends.
+        let first = runtime().block_on(async {
+            let first = line(&store, "first", Duration::from_millis(600)).await;
+            renewals.add(&first);
+            taken_by_the_driver(&renewals).await;
+            first
+        });
+        let mut status = first.status.subscribe();
+        let granted = status.borrow().renewed_at;
+        runtime().block_on(async {
+            let second = line(&store, "second", Duration::from_secs(30)).await;
+            renewals.add(&second);
+            let renewed = timeout_at(
+                Instant::now() + Duration::from_secs(5),
+                status.wait_for(|s| s.renewed_at > granted || s.lost.is_some()),
+            )
+            .await;
+            let status = renewed
+                .expect("no renewal within 5 s")
+                .expect("the lease lives");
+            assert!(status.lost.is_none(), "lost: {:?}", status.lost);
+        });
     }
 
     #[tokio::test]
