@@ -3,7 +3,7 @@
 //! stream: thousands of waiters renewing their leases cost one message each, not an
 //! HTTP/2 stream each.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -32,8 +32,9 @@ impl Shared for KeepAliveStream {
 pub(super) struct KeepAliveStream {
     member: usize,
     requests: mpsc::UnboundedSender<LeaseId>,
-    /// Keepalives sent and not yet answered, by lease id (etcd answers each with its id).
-    waiting: Mutex<Option<HashMap<i64, Vec<oneshot::Sender<LeaseKeepAliveResponse>>>>>,
+    /// Keepalives sent and not yet answered, by lease id, oldest first (etcd answers each
+    /// with its id, in the order sent).
+    waiting: Mutex<Option<HashMap<i64, VecDeque<oneshot::Sender<LeaseKeepAliveResponse>>>>>,
     reader: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -46,14 +47,27 @@ impl KeepAliveStream {
             return None;
         }
         let (tx, rx) = oneshot::channel();
-        waiting.entry(id).or_default().push(tx);
+        waiting.entry(id).or_default().push_back(tx);
         Some(rx)
     }
 
+    /// Hands `answer` to the oldest keepalive of its lease, the one it answers. Not to a
+    /// later one too: its sender would count the lease from its own send, later than
+    /// etcd renewed it, and believe it alive past its end.
     fn deliver(&self, answer: LeaseKeepAliveResponse) {
-        let senders = (self.waiting.locked().as_mut()).and_then(|w| w.remove(&answer.id));
-        for sender in senders.into_iter().flatten() {
-            let _ = sender.send(answer.clone());
+        let mut waiting = self.waiting.locked();
+        let Some(waiting) = waiting.as_mut() else {
+            return;
+        };
+        let Some(senders) = waiting.get_mut(&answer.id) else {
+            return;
+        };
+        let oldest = senders.pop_front();
+        if senders.is_empty() {
+            waiting.remove(&answer.id);
+        }
+        if let Some(sender) = oldest {
+            let _ = sender.send(answer);
         }
     }
 
@@ -125,5 +139,47 @@ impl Client {
                 )))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(id: i64, ttl: i64) -> LeaseKeepAliveResponse {
+        LeaseKeepAliveResponse { id, ttl }
+    }
+
+    /// Two keepalives of one lease in flight: etcd's first answer is the first one's, and
+    /// the second waits for its own (renewed after it was sent).
+    #[test]
+    fn an_answer_goes_to_the_oldest_keepalive_of_its_lease_only() {
+        let (requests, mut sent) = mpsc::unbounded_channel();
+        let stream = KeepAliveStream {
+            member: 0,
+            requests,
+            waiting: Mutex::new(Some(HashMap::new())),
+            reader: Mutex::new(None),
+        };
+        let mut first = stream.send(7, false).expect("open");
+        let mut second = stream.send(7, false).expect("open");
+        let mut other = stream.send(8, false).expect("open");
+        assert_eq!(sent.try_recv().map(|r| r.id), Ok(7));
+        stream.deliver(answer(7, 5));
+        assert_eq!(first.try_recv().map(|a| a.ttl), Ok(5));
+        assert!(
+            second.try_recv().is_err(),
+            "the second got the first's answer"
+        );
+        stream.deliver(answer(7, 4));
+        assert_eq!(second.try_recv().map(|a| a.ttl), Ok(4));
+        assert!(other.try_recv().is_err());
+        stream.deliver(answer(8, 3));
+        assert_eq!(other.try_recv().map(|a| a.ttl), Ok(3));
+        assert!(stream
+            .waiting
+            .locked()
+            .as_ref()
+            .is_some_and(HashMap::is_empty));
     }
 }
