@@ -421,11 +421,15 @@ impl EtcdStore {
                     Some(_) => self.revoke_later(full.id),
                     None => self.spare(full),
                 }
-                return grant;
+                return lasting_until(grant, Instant::now(), req.ttl);
             }
             // The key may have moved unseen: the guard's renewal follows it to its lease,
-            // which stays set aside for the release to revoke.
-            Err(_) => return grant,
+            // which stays set aside for the release to revoke. Until then it lives as
+            // long as the shorter-lived of the two leases it may be on.
+            Err(_) => {
+                let until = short.alive_until.min(full.alive_until);
+                return lasting_until(grant, until, req.ttl);
+            }
         };
         self.inner.moving.locked().remove(&req.lease);
         self.set_lease(&req.lease, full, Some(revision));
@@ -434,16 +438,7 @@ impl EtcdStore {
         if !short.shared {
             self.revoke_later(short.id);
         }
-        let longer = full
-            .alive_until
-            .saturating_duration_since(short.alive_until);
-        Grant {
-            lease: grant
-                .lease
-                .map(|left| left + longer)
-                .filter(|&l| l < req.ttl),
-            ..grant
-        }
+        lasting_until(grant, full.alive_until, req.ttl)
     }
 
     /// `extend` asked for a longer TTL than the key's etcd lease has: put the key on a
@@ -483,6 +478,21 @@ impl EtcdStore {
             self.revoke_later(old.id);
         }
         Ok(Pass::Done(Renewal::Renewed))
+    }
+}
+
+/// `grant` with its lease as what is left, from now, of a key's lease that lasts until
+/// `until`: the caller counts it from its request's send, which is no later than now.
+/// (The full TTL when that is left; none when the key is gone: a renewal then decides.)
+///
+/// From the key's lease itself, not from the lease it waited on: the waiters' shared
+/// lease often outlives a short TTL's full lease, and counting from it would let a
+/// paused holder believe in its grant after etcd had ended it.
+fn lasting_until(grant: Grant, until: Instant, ttl: Duration) -> Grant {
+    let left = until.saturating_duration_since(Instant::now());
+    Grant {
+        lease: (left < ttl).then_some(left),
+        ..grant
     }
 }
 
@@ -567,6 +577,59 @@ pub(super) mod tests {
         ));
         drop(store);
         no_lease_left(&server).await;
+    }
+
+    /// A key handed over on a lease that outlives its full lease (the waiters' shared
+    /// lease beside a short TTL) moves onto a full lease with less left: its grant must
+    /// not promise more than that full lease holds. (Before, it counted from the lease it
+    /// waited on, and a holder paused at once believed in it after etcd had ended it.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handed_over_grant_lasts_no_longer_than_the_lease_its_key_moved_to() {
+        let (_server, store) = started().await;
+        let name = LockName::new("grant-bound").unwrap();
+        let req = request(&name, "o");
+        let waited_on = store.lease_for(Duration::from_secs(60)).await.unwrap();
+        let (key, _, create) = put_key(&store, &req, waited_on).await;
+        store.record(
+            &req.lease,
+            Acquisition {
+                key: KeyId::of(&key),
+                owner: Acquisition::owner_of(&req.lease, &req.owner),
+                // As the waiters' shared lease is: the key always moves off it.
+                lease: Some(EtcdLease {
+                    shared: true,
+                    ..waited_on
+                }),
+                state: State::Held {
+                    create,
+                    modified: create,
+                },
+                hold: None,
+            },
+        );
+        // A spare full lease known to end sooner than the one the key waited on.
+        let full = store.lease_for(req.ttl).await.unwrap();
+        let ends = Instant::now() + req.ttl.mul_f64(0.6);
+        store.spare(EtcdLease {
+            alive_until: ends,
+            ..full
+        });
+        let grant = Grant {
+            token: FencingToken(create as u64),
+            holds: 1,
+            lease: None,
+        };
+        // The lock loop counts the grant from its request, sent before this call.
+        let sent = Instant::now();
+        let moved = store.on_full_lease(&req, grant).await;
+        let on = store.range(range_key(&key)).await.unwrap().kvs[0].lease;
+        assert_eq!(on, full.id, "the key moved onto the spare lease");
+        let promised = moved.lease.expect("less than the full TTL is left");
+        assert!(
+            sent + promised <= ends,
+            "promised {promised:?} from the request, the lease ends {:?} after it",
+            ends - sent
+        );
     }
 
     /// A release dropped once sent (a bounded undo that gave up on it) and sent again
