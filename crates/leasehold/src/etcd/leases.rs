@@ -368,6 +368,8 @@ impl EtcdStore {
     /// full lease is kept aside until the move is seen through, so that the next move
     /// reuses it (rather than leave it in etcd, with or without our key, until its TTL).
     pub(super) async fn on_full_lease(&self, req: &AcquireRequest, grant: Grant) -> Grant {
+        // No later than the request the caller counts the grant from was sent.
+        let called = Instant::now();
         let Some(Acquisition {
             key,
             lease: Some(short),
@@ -421,14 +423,14 @@ impl EtcdStore {
                     Some(_) => self.revoke_later(full.id),
                     None => self.spare(full),
                 }
-                return lasting_until(grant, Instant::now(), req.ttl);
+                return lasting_until(grant, called, called, req.ttl);
             }
             // The key may have moved unseen: the guard's renewal follows it to its lease,
             // which stays set aside for the release to revoke. Until then it lives as
             // long as the shorter-lived of the two leases it may be on.
             Err(_) => {
                 let until = short.alive_until.min(full.alive_until);
-                return lasting_until(grant, until, req.ttl);
+                return lasting_until(grant, until, called, req.ttl);
             }
         };
         self.inner.moving.locked().remove(&req.lease);
@@ -438,7 +440,7 @@ impl EtcdStore {
         if !short.shared {
             self.revoke_later(short.id);
         }
-        lasting_until(grant, full.alive_until, req.ttl)
+        lasting_until(grant, full.alive_until, called, req.ttl)
     }
 
     /// `extend` asked for a longer TTL than the key's etcd lease has: put the key on a
@@ -481,15 +483,16 @@ impl EtcdStore {
     }
 }
 
-/// `grant` with its lease as what is left, from now, of a key's lease that lasts until
-/// `until`: the caller counts it from its request's send, which is no later than now.
-/// (The full TTL when that is left; none when the key is gone: a renewal then decides.)
+/// `grant` with its lease as what is left, from `called`, of a key's lease that lasts
+/// until `until`: the caller counts it from its request's send, which is no later than
+/// `called`. (The full TTL when that is left, as for a lease granted since; none when the
+/// key is gone: a renewal then decides.)
 ///
 /// From the key's lease itself, not from the lease it waited on: the waiters' shared
 /// lease often outlives a short TTL's full lease, and counting from it would let a
 /// paused holder believe in its grant after etcd had ended it.
-fn lasting_until(grant: Grant, until: Instant, ttl: Duration) -> Grant {
-    let left = until.saturating_duration_since(Instant::now());
+fn lasting_until(grant: Grant, until: Instant, called: Instant, ttl: Duration) -> Grant {
+    let left = until.saturating_duration_since(called);
     Grant {
         lease: (left < ttl).then_some(left),
         ..grant
