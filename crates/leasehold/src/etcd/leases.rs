@@ -529,6 +529,30 @@ pub(super) mod tests {
         }
     }
 
+    /// `req`'s key put on `lease` and recorded held there, as the store records a
+    /// hand-over before the move onto the full lease: the key and its create revision.
+    async fn handed_over_on(
+        store: &EtcdStore,
+        req: &AcquireRequest,
+        lease: EtcdLease,
+    ) -> (Vec<u8>, i64) {
+        let (key, _, create) = put_key(store, req, lease).await;
+        store.record(
+            &req.lease,
+            Acquisition {
+                key: KeyId::of(&key),
+                owner: Acquisition::owner_of(&req.lease, &req.owner),
+                lease: Some(lease),
+                state: State::Held {
+                    create,
+                    modified: create,
+                },
+                hold: None,
+            },
+        );
+        (key, create)
+    }
+
     /// A hand-over's move onto the full lease, cancelled once sent (the lock loop drops
     /// it when its wake-up comes first) and then asked again, goes onto the same lease;
     /// once released and the store dropped, etcd has no lease left. (Before, the first
@@ -540,20 +564,7 @@ pub(super) mod tests {
         let name = LockName::new("cancelled-move").unwrap();
         let req = request(&name, "o");
         let short = store.lease_for(Duration::from_secs(5)).await.unwrap();
-        let (key, _, create) = put_key(&store, &req, short).await;
-        store.record(
-            &req.lease,
-            Acquisition {
-                key: KeyId::of(&key),
-                owner: Acquisition::owner_of(&req.lease, &req.owner),
-                lease: Some(short),
-                state: State::Held {
-                    create,
-                    modified: create,
-                },
-                hold: None,
-            },
-        );
+        let (key, create) = handed_over_on(&store, &req, short).await;
         // A spare full lease, so that the move is sent within the first poll.
         let full = store.lease_for(req.ttl).await.unwrap();
         store.spare(full);
@@ -592,24 +603,12 @@ pub(super) mod tests {
         let name = LockName::new("grant-bound").unwrap();
         let req = request(&name, "o");
         let waited_on = store.lease_for(Duration::from_secs(60)).await.unwrap();
-        let (key, _, create) = put_key(&store, &req, waited_on).await;
-        store.record(
-            &req.lease,
-            Acquisition {
-                key: KeyId::of(&key),
-                owner: Acquisition::owner_of(&req.lease, &req.owner),
-                // As the waiters' shared lease is: the key always moves off it.
-                lease: Some(EtcdLease {
-                    shared: true,
-                    ..waited_on
-                }),
-                state: State::Held {
-                    create,
-                    modified: create,
-                },
-                hold: None,
-            },
-        );
+        // As the waiters' shared lease is: the key always moves off it.
+        let shared = EtcdLease {
+            shared: true,
+            ..waited_on
+        };
+        let (key, create) = handed_over_on(&store, &req, shared).await;
         // A spare full lease known to end sooner than the one the key waited on.
         let full = store.lease_for(req.ttl).await.unwrap();
         let ends = Instant::now() + req.ttl.mul_f64(0.6);
