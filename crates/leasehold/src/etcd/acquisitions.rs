@@ -139,12 +139,17 @@ pub(super) fn grant(
     holds: u32,
     started: Instant,
 ) -> Grant {
-    let left = lease.left(started);
     Grant {
         token: FencingToken(create as u64),
         holds,
-        lease: (left < req.ttl).then_some(left),
+        lease: lease_left(lease.left(started), req.ttl),
     }
+}
+
+/// A grant's lease, from what is `left` of its key's etcd lease: `None` (the full TTL,
+/// counted from the request) when at least that much is left.
+pub(super) fn lease_left(left: Duration, ttl: Duration) -> Option<Duration> {
+    (left < ttl).then_some(left)
 }
 
 impl EtcdStore {

@@ -492,9 +492,8 @@ impl EtcdStore {
 /// lease often outlives a short TTL's full lease, and counting from it would let a
 /// paused holder believe in its grant after etcd had ended it.
 fn lasting_until(grant: Grant, until: Instant, called: Instant, ttl: Duration) -> Grant {
-    let left = until.saturating_duration_since(called);
     Grant {
-        lease: (left < ttl).then_some(left),
+        lease: super::acquisitions::lease_left(until.saturating_duration_since(called), ttl),
         ..grant
     }
 }
