@@ -38,10 +38,10 @@ enum Known {
 /// What one pass of an attempt comes to.
 pub(super) type Step = Pass<Attempt, Retry>;
 
-/// What a pass puts: our key and our owner's marker, on a lease.
+/// What a pass puts: our key (and our owner's marker, if it joins a busy queue), on a
+/// lease.
 struct Put {
     key: Vec<u8>,
-    marker: Vec<u8>,
     lease: EtcdLease,
     entry: Entry,
     /// A mutex try: the key goes in only if the queue is empty.
@@ -54,11 +54,15 @@ struct Put {
 }
 
 impl Put {
-    fn ops(&self) -> Vec<Op> {
-        vec![
-            put_on(self.lease.id, &self.key, &self.entry.value()),
-            put_on(self.lease.id, &self.marker, &self.key),
-        ]
+    /// Our key, on our lease.
+    fn key_op(&self) -> Op {
+        put_on(self.lease.id, &self.key, &self.entry.value())
+    }
+
+    /// Our key and our owner's marker, on our lease.
+    fn ops(&self, req: &AcquireRequest) -> Vec<Op> {
+        let marker = marker_key(&req.name, &req.owner, &self.key);
+        vec![self.key_op(), put_on(self.lease.id, &marker, &self.key)]
     }
 }
 
@@ -163,7 +167,6 @@ impl EtcdStore {
                 (lease, queue_key(&req.name, lease.id))
             }
         };
-        let marker = marker_key(&req.name, &req.owner, &key);
         self.record(
             &req.lease,
             Acquisition {
@@ -177,7 +180,6 @@ impl EtcdStore {
         let entry = Entry::of(req);
         Ok(Put {
             key,
-            marker,
             lease,
             entry,
             only_if_free,
@@ -193,34 +195,39 @@ impl EtcdStore {
     /// uncontended lock would pay on every acquire.
     fn put_txn(&self, req: &AcquireRequest, put: &Put) -> TxnRequest {
         let prefix = queue_prefix(&req.name);
-        let puts = put.ops();
         let everyone = Compare::empty(&prefix, &prefix_end(&prefix));
         if put.only_if_free {
             return txn(
                 vec![everyone],
-                puts[..1].to_vec(),
+                vec![put.key_op()],
                 vec![range_queue(&prefix)],
             );
         }
-        let owners = owner_markers(&req.name, &req.owner);
-        let mut join = puts.clone();
-        if req.kind == LockKind::Exclusive {
-            join.extend(writer_view(&prefix));
-        } else {
-            join.push(range_queue(&prefix));
-        }
-        // Our owner's marker there: read the queue to find the owner's key.
-        let join = txn(
-            vec![Compare::empty(&owners, &prefix_end(&owners))],
-            join,
-            vec![range_queue(&prefix), range_prefix(&owners, false)],
-        );
-        // As decided with the lease (a waiting key goes on the waiters' shared one).
+        // As decided with the lease (a waiting key goes on the waiters' shared one); made
+        // only when sent, as an uncontended acquire does not send it.
         let join = match put.joins {
-            true => vec![Op::Txn(Box::new(join))],
+            true => vec![Op::Txn(Box::new(self.join_txn(req, put, &prefix)))],
             false => Vec::new(),
         };
-        txn(vec![everyone], puts[..1].to_vec(), join)
+        txn(vec![everyone], vec![put.key_op()], join)
+    }
+
+    /// The join: our key and our owner's marker, unless our owner's marker is there (then
+    /// read the queue to find the owner's key); with what a waiter needs to know of the
+    /// queue.
+    fn join_txn(&self, req: &AcquireRequest, put: &Put, prefix: &[u8]) -> TxnRequest {
+        let owners = owner_markers(&req.name, &req.owner);
+        let mut join = put.ops(req);
+        if req.kind == LockKind::Exclusive {
+            join.extend(writer_view(prefix));
+        } else {
+            join.push(range_queue(prefix));
+        }
+        txn(
+            vec![Compare::empty(&owners, &prefix_end(&owners))],
+            join,
+            vec![range_queue(prefix), range_prefix(&owners, false)],
+        )
     }
 
     /// Sends a pass's put and reads what it found.
@@ -329,7 +336,7 @@ impl EtcdStore {
             None if standing(queue, at).waiting.is_some() && req.enqueue => {
                 // Our owner waits: we wait too, in a place of our own, as the rules
                 // queue every waiting request. Put our key and look again.
-                self.call_txn(txn(vec![], put.ops(), vec![])).await?;
+                self.call_txn(txn(vec![], put.ops(req), vec![])).await?;
                 Ok(Pass::Again(Retry::BesideOwner))
             }
             None => {

@@ -380,13 +380,13 @@ impl EtcdStore {
         else {
             return grant;
         };
-        let key = key.key_in(&req.name);
-        let marker = marker_key(&req.name, &req.owner, &key);
         // A key on the waiters' shared lease always moves: that lease lives on without
         // our guard's renewals.
         if !short.shared && (!short.ours || i64::from(short.asked) >= lease_seconds(req.ttl)) {
             return grant;
         }
+        let key = key.key_in(&req.name);
+        let marker = marker_key(&req.name, &req.owner, &key);
         let pending = self.inner.moving.locked().get(&req.lease).copied();
         let full = match pending {
             Some(full) => full,

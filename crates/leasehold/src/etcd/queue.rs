@@ -221,53 +221,75 @@ pub(super) fn standing(queue: &[Member], at: usize) -> Standing {
     Standing { waiting, position }
 }
 
+/// `root`, the name and a NUL, in a buffer with room for `more` bytes after: every key
+/// of a lock is made in one allocation (an acquire and its release make several).
+fn under(root: &[u8], name: &LockName, more: usize) -> Vec<u8> {
+    let name = name.as_str().as_bytes();
+    let mut key = Vec::with_capacity(root.len() + name.len() + 1 + more);
+    key.extend_from_slice(root);
+    key.extend_from_slice(name);
+    key.push(0);
+    key
+}
+
+/// Appends `id` in lowercase hex, as `{:x}` writes it (etcd's lease ids as etcdctl
+/// shows them).
+fn push_hex(key: &mut Vec<u8>, id: i64) {
+    use std::io::Write;
+    let _ = write!(key, "{id:x}");
+}
+
+/// Room for an id in hex.
+const HEX: usize = 16;
+
 pub(super) fn queue_prefix(name: &LockName) -> Vec<u8> {
-    [ROOT, name.as_str().as_bytes(), b"\0"].concat()
+    under(ROOT, name, 0)
 }
 
 pub(super) fn queue_key(name: &LockName, lease: i64) -> Vec<u8> {
-    [queue_prefix(name), format!("{lease:x}").into_bytes()].concat()
+    let mut key = under(ROOT, name, HEX);
+    push_hex(&mut key, lease);
+    key
 }
 
 /// Where the markers of `owner`'s keys in `name`'s queue are (see the module docs).
 pub(super) fn owner_markers(name: &LockName, owner: &str) -> Vec<u8> {
-    [
-        MARKERS,
-        name.as_str().as_bytes(),
-        b"\0",
-        owner.as_bytes(),
-        b"\0",
-    ]
-    .concat()
+    let mut key = under(MARKERS, name, owner.len() + 1 + HEX);
+    key.extend_from_slice(owner.as_bytes());
+    key.push(0);
+    key
 }
 
 /// The marker of `owner`'s key `key` in `name`'s queue: one per key (owner ids have no
 /// control characters, so one owner's markers are never another's).
 pub(super) fn marker_key(name: &LockName, owner: &str, key: &[u8]) -> Vec<u8> {
-    let lease = key.get(queue_prefix(name).len()..).unwrap_or_default();
-    [owner_markers(name, owner), lease.to_vec()].concat()
+    let prefix = ROOT.len() + name.as_str().len() + 1;
+    let mut marker = owner_markers(name, owner);
+    marker.extend_from_slice(key.get(prefix..).unwrap_or_default());
+    marker
 }
 
 /// Where the re-entry holds of every queue key of `name` are.
 pub(super) fn holds_of(name: &LockName) -> Vec<u8> {
-    [HOLDS, name.as_str().as_bytes(), b"\0"].concat()
+    under(HOLDS, name, 0)
 }
 
 /// Where the re-entry holds of `name`'s queue key created at `create` are: under its
 /// create revision, never reused, so a hold key left by a force-release never counts
 /// for a later key of the same name.
 pub(super) fn holds_prefix(name: &LockName, create: i64) -> Vec<u8> {
-    [holds_of(name), format!("{create:x}\0").into_bytes()].concat()
+    let mut key = under(HOLDS, name, 2 * HEX + 1);
+    push_hex(&mut key, create);
+    key.push(0);
+    key
 }
 
 /// A re-entry's hold key, on the hold's own `lease`: etcd deletes it when the lease
 /// ends, which ends the hold.
 pub(super) fn hold_key(name: &LockName, create: i64, lease: i64) -> Vec<u8> {
-    [
-        holds_prefix(name, create),
-        format!("{lease:x}").into_bytes(),
-    ]
-    .concat()
+    let mut key = holds_prefix(name, create);
+    push_hex(&mut key, lease);
+    key
 }
 
 /// The create revision a hold key of `name` is filed under.
@@ -395,6 +417,31 @@ pub(super) fn holder_info(member: &Member, lease_left: Duration) -> HolderInfo {
 mod tests {
     use super::*;
     use crate::rules;
+
+    #[test]
+    fn a_locks_keys_are_laid_out_as_every_client_reads_them() {
+        let name: LockName = "jobs/nightly".try_into().expect("a valid name");
+        let key = queue_key(&name, 0x1a2b);
+        assert_eq!(key, b"leasehold\x00jobs/nightly\x001a2b");
+        assert_eq!(queue_prefix(&name), b"leasehold\x00jobs/nightly\x00");
+        assert_eq!(KeyId::of(&key).key_in(&name), key);
+        assert_eq!(
+            owner_markers(&name, "me"),
+            b"leasehold\x01jobs/nightly\x00me\x00"
+        );
+        assert_eq!(
+            marker_key(&name, "me", &key),
+            b"leasehold\x01jobs/nightly\x00me\x001a2b"
+        );
+        assert_eq!(holds_of(&name), b"leasehold\x02jobs/nightly\x00");
+        assert_eq!(
+            holds_prefix(&name, 0xff),
+            b"leasehold\x02jobs/nightly\x00ff\x00"
+        );
+        let hold = hold_key(&name, 0xff, 0x7fff_ffff_ffff_ffff);
+        assert_eq!(hold, b"leasehold\x02jobs/nightly\x00ff\x007fffffffffffffff");
+        assert_eq!(hold_create(&name, &hold), Some(0xff));
+    }
 
     fn queue(kinds: &[LockKind]) -> Vec<Member> {
         kinds
