@@ -331,15 +331,7 @@ struct Arrivals {
 impl Renewals {
     /// Schedules the first renewal of a new guard's lease.
     pub fn add(self: &Arc<Self>, line: &Arc<Lifeline>) {
-        let status = line.status.borrow().clone();
-        // A third of the way to the safe deadline (a third of the TTL for a full lease);
-        // at once for a lease shorter than asked for (a lock handed to a queued waiter
-        // runs on its short waiter lease until renewed to the full TTL).
-        let full = safe_deadline(status.renewed_at, status.ttl);
-        let first = match status.valid_until < full {
-            true => Instant::now(),
-            false => status.renewed_at + (status.valid_until - status.renewed_at) / 3,
-        };
+        let first = first_renewal(&line.status.borrow(), Instant::now());
         self.schedule(Arc::downgrade(line), first);
     }
 
@@ -420,6 +412,23 @@ impl Renewals {
     }
 }
 
+/// When a new guard's lease is first renewed: a third of the way to its safe deadline
+/// (a third of the TTL for a full lease); at once (`now`) when it was granted less than
+/// half the TTL asked for: a lock handed to a queued waiter runs on its short waiter
+/// lease until renewed to the full TTL. A lease granted with most of its TTL (a spare
+/// etcd lease, reused part-way through its life) waits its turn like a full one:
+/// renewing it at once would cost every such acquisition a round trip.
+fn first_renewal(status: &Status, now: Instant) -> Instant {
+    let granted = status
+        .valid_until
+        .saturating_duration_since(status.renewed_at);
+    let full = safe_deadline(status.renewed_at, status.ttl);
+    match granted < full.saturating_duration_since(status.renewed_at) / 2 {
+        true => now,
+        false => status.renewed_at + granted / 3,
+    }
+}
+
 /// `d` scaled by a random factor in [0.5, 1.5).
 pub(crate) fn jitter(d: Duration) -> Duration {
     d.mul_f64(0.5 + rand::random::<f64>())
@@ -442,6 +451,25 @@ mod tests {
         // Long leases keep a third; the last moments a floor of 50 ms.
         assert_eq!(attempt_budget(ms(6000)), ms(2000));
         assert_eq!(attempt_budget(ms(60)), ms(50));
+    }
+
+    #[test]
+    fn a_lease_granted_short_is_renewed_at_once_and_one_granted_most_of_its_ttl_in_turn() {
+        let (s, now) = (Duration::from_secs, Instant::now());
+        let granted = |granted: Duration| Status {
+            valid_until: safe_deadline(now, granted),
+            renewed_at: now,
+            ttl: s(30),
+            lost: None,
+            failing: false,
+        };
+        let third_of = |granted: Duration| now + (safe_deadline(now, granted) - now) / 3;
+        let later = now + s(1);
+        // The full TTL, and a spare lease with 25 s of 30 left: a third of the way.
+        assert_eq!(first_renewal(&granted(s(30)), later), third_of(s(30)));
+        assert_eq!(first_renewal(&granted(s(25)), later), third_of(s(25)));
+        // A waiter's 5 s lease handed over: at once.
+        assert_eq!(first_renewal(&granted(s(5)), later), later);
     }
 
     /// A lease of `ttl` on the memory store, granted now, as a guard's renewals see it.
