@@ -7,8 +7,6 @@
 //! argument (separated by \x1f), as every argument costs the call time. The acquire's
 //! packed `hold` is also the value of a hot hold, which hot.lua stores as it came.
 
-use std::fmt::Write;
-
 /// The separators of the record's fields (see record.lua): replaced by `?` in any text
 /// sent, so no text can forge a field.
 const SEPARATORS: [char; 3] = ['\x1d', '\x1e', '\x1f'];
@@ -30,20 +28,24 @@ pub(super) enum Value<'a> {
     Absent,
 }
 
+/// Whether `s` has one of [`SEPARATORS`] (all ASCII): byte by byte, as every text of
+/// every call is checked.
+fn has_separator(s: &str) -> bool {
+    s.bytes().any(|b| matches!(b, 0x1d..=0x1f))
+}
+
 impl Value<'_> {
     /// Appends the value as the script reads it; `resent` when the call is sent again.
     pub(super) fn write(self, out: &mut String, resent: bool) {
         match self {
-            Value::Text(s) if !s.contains(SEPARATORS) => out.push_str(s),
+            Value::Text(s) if !has_separator(s) => out.push_str(s),
             Value::Text(s) => {
                 out.extend(
                     s.chars()
                         .map(|c| if SEPARATORS.contains(&c) { '?' } else { c }),
                 )
             }
-            Value::Num(n) => {
-                let _ = write!(out, "{n}");
-            }
+            Value::Num(n) => out.push_str(itoa::Buffer::new().format(n)),
             Value::Flag(on) => out.push(if on { '1' } else { '0' }),
             Value::Fresh(fresh) => out.push(if fresh && !resent { '1' } else { '0' }),
             Value::Absent => {}
@@ -277,7 +279,7 @@ pub(super) fn pack(fields: &[Field<'_>], cmd: &mut redis::Cmd, buf: &mut String,
                 Value::Num(n) => {
                     cmd.arg(n);
                 }
-                Value::Text(s) if !s.contains(SEPARATORS) => {
+                Value::Text(s) if !has_separator(s) => {
                     cmd.arg(s);
                 }
                 value => {
