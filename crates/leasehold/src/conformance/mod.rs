@@ -12,7 +12,8 @@
 //! parallel. Waits are on conditions with generous deadlines, never on fixed sleeps.
 //!
 //! Besides the cases written out here, [`model_based`] drives a store with random
-//! operation sequences and checks every outcome against the lock rules (see [`model`]).
+//! operation sequences and checks every outcome against the lock rules (see [`model`]);
+//! [`model_regressions`] runs, the same way, fixed sequences that once found a fault.
 
 pub mod model;
 pub mod rate;
@@ -49,7 +50,7 @@ pub use cases::queue::{
     cancelled_wait_leaves_no_trace, fifo_when_fair, hand_over_renews_to_the_full_ttl,
     hand_over_to_a_dropped_waiter_is_not_lost, timed_out_wait_leaves_the_queue,
 };
-pub use model::model_based;
+pub use model::{model_based, model_regressions};
 pub use partition::Partition;
 
 use std::future::Future;
@@ -119,7 +120,7 @@ macro_rules! conformance_suite {
             semaphore_limit, read_write_rules, lock_rules, release_is_idempotent,
             force_release_is_seen_as_lost, force_released_holder_lets_its_process_in,
             cancelled_wait_leaves_no_trace,
-            timed_out_wait_leaves_the_queue, bad_input_rejected, model_based,
+            timed_out_wait_leaves_the_queue, bad_input_rejected, model_based, model_regressions,
             election_one_leader_at_a_time, election_observe_proclaim_resign,
             election_dead_leader_is_replaced, election_paused_leader_knows_first,
             election_bounded_campaigns, semaphore_many_permits, downgrade_lets_readers_in,

@@ -97,6 +97,9 @@ pub(super) struct Driver {
     pub(super) handed: Vec<Handed>,
     /// The owner ids of ownerless guards so far: each must be new.
     anonymous: std::collections::HashSet<String>,
+    /// Every id an ownerless waiter was seen as ([`Waiter::seen_as`]): a waiter not yet
+    /// seen may not be taken for one of them (a cancelled waiter still in the store).
+    pub(super) seen_ids: std::collections::HashSet<String>,
     /// How often each kind of outcome was seen, to show what a run exercised.
     counts: Counts,
 }
@@ -127,6 +130,7 @@ pub(super) async fn run(
         queues_by_wait: store.capabilities().queues_by_wait,
         handed: Vec::new(),
         anonymous: Default::default(),
+        seen_ids: Default::default(),
     };
     let ops = ops.to_vec();
     match tokio::spawn(driver.run(ops)).await {
@@ -301,6 +305,7 @@ impl Driver {
             fair: req.fair,
             gate,
             at_gate,
+            seen_as: None,
         });
         match at_gate {
             true => {

@@ -36,6 +36,11 @@ pub(super) struct Waiter {
     /// waited in its process when it comes); a non-fair one has no place in the rules'
     /// queue until it gets the turn.
     pub(super) at_gate: bool,
+    /// An ownerless waiter's owner as the store shows it (its acquisition's id), learned
+    /// when the store first agreed with the model with it in its place; from then on that
+    /// place must show this id. Ownerless waiters are otherwise alike: a cancelled one
+    /// still in the store would pass for the task that took its turn.
+    pub(super) seen_as: Option<String>,
 }
 
 impl Waiter {
@@ -336,6 +341,7 @@ mod tests {
                 fair,
                 gate: None,
                 at_gate: false,
+                seen_as: None,
             })
             .collect()
     }

@@ -115,6 +115,20 @@ type Check<T = ()> = std::result::Result<T, String>;
 /// How often each kind of outcome was seen in a run.
 type Counts = std::collections::BTreeMap<String, usize>;
 
+/// Runs the fixed plans (`plan::regressions`) on `store`, each on fresh names, checked as a
+/// random plan is: cases that once showed a store, or this suite, wrong.
+pub async fn model_regressions(store: Arc<dyn Store>) {
+    for (case, plan) in plan::regressions() {
+        if let Err(failure) = driver::run(&store, &plan, &plan.ops).await {
+            panic!(
+                "model_regressions: \"{case}\" failed on {}: {failure}\ntrace:\n{}",
+                store.describe_store(),
+                failure.trace.join("\n")
+            );
+        }
+    }
+}
+
 /// Runs the model-based conformance case on `store` (see the [module docs](self)),
 /// with fair and non-fair requests.
 pub async fn model_based(store: Arc<dyn Store>) {

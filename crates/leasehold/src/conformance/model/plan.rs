@@ -148,6 +148,46 @@ pub(super) struct Plan {
     pub(super) ops: Vec<Op>,
 }
 
+/// Fixed plans, each named by what it once caught.
+pub(super) fn regressions() -> Vec<(&'static str, Plan)> {
+    let req = |client, owner, asked, fair| Req {
+        client,
+        owner,
+        name: 0,
+        asked,
+        fair,
+    };
+    let (ann, bob) = (Some(0), Some(1));
+    vec![(
+        // The task with its client's gate's turn, waiting in the store, is cancelled, and
+        // another client's waiter comes as the next task at that gate takes the turn.
+        // Ownerless waiters look alike: the suite took the cancelled one, still in the
+        // store for a moment, for the task that took its turn, and then blamed the store
+        // for the order the two arrived in.
+        "a cancelled turn, and another client's waiter",
+        Plan {
+            shapes: vec![Shape::Mutex],
+            ops: vec![
+                Op::Try {
+                    req: req(1, bob, Asked::Mutex, false),
+                    bounded: false,
+                },
+                Op::Wait {
+                    req: req(0, None, Asked::Mutex, false),
+                },
+                Op::Wait {
+                    req: req(0, None, Asked::Mutex, false),
+                },
+                Op::Cancel { pick: 0 },
+                Op::Wait {
+                    req: req(2, ann, Asked::Mutex, true),
+                },
+                Op::Release { pick: 0 },
+            ],
+        },
+    )]
+}
+
 impl Plan {
     pub(super) fn generate(seed: u64, steps: usize) -> Plan {
         let mut rng = Rng(seed);

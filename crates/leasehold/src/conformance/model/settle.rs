@@ -52,8 +52,11 @@ impl Driver {
             }
             let since = *quiet.get_or_insert_with(Instant::now);
             match self.compare().await? {
-                None => return Ok(()),
-                Some(diff) => ensure!(
+                Ok(seen) => {
+                    self.seen(seen);
+                    return Ok(());
+                }
+                Err(diff) => ensure!(
                     since.elapsed() < within,
                     "the store disagrees with the model after {within:?}: {diff}"
                 ),
@@ -309,7 +312,8 @@ impl Driver {
     /// holder's owner id is its guard's. An ownerless waiter's owner id is not compared:
     /// it is made inside `lock()` and no answer gives it to the caller before the lock
     /// is granted; the model checks only that it is none of the named owners.
-    async fn compare(&self) -> Check<Option<String>> {
+    async fn compare(&self) -> Check<Result<Vec<Seen>, String>> {
+        let mut seen_now = Vec::new();
         for (n, name) in self.names.iter().enumerate() {
             let model = &self.model[n];
             for client in 0..CLIENTS {
@@ -333,30 +337,66 @@ impl Driver {
                     .collect();
                 let mut gate: Vec<&Waiter> = model.waiters.iter().filter(at_gate).collect();
                 gate.sort_by_key(|w| w.id);
-                let queue: Vec<(Option<String>, LockKind)> = (model.waiters.iter())
+                let queue: Vec<&Waiter> = (model.waiters.iter())
                     .filter(|w| !w.at_gate)
                     .chain(gate)
-                    .map(|w| ((!w.owner.starts_with('~')).then(|| w.owner.clone()), w.kind))
                     .collect();
-                let fits = |(seen, want): (&(String, LockKind), &(Option<String>, LockKind))| {
-                    seen.1 == want.1
-                        && match &want.0 {
-                            Some(owner) => &seen.0 == owner,
-                            None => !OWNERS.contains(&seen.0.as_str()),
+                let fits = |(seen, want): (&(String, LockKind), &&Waiter)| {
+                    seen.1 == want.kind
+                        && match (want.owner.starts_with('~'), &want.seen_as) {
+                            (false, _) => seen.0 == want.owner,
+                            (true, Some(id)) => &seen.0 == id,
+                            (true, None) => {
+                                !OWNERS.contains(&seen.0.as_str())
+                                    && !self.seen_ids.contains(&seen.0)
+                            }
                         }
                 };
                 if seen != want
                     || queued.len() != queue.len()
                     || !queued.iter().zip(&queue).all(fits)
                 {
-                    return Ok(Some(format!(
-                        "n{n} from c{client}: the store has holders {seen:?} and waiters {queued:?}; the model {want:?} and {queue:?} (None: an ownerless waiter)"
+                    let shown: Vec<(Option<&str>, LockKind)> = (queue.iter())
+                        .map(|w| match w.owner.starts_with('~') {
+                            true => (w.seen_as.as_deref(), w.kind),
+                            false => (Some(w.owner.as_str()), w.kind),
+                        })
+                        .collect();
+                    return Ok(Err(format!(
+                        "n{n} from c{client}: the store has holders {seen:?} and waiters {queued:?}; the model {want:?} and {shown:?} (None: an ownerless waiter not seen yet)"
                     )));
                 }
+                seen_now.extend(
+                    (queued.iter().zip(&queue))
+                        .filter(|(_, w)| w.owner.starts_with('~') && w.seen_as.is_none())
+                        .map(|(seen, w)| Seen {
+                            name: n,
+                            waiter: w.id,
+                            id: seen.0.clone(),
+                        }),
+                );
             }
         }
-        Ok(None)
+        Ok(Ok(seen_now))
     }
+
+    /// Notes the ids that ownerless waiters were seen as, the store and the model agreeing.
+    fn seen(&mut self, seen: Vec<Seen>) {
+        for Seen { name, waiter, id } in seen {
+            let model = &mut self.model[name];
+            if let Some(w) = model.waiters.iter_mut().find(|w| w.id == waiter) {
+                w.seen_as.get_or_insert_with(|| id.clone());
+            }
+            self.seen_ids.insert(id);
+        }
+    }
+}
+
+/// An ownerless waiter as the store showed it: its acquisition's id.
+struct Seen {
+    name: usize,
+    waiter: usize,
+    id: String,
 }
 
 /// Whether the holders `describe` shows can hold together.
