@@ -160,7 +160,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::store::LeaseId;
+use crate::store::ByLease;
 use acquisitions::Acquisition;
 use leases::EtcdLease;
 use line::Lines;
@@ -204,7 +204,7 @@ struct Inner {
     client: Arc<Client>,
     /// This client's acquisitions, by id: what etcd holds for each. Boxed: a map keeps
     /// room for up to twice its entries, and thousands of waiters each have one.
-    acquisitions: Mutex<HashMap<LeaseId, Box<Acquisition>>>,
+    acquisitions: Mutex<ByLease<Box<Acquisition>>>,
     /// Released leases, alive and without keys, by TTL in seconds: the next acquisition
     /// takes one instead of granting a new lease.
     spare: Mutex<HashMap<i64, Vec<EtcdLease>>>,
@@ -212,7 +212,7 @@ struct Inner {
     /// through (its caller was cancelled, or etcd did not answer). The next move of that
     /// key goes onto the same lease, so a move etcd applied unseen lands there too; the
     /// release revokes it (see [`EtcdStore::on_full_lease`]).
-    moving: Mutex<HashMap<LeaseId, EtcdLease>>,
+    moving: Mutex<ByLease<EtcdLease>>,
     /// The leases waiting keys share, and the lock a new one is granted under.
     waiter_leases: Mutex<waiters::WaiterLeases>,
     granting: tokio::sync::Mutex<()>,

@@ -1,7 +1,6 @@
 //! Waking waiters: one subscription per client, to a channel of its own, on which the
 //! scripts name the acquisitions that may now get in (see `notify` in common.lua).
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,12 +10,12 @@ use tokio::sync::Notify;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::errors::failed;
-use crate::store::LeaseId;
+use crate::store::{ByLease, LeaseId};
 use crate::{Error, Locked, Result};
 
 /// This client's waiting acquisitions, by lease id, woken by messages naming them.
 #[derive(Debug, Default)]
-pub(super) struct Waiters(Mutex<HashMap<LeaseId, Arc<Slot>>>);
+pub(super) struct Waiters(Mutex<ByLease<Arc<Slot>>>);
 
 /// One waiting acquisition: woken, and told its token if the lock was handed to it.
 #[derive(Debug, Default)]
@@ -42,7 +41,7 @@ pub(super) struct Handover {
 }
 
 impl Waiters {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, Arc<Slot>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, ByLease<Arc<Slot>>> {
         self.0.locked()
     }
 
