@@ -40,26 +40,31 @@ impl std::fmt::Debug for LockGuard {
             .field("owner", &held.owner)
             .field("kind", &held.kind)
             .field("holds", &held.holds);
-        let status = held.status.borrow();
-        let now = Instant::now();
-        match &status.lost {
-            Some(reason) => out.field("lost", reason),
-            None if now >= status.valid_until => out.field(
-                "lost",
-                &format_args!(
-                    "safe deadline passed {} ago",
-                    humanize(now - status.valid_until)
-                ),
-            ),
-            None => out.field(
-                "valid_for",
-                &format_args!("{}", humanize(status.valid_until - now)),
-            ),
-        };
-        if status.failing {
-            out.field("renewal_failing", &true);
-        }
+        show_status(&mut out, &held.status.borrow());
         out.finish()
+    }
+}
+
+/// How a guard's status shows in `Debug` (the guard's and its [`Deadlines`]'): how long
+/// the hold is safe for, or why it is lost; and whether renewals are failing.
+fn show_status(out: &mut std::fmt::DebugStruct<'_, '_>, status: &Status) {
+    let now = Instant::now();
+    match &status.lost {
+        Some(reason) => out.field("lost", reason),
+        None if now >= status.valid_until => out.field(
+            "lost",
+            &format_args!(
+                "safe deadline passed {} ago",
+                humanize(now - status.valid_until)
+            ),
+        ),
+        None => out.field(
+            "valid_for",
+            &format_args!("{}", humanize(status.valid_until - now)),
+        ),
+    };
+    if status.failing {
+        out.field("renewal_failing", &true);
     }
 }
 
@@ -486,8 +491,15 @@ impl LostSignal {
 }
 
 /// The safe deadlines of one guard, from [`LockGuard::deadlines`].
-#[derive(Debug)]
 pub struct Deadlines(watch::Receiver<Status>);
+
+impl std::fmt::Debug for Deadlines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut out = f.debug_struct("Deadlines");
+        show_status(&mut out, &self.0.borrow());
+        out.finish()
+    }
+}
 
 impl Deadlines {
     /// Waits for the next confirmed renewal and returns the new safe deadline; `None`

@@ -97,6 +97,12 @@ async fn a_guard_debugs_as_one_short_line_of_what_identifies_the_hold() {
     ] {
         assert!(shown.contains(part), "no {part:?} in {shown}");
     }
+    // Its deadlines show the same, not the channel they come through.
+    let deadlines = format!("{:?}", guard.deadlines());
+    assert!(
+        deadlines.starts_with("Deadlines { valid_for: 29") && !deadlines.contains('\n'),
+        "{deadlines}"
+    );
     locks.force_release("nightly").await.unwrap();
     guard.lost().await;
     let shown = format!("{guard:?}");
