@@ -224,12 +224,16 @@ pub(super) fn standing(queue: &[Member], at: usize) -> Standing {
 /// `root`, the name and a NUL, in a buffer with room for `more` bytes after: every key
 /// of a lock is made in one allocation (an acquire and its release make several).
 fn under(root: &[u8], name: &LockName, more: usize) -> Vec<u8> {
-    let name = name.as_str().as_bytes();
-    let mut key = Vec::with_capacity(root.len() + name.len() + 1 + more);
+    let mut key = Vec::with_capacity(under_len(root, name) + more);
     key.extend_from_slice(root);
-    key.extend_from_slice(name);
+    key.extend_from_slice(name.as_str().as_bytes());
     key.push(0);
     key
+}
+
+/// How long [`under`]'s prefix is.
+fn under_len(root: &[u8], name: &LockName) -> usize {
+    root.len() + name.as_str().len() + 1
 }
 
 /// Appends `id` in lowercase hex, as `{:x}` writes it (etcd's lease ids as etcdctl
@@ -263,9 +267,8 @@ pub(super) fn owner_markers(name: &LockName, owner: &str) -> Vec<u8> {
 /// The marker of `owner`'s key `key` in `name`'s queue: one per key (owner ids have no
 /// control characters, so one owner's markers are never another's).
 pub(super) fn marker_key(name: &LockName, owner: &str, key: &[u8]) -> Vec<u8> {
-    let prefix = ROOT.len() + name.as_str().len() + 1;
     let mut marker = owner_markers(name, owner);
-    marker.extend_from_slice(key.get(prefix..).unwrap_or_default());
+    marker.extend_from_slice(key.get(under_len(ROOT, name)..).unwrap_or_default());
     marker
 }
 

@@ -48,6 +48,11 @@ impl Waiter {
     fn queued(&self) -> bool {
         !self.at_gate || self.fair
     }
+
+    /// Whether it asked without an owner id (its owner is [`unnamed`] until granted).
+    pub(super) fn ownerless(&self) -> bool {
+        self.owner.starts_with('~')
+    }
 }
 
 /// Whether `req` waits in its client's gate (gate.rs) before the store: an exclusive

@@ -343,7 +343,7 @@ impl Driver {
                     .collect();
                 let fits = |(seen, want): (&(String, LockKind), &&Waiter)| {
                     seen.1 == want.kind
-                        && match (want.owner.starts_with('~'), &want.seen_as) {
+                        && match (want.ownerless(), &want.seen_as) {
                             (false, _) => seen.0 == want.owner,
                             (true, Some(id)) => &seen.0 == id,
                             (true, None) => {
@@ -357,7 +357,7 @@ impl Driver {
                     || !queued.iter().zip(&queue).all(fits)
                 {
                     let shown: Vec<(Option<&str>, LockKind)> = (queue.iter())
-                        .map(|w| match w.owner.starts_with('~') {
+                        .map(|w| match w.ownerless() {
                             true => (w.seen_as.as_deref(), w.kind),
                             false => (Some(w.owner.as_str()), w.kind),
                         })
@@ -368,7 +368,7 @@ impl Driver {
                 }
                 seen_now.extend(
                     (queued.iter().zip(&queue))
-                        .filter(|(_, w)| w.owner.starts_with('~') && w.seen_as.is_none())
+                        .filter(|(_, w)| w.ownerless() && w.seen_as.is_none())
                         .map(|(seen, w)| Seen {
                             name: n,
                             waiter: w.id,
