@@ -14,8 +14,11 @@
 //!
 //! ```text
 //! cargo run --release -p leasehold --features redis --example redis_w1_floors -- \
-//!     redis://127.0.0.1:6379/0 [cycles per round, default 5000] [rounds, default 8]
+//!     redis://127.0.0.1:6379/0 [cycles per round, default 5000] [rounds, default 8] [modes]
 //! ```
+//!
+//! `modes` (comma-separated, default all) runs some of them only: one mode a process,
+//! to count its instructions (callgrind) or Redis's time per call (`INFO commandstats`).
 
 use std::time::{Duration, Instant};
 
@@ -119,20 +122,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if cycles == 0 || rounds == 0 {
         return Err("cycles per round and rounds must be at least 1".into());
     }
+    let chosen: Vec<&str> = match args.next() {
+        None => MODES.to_vec(),
+        Some(list) => (list.split(','))
+            .map(|m| MODES.iter().find(|&&known| known == m).copied())
+            .collect::<Option<_>>()
+            .ok_or_else(|| format!("modes: {list:?}, expected some of {}", MODES.join(",")))?,
+    };
     let conn = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
     let locks = Leasehold::connect(&url).await?;
 
-    // rates[round][mode]; each round runs every mode once, in a rotating order.
-    let mut rates = vec![[0.0; MODES.len()]; rounds];
+    // rates[round][mode]; each round runs every chosen mode once, in a rotating order.
+    let mut rates = vec![vec![0.0; chosen.len()]; rounds];
     for (round, row) in rates.iter_mut().enumerate() {
-        for k in 0..MODES.len() {
-            let m = (round + k) % MODES.len();
+        for k in 0..chosen.len() {
+            let m = (round + k) % chosen.len();
             row[m] = tokio::spawn({
-                let (mut conn, locks) = (conn.clone(), locks.clone());
+                let (mut conn, locks, mode) = (conn.clone(), locks.clone(), chosen[m]);
                 async move {
-                    run(MODES[m], &mut conn, &locks, cycles, round)
+                    run(mode, &mut conn, &locks, cycles, round)
                         .await
                         .map_err(|e| e.to_string())
                 }
@@ -141,7 +151,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!(
             "round {round}: {}",
-            MODES
+            chosen
                 .iter()
                 .zip(row.iter())
                 .map(|(m, r)| format!("{m} {r:.0}"))
@@ -149,10 +159,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .join(", ")
         );
     }
-    for (m, mode) in MODES.iter().enumerate() {
+    for (m, mode) in chosen.iter().enumerate() {
         let rate = median(rates.iter().map(|row| row[m]).collect());
         let ratio = median(rates.iter().map(|row| row[m] / row[0]).collect());
-        println!("{mode:>9}: median {rate:.0} cycles/s, median ratio to floor {ratio:.2}");
+        println!(
+            "{mode:>9}: median {rate:.0} cycles/s, median ratio to {} {ratio:.2}",
+            chosen[0]
+        );
     }
     Ok(())
 }
