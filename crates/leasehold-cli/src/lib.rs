@@ -191,7 +191,8 @@ fn run_after_help() -> String {
 const RUN_AFTER_HELP: &str = "\
 The command gets LEASEHOLD_NAME, LEASEHOLD_TOKEN (the fencing token, decimal),
 LEASEHOLD_OWNER, LEASEHOLD_HELD (every lock the enclosing runs hold, NAME<tab>OWNER per
-line) and, with --store, LEASEHOLD_STORE. A nested `leasehold run` of a NAME held
+line) and, with --store, LEASEHOLD_STORE (a local directory made absolute, so a nested
+run from another directory opens the same store). A nested `leasehold run` of a NAME held
 around it re-enters that lock instead of waiting for itself; a run of any other name
 inside it is a holder of its own (parallel jobs under one run exclude each other).
 

@@ -204,13 +204,27 @@ fn command_env(
         ),
     ];
     if let Some(store) = store {
-        env.push(("LEASEHOLD_STORE", store.to_string()));
+        env.push(("LEASEHOLD_STORE", store_for_command(store)));
     }
     if let Some(value) = &args.lock.value {
         env.push(("LEASEHOLD_TERM", guard.token().to_string()));
         env.push(("LEASEHOLD_VALUE", value.clone()));
     }
     env
+}
+
+/// The store as the command is told it: a local directory absolute (`~` expanded), so
+/// that a nested run from another working directory, or with another HOME, opens the
+/// same store (and does not take a lock of the same name in another one, believing it
+/// re-entered this one). Other URLs as given: their text may hold a password that the
+/// parsed form masks.
+fn store_for_command(store: &str) -> String {
+    match leasehold::StoreUrl::parse(store) {
+        Ok(url) if url.dir().is_some() => url
+            .absolute()
+            .map_or_else(|_| store.to_string(), |url| url.to_string()),
+        _ => store.to_string(),
+    }
 }
 
 enum Ended {

@@ -131,3 +131,39 @@ fn shared_readers_hold_together_and_exclude_a_writer() {
     cli.run(&["run", "--no-wait", "rw", "--", "true"]).expect(0);
     cli.assert_all_free("rw");
 }
+
+#[test]
+fn a_nested_run_from_another_directory_reenters_in_the_same_relative_local_store() {
+    let cli = Cli::new("nested-relative");
+    fs::create_dir_all(cli.path("elsewhere")).unwrap();
+    cli.script(
+        "outer.sh",
+        r#"echo "$LEASEHOLD_STORE" > store.seen
+echo "$LEASEHOLD_TOKEN" > outer.token
+cd elsewhere && "$LH" run k --no-wait -- sh -c 'echo "$LEASEHOLD_TOKEN"' > ../inner.token
+echo $? > ../inner.code
+"#,
+    );
+    let out = Out::from(
+        cli.bare(&[
+            "--store",
+            "local:rel-store",
+            "run",
+            "k",
+            "--",
+            "sh",
+            "outer.sh",
+        ])
+        .output()
+        .unwrap(),
+    )
+    .expect(0);
+    let absolute = format!("local:{}", cli.path("rel-store").display());
+    assert_eq!(cli.read("store.seen").trim(), absolute, "{out:?}");
+    assert_eq!(cli.read("inner.code").trim(), "0", "{out:?}");
+    assert_eq!(cli.read("inner.token"), cli.read("outer.token"));
+    assert!(
+        !cli.exists("elsewhere/rel-store"),
+        "the nested run opened a store of its own"
+    );
+}

@@ -265,6 +265,24 @@ impl StoreUrl {
         self.dir.as_deref()
     }
 
+    /// The same store from any working directory: a `local:` directory relative to the
+    /// working directory made absolute (`~` was expanded when it was parsed). For a URL
+    /// handed to another process, which may start elsewhere.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = leasehold::StoreUrl::parse("local:locks")?.absolute()?;
+    /// let here = std::env::current_dir()?;
+    /// assert_eq!(url.dir(), Some(here.join("locks").as_path()));
+    /// # Ok(()) }
+    /// ```
+    pub fn absolute(mut self) -> std::io::Result<Self> {
+        if let Some(dir) = self.dir.as_mut().filter(|dir| dir.is_relative()) {
+            *dir = std::path::absolute(&*dir)?;
+        }
+        Ok(self)
+    }
+
     /// The servers of a Redis or etcd URL, in order; empty for the others.
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints
