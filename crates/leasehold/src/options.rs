@@ -30,13 +30,23 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<Duration> {
             "ttl",
             format!(
                 "{} is out of range; a lease must last from {} to {}",
-                humanize(ttl),
+                beside_bounds(ttl),
                 humanize(MIN_TTL),
                 humanize(MAX_TTL)
             ),
         ));
     }
     Ok(ttl)
+}
+
+/// A TTL out of range as it reads beside the bounds: `humanize` rounds, and a value just
+/// past a bound (86401 s) must not read as the bound itself (24h).
+fn beside_bounds(ttl: Duration) -> String {
+    let shown = humanize(ttl);
+    match shown == humanize(MIN_TTL) || shown == humanize(MAX_TTL) {
+        true => format!("{shown} ({ttl:?})"),
+        false => shown,
+    }
 }
 
 /// Longest value of an election's leader, in bytes: what every store can keep beside
@@ -118,6 +128,14 @@ pub fn humanize(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ttl_just_past_a_bound_does_not_read_as_the_bound() {
+        let message = |ttl| check_ttl(ttl).unwrap_err().to_string();
+        assert!(message(Duration::from_secs(86_401)).contains("24h (86401s) is out of range"));
+        assert!(message(Duration::from_micros(99_900)).contains("99ms is out of range"));
+        assert!(message(Duration::from_secs(100_000)).contains("27h46m is out of range"));
+    }
 
     #[test]
     fn durations_read_in_the_largest_unit_that_fits() {
