@@ -113,13 +113,21 @@ fn inherited_owner(name: &str) -> Option<String> {
     })
 }
 
-/// `LEASEHOLD_HELD` for a command run under `name` held by `owner`.
+/// `LEASEHOLD_HELD` for a command run under `name` held by `owner`: the enclosing runs'
+/// lines, and this one's unless it re-entered a lock they hold (its line is there).
 pub fn held_with(name: &str, owner: &str) -> String {
-    let mut held = std::env::var(HELD_VAR).unwrap_or_default();
+    with_line(std::env::var(HELD_VAR).unwrap_or_default(), name, owner)
+}
+
+fn with_line(mut held: String, name: &str, owner: &str) -> String {
+    let line = format!("{name}\t{owner}");
+    if held.lines().any(|held_line| held_line == line) {
+        return held;
+    }
     if !held.is_empty() {
         held.push('\n');
     }
-    held.push_str(&format!("{name}\t{owner}"));
+    held.push_str(&line);
     held
 }
 
@@ -300,6 +308,17 @@ pub async fn within_wait<T, E: Into<Failure>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_lock_is_listed_once_and_a_re_entry_adds_no_line() {
+        let outer = with_line(String::new(), "a", "o1");
+        assert_eq!(outer, "a\to1");
+        let inner = with_line(outer.clone(), "b", "o2");
+        assert_eq!(inner, "a\to1\nb\to2");
+        assert_eq!(with_line(inner.clone(), "a", "o1"), inner);
+        // Another owner of the same name is another hold (a nested run given --owner).
+        assert_eq!(with_line(outer, "a", "o3"), "a\to1\na\to3");
+    }
 
     #[test]
     fn durations_are_humantime_or_seconds_and_bounded() {

@@ -194,7 +194,11 @@ fn redis_options(scheme: Scheme, query: &str, o: &mut RedisOptions) -> Result<()
                 o.durable = match value {
                     "1" | "true" | "yes" => true,
                     "0" | "false" | "no" => false,
-                    _ => return Err(format!("durable={value}: give 1 or 0")),
+                    _ => {
+                        return Err(format!(
+                            "durable={value}: give 1 (or true, yes) or 0 (or false, no)"
+                        ))
+                    }
                 }
             }
             "protocol" => {

@@ -173,7 +173,10 @@ fn redis_urls_that_cannot_be_used_are_refused_saying_why() {
         ("redis://h:1?replica=1", "unknown URL parameter \"replica\""),
         ("redis://h:1?replicas=0", "replicas=0: give how many"),
         ("redis://h:1?replica_timeout=soon", "replica_timeout=soon"),
-        ("redis://h:1?durable=maybe", "durable=maybe: give 1 or 0"),
+        (
+            "redis://h:1?durable=maybe",
+            "durable=maybe: give 1 (or true, yes) or 0 (or false, no)",
+        ),
         (
             "redis://h:1?protocol=resp4",
             "protocol=resp4: give resp2 or resp3",
