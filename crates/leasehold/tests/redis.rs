@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use leasehold::conformance::{eventually, renews_again_after_a_restart, within};
 use leasehold::store::{AcquireRequest, Attempt, LeaseId, Requester};
-use leasehold::{Leasehold, LockKind, LockState, RedisStore, Released, Store};
+use leasehold::{FencingToken, Leasehold, LockKind, LockState, RedisStore, Released, Store};
 use leasehold_testkit::{DelayProxy, RedisCluster, RedisServer};
 use tokio::time::Instant;
 
@@ -233,10 +233,11 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
 }
 
 /// The key layout through a lock's life (see the store's docs): a hold with nobody
-/// waiting is the hold key alone, on Redis's own expiry; a waiter brings in the record
-/// and turns the hold key into a marker without expiry; once free, only the token counter
-/// stays. Tokens keep rising through every form, and force-release reaches a hold in
-/// either.
+/// waiting is the hold key alone, on Redis's own expiry; a waiter brings in the record,
+/// which takes the token counter's place, and turns the hold key into a marker; both
+/// expire long after anything in them could live (so the record of clients that all
+/// died goes by itself), the marker last; once free, only the token counter stays.
+/// Tokens keep rising through every form, and force-release reaches a hold in either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_moves_between_its_hold_key_and_its_record_and_tokens_keep_rising() {
     let server = RedisServer::start();
@@ -262,8 +263,14 @@ async fn a_lock_moves_between_its_hold_key_and_its_record_and_tokens_keep_rising
         here.describe("k").await.unwrap().waiters.len() == 1
     })
     .await;
-    assert_eq!(keys_of(&server, "k"), ["lh:{k}", hold, token]);
-    assert_eq!(pttl(&server, hold), -1, "the marker has no expiry");
+    assert_eq!(keys_of(&server, "k"), ["lh:{k}", hold]);
+    let (record_left, marker_left) = (pttl(&server, "lh:{k}"), pttl(&server, hold));
+    let day = 24 * 3600 * 1000;
+    assert!(
+        record_left > day && record_left <= 2 * day,
+        "record PTTL {record_left}"
+    );
+    assert!(marker_left > record_left, "marker PTTL {marker_left}");
     let state = here.describe("k").await.unwrap();
     assert_eq!(state.holders[0].token, first.token());
     assert!(state.holders[0].lease_left > Duration::ZERO);
@@ -287,6 +294,52 @@ async fn a_lock_moves_between_its_hold_key_and_its_record_and_tokens_keep_rising
     let fourth = fourth.expect("forced free");
     assert!(fourth.token() > third.token());
     let _ = fourth.release().await.unwrap();
+}
+
+/// A record that ends while the lock is busy (by its expiry, after every client died;
+/// or lost by Redis) takes its tokens with it: the next token is seeded from the
+/// server's clock, above every token issued before, not counted on from the counter as
+/// it was when the record began. The marker it leaves behind is cleared by the next
+/// call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_lock_whose_record_ends_goes_on_with_higher_tokens() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let mut last = FencingToken(0);
+    for round in 0..3 {
+        let (first, second, next) = (
+            locks(&server).await,
+            locks(&server).await,
+            locks(&server).await,
+        );
+        let held = first.mutex("gone").unwrap().with_ttl(ttl);
+        let held = held.try_lock().await.unwrap().expect("free");
+        assert!(held.token() > last, "round {round}");
+        let other = second.mutex("gone").unwrap().with_ttl(ttl);
+        let waiting = tokio::spawn(async move { other.lock().await });
+        eventually("the waiter to be queued", || async {
+            first.describe("gone").await.unwrap().waiters.len() == 1
+        })
+        .await;
+        // Handed over in the record: a token the counter has not seen.
+        let _ = held.release().await.unwrap();
+        let handed = within("the hand-over", waiting).await.unwrap().unwrap();
+        assert!(keys_of(&server, "gone").contains(&"lh:{gone}".to_string()));
+        // Its holder dies holding; then the record ends.
+        last = handed.token();
+        let _ = handed.leak();
+        server.cli(&["DEL", "lh:{gone}"]);
+        let lock = next.mutex("gone").unwrap().with_ttl(ttl);
+        let after = lock
+            .try_lock()
+            .await
+            .unwrap()
+            .expect("nothing left in the lock");
+        assert!(after.token() > last, "{:?} after {last:?}", after.token());
+        last = after.token();
+        let _ = after.release().await.unwrap();
+        assert_eq!(keys_of(&server, "gone"), ["lh:{gone}:token"]);
+    }
 }
 
 /// A lock written by the one-key layout (the record alone, no token counter) goes on

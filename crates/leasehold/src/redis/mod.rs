@@ -14,10 +14,13 @@
 //!   escaped, so the tag is the whole name), and every script is given all three, so
 //!   scripts run unchanged on Redis Cluster:
 //!   - `lh:{NAME}:hold`: an exclusive hold with nobody waiting, as Redis's own key with
-//!     `PX` expiry; while the record below holds anything, a marker without expiry.
-//!   - `lh:{NAME}:token`: the fencing token counter (never deleted).
+//!     `PX` expiry; while the record below holds anything, a marker that outlives the
+//!     record by a second.
+//!   - `lh:{NAME}:token`: the fencing token counter, while there is no record.
 //!   - `lh:{NAME}`: the record, only while the lock has waiters, re-entered holds,
 //!     readers or permits: a string with its holds and queue (format in `record.lua`).
+//!     It carries the last token, and expires 48 hours (twice the longest lease) after
+//!     its last whole write, so the record of clients that all died goes by itself.
 //!
 //!   The commonest calls (acquiring a free lock, releasing, renewing or handing over a
 //!   hold with nobody waiting) are `SET NX PX` with `INCR`, `GET` with `DEL`, and so
@@ -28,8 +31,10 @@
 //!   run by EVALSHA; each is one atomic step.
 //! - Leases expire on the server's clock (`TIME`, or Redis's own key expiry), never a
 //!   client's.
-//! - Fencing tokens come from the counter key (the record carries the last token while
-//!   it exists); neither is ever lower than a token given.
+//! - Fencing tokens come from the counter key (the record takes the last token while
+//!   it exists, and puts it back when it empties); neither is ever lower than a token
+//!   given. A record that ends with the lock busy (by its expiry, or lost) leaves no
+//!   counter behind, so the next token starts from the server's clock (below).
 //! - Waiting: each client subscribes once, on one connection, to a channel of its own.
 //!   When a hold or a waiter goes away, the script publishes to the channels of the
 //!   waiters that may now get in (the queue head, readers behind a reading head, permit

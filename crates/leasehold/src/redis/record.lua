@@ -133,6 +133,15 @@ end
 -- Writes the whole record (W, the queue, without the waiters already served), and keeps
 -- the hold key to it: MARKER while the record holds anything (a watcher too). An empty
 -- record goes, with the hold key, and gives its last token back to the counter.
+--
+-- Neither outlives its last whole write by more than RECORD_TTL (twice the longest
+-- lease; what is in it renews by whole writes, holds within a third of their lease and
+-- waiters within theirs), so the record of clients that all died ends by itself. MARKER
+-- outlives the record by a second: a record that ends first leaves an empty record
+-- beside MARKER, which the next call serves here and clears, never a hot hold beside a
+-- record. The record takes the token from the counter, which goes meanwhile: a record
+-- that ends (or that Redis lost) leaves the next token to be seeded from the clock
+-- (seed_token in hot.lua), never counted on from an older one.
 local function write()
   skip = 0
   if H == '' and q == 0 and V == '' then
@@ -140,10 +149,13 @@ local function write()
     redis.call('SET', token_key, ts)
     hold_value = false
   else
-    redis.call('SET', key, header() .. H .. '\29' .. W)
+    redis.call('SET', key, header() .. H .. '\29' .. W, 'PX', RECORD_TTL)
     if hold_value ~= MARKER then
-      redis.call('SET', hold_key, MARKER)
+      redis.call('SET', hold_key, MARKER, 'PX', RECORD_TTL + 1000)
+      redis.call('DEL', token_key)
       hold_value = MARKER
+    else
+      redis.call('PEXPIRE', hold_key, RECORD_TTL + 1000)
     end
   end
 end

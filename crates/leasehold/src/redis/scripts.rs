@@ -59,10 +59,12 @@ const COMMON: &str = include_str!("common.lua");
 impl LockScript<'_> {
     fn script(&self) -> Script {
         let or_nil = |v: Option<String>| v.unwrap_or_else(|| "nil".into());
+        // RECORD_TTL: how long a record outlives its last whole write (record.lua).
         let mut text = format!(
-            "local PREFIX, HOT = {}, {}\n",
+            "local PREFIX, HOT, RECORD_TTL = {}, {}, {}\n",
             or_nil(self.prefix.map(|n| n.to_string())),
             or_nil(self.hot.map(|h| format!("'{h}'"))),
+            2 * crate::MAX_TTL.as_millis(),
         );
         text += &lua::request_arguments(self.request);
         text += HOT;
