@@ -2,12 +2,14 @@
 --   KEYS[1] lh:{NAME}        the record (record.lua): holds and queue, when it has any;
 --   KEYS[2] lh:{NAME}:hold   an exclusive hold with nobody waiting and no re-entry (a
 --                            "hot" hold): LEASE \31 OWNER \31 ACQUIRED MS \31 HOST \31
---                            PID \31 CHANNEL, expiring by Redis's own PX; or MARKER,
---                            without expiry, while the record holds anything;
---   KEYS[3] lh:{NAME}:token  the last fencing token while the record is empty (the record
---                            carries it while in use and puts it back when it empties).
---                            Never deleted, so tokens persist.
--- The invariant: the hold key is MARKER exactly when the record is not empty. So SET NX
+--                            PID \31 CHANNEL, expiring by Redis's own PX; or MARKER
+--                            while the record holds anything (it expires a second after
+--                            the record: see write() in record.lua);
+--   KEYS[3] lh:{NAME}:token  the last fencing token while there is no record (the record
+--                            takes it while in use and puts it back when it empties; a
+--                            record that ended leaves none, and seed_token starts again).
+-- The invariant: the hold key is MARKER exactly when the record is not empty (or, for a
+-- second, after a record ended: the record's next call clears it). So SET NX
 -- on the hold key succeeds only when the lock is free and nobody waits, and the
 -- commonest calls are served here, as Redis's own commands, without TIME or the record:
 --   acquire   free: take it (SET NX PX), the token is INCR of the counter;
