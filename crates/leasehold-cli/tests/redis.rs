@@ -448,8 +448,9 @@ fn tls_redis_runs_commands_and_refuses_an_untrusted_server() {
 }
 
 /// Every waiter and holder killed: the queue lives in the record (with the hold key as its
-/// marker and the token counter), and once the dead holder's and waiter's leases end the
-/// lock is its token counter alone, which has the dead holder's token.
+/// marker; the record carries the token), both expiring by themselves should nothing
+/// touch the lock again; once the dead holder's and waiter's leases end, the next look
+/// leaves the lock its token counter alone, which has the dead holder's token.
 #[test]
 fn a_dead_queue_leaves_only_the_token_counter_behind() {
     let server = RedisServer::start();
@@ -468,7 +469,11 @@ fn a_dead_queue_leaves_only_the_token_counter_behind() {
         keys.sort();
         keys
     };
-    assert_eq!(keys(), ["lh:{k}", "lh:{k}:hold", "lh:{k}:token"]);
+    assert_eq!(keys(), ["lh:{k}", "lh:{k}:hold"]);
+    for key in ["lh:{k}", "lh:{k}:hold"] {
+        let left: i64 = server.cli(&["PTTL", key]).trim().parse().unwrap();
+        assert!(left > 0, "{key} has no expiry (PTTL {left})");
+    }
     wait_for("the dead holder and waiter to leave", || {
         let status = cli.status("k");
         status["holders"] == serde_json::json!([]) && status["waiters"] == serde_json::json!([])
