@@ -7,7 +7,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes};
-
 use futures_util::{Stream, StreamExt};
 use tokio::sync::{mpsc, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
