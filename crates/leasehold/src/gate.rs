@@ -1,6 +1,6 @@
 //! Tasks of one process that want the same lock queue here first (exclusive locks
 //! without an owner id, so no re-entry; fair ones only on stores that queue by
-//! [`AcquireRequest::waited`]): only one of them can hold it, so only one asks the store
+//! [`AcquireRequest::waited_since`]): only one of them can hold it, so only one asks the store
 //! at a time, and a release hands the lock to the next task in the same store step
 //! ([`Store::transfer`]): one round trip per hand-over instead of two, one wake-up
 //! through the store for all of them. A fair task handed over this way takes its place
@@ -266,7 +266,7 @@ impl Turn {
         let Some(Waiting { mut req, since, tx }) = gate.next() else {
             return;
         };
-        req.waited = since.elapsed();
+        req.waited_since = Some(since.into_std());
         let given = TurnGiven {
             tx: Some(tx),
             gate: gate.clone(),
@@ -324,7 +324,7 @@ async fn hand_over(
 ) -> Result<Released> {
     let Waiting { mut req, since, tx } = next;
     let sent = Instant::now();
-    req.waited = sent - since;
+    req.waited_since = Some(since.into_std());
     let outcome = store.transfer(lease, &req).await;
     let pass = match &outcome {
         Ok((_, Attempt::Granted(grant))) => Pass::Granted(grant.clone(), sent),

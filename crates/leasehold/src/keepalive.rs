@@ -486,7 +486,7 @@ mod tests {
             ttl,
             fair: false,
             enqueue: false,
-            waited: Duration::ZERO,
+            waited_since: None,
             requester: Arc::new(crate::store::Requester::this_process()),
             value: None,
         };

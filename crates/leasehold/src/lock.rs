@@ -486,7 +486,7 @@ impl Lock {
             ttl,
             fair: self.fair,
             enqueue,
-            waited: Duration::ZERO,
+            waited_since: None,
             requester: self.client.requester.clone(),
             value: extras.value.clone(),
         })
@@ -571,7 +571,7 @@ impl Lock {
                         // ran): a fair request keeps its place by when it arrived here,
                         // as a hand-over would have kept it.
                         if self.fair {
-                            req.waited = started.elapsed();
+                            req.waited_since = Some(started.into_std());
                         }
                         turn
                     }

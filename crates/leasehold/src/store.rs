@@ -142,11 +142,11 @@ pub struct AcquireRequest {
     pub fair: bool,
     /// When busy, join (or stay in) the wait queue, with a waiter lease of `ttl`.
     pub enqueue: bool,
-    /// How long this acquisition had already waited in this process (behind another of
-    /// its tasks) when the request was made. A store whose
-    /// [`Capabilities::queues_by_wait`] is set queues a fair request as if it had arrived
-    /// that long ago; others ignore it.
-    pub waited: Duration,
+    /// Since when this acquisition has waited in this process (behind another of its
+    /// tasks), if it has. A store whose [`Capabilities::queues_by_wait`] is set queues a
+    /// fair request as if it had arrived then, reckoning how long ago as it sends the
+    /// call (again, if it must send it again); others ignore it.
+    pub waited_since: Option<std::time::Instant>,
     /// Shown to others (shared by every request of a [`Leasehold`](crate::Leasehold)).
     pub requester: Arc<Requester>,
     /// Shown with the hold to others, until [`Store::proclaim`] replaces it: an election
@@ -342,7 +342,7 @@ pub struct Capabilities {
     /// Locks are fair (FIFO) unless [`Lock::with_fair`](crate::Lock::with_fair) says
     /// otherwise: the store's queue is its natural shape (etcd).
     pub fair_by_default: bool,
-    /// [`Store::transfer`] queues a fair request by [`AcquireRequest::waited`]: behind
+    /// [`Store::transfer`] queues a fair request by [`AcquireRequest::waited_since`]: behind
     /// the waiters that arrived before it, ahead of those that arrived after. Tasks of
     /// one process can then wait for a fair lock in the process, behind the one of them
     /// that is in the store's queue, without losing their place.

@@ -712,7 +712,7 @@ fn candidate(name: &str, owner: &str, value: Option<&str>) -> AcquireRequest {
         ttl: Duration::from_secs(30),
         fair: true,
         enqueue: true,
-        waited: Duration::ZERO,
+        waited_since: None,
         requester: Arc::new(Requester::this_process()),
         value: value.map(Arc::from),
     }

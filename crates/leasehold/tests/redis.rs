@@ -117,26 +117,21 @@ async fn a_grant_that_arrives_after_its_deadline_is_confirmed_before_it_is_retur
     let _ = guard.release().await.unwrap();
 }
 
-/// Tasks of one process wait for a fair lock in the process, behind the one of them that
-/// the store queues; one handed the lock over still keeps the place its arrival gives it
-/// among other processes' waiters: the order is the order of arrival.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
-    let server = RedisServer::start();
-    let (here, elsewhere) = (locks(&server).await, locks(&server).await);
-    let lock = |locks: &Leasehold| locks.mutex("k").unwrap().with_fair(true);
-    let holder = lock(&here).try_lock().await.unwrap().unwrap();
-    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+/// The labels of waiters in the order they got the lock.
+type Order = std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>;
+
+/// Starts a waiter on `lock(client)` for each of `arrivals` (a label and its client) in
+/// turn, each once `here` sees the one before waiting; each notes its label in `order`
+/// when it gets the lock, then releases it.
+async fn arrive_in_turn<const N: usize>(
+    here: &Leasehold,
+    arrivals: [(&'static str, &Leasehold); N],
+    lock: impl Fn(&Leasehold) -> leasehold::Lock,
+    order: &Order,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut waiters = Vec::new();
-    for (i, (who, locks)) in [
-        ("here-1", &here),
-        ("elsewhere", &elsewhere),
-        ("here-2", &here),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let (lock, order) = (lock(locks), order.clone());
+    for (i, (who, client)) in arrivals.into_iter().enumerate() {
+        let (lock, order) = (lock(client), order.clone());
         waiters.push(tokio::spawn(async move {
             let guard = lock.lock().await.unwrap();
             order.lock().unwrap().push(who);
@@ -151,6 +146,25 @@ async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
         // that precision and the time a request takes to reach the server.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    waiters
+}
+
+/// Tasks of one process wait for a fair lock in the process, behind the one of them that
+/// the store queues; one handed the lock over still keeps the place its arrival gives it
+/// among other processes' waiters: the order is the order of arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
+    let server = RedisServer::start();
+    let (here, elsewhere) = (locks(&server).await, locks(&server).await);
+    let lock = |locks: &Leasehold| locks.mutex("k").unwrap().with_fair(true);
+    let holder = lock(&here).try_lock().await.unwrap().unwrap();
+    let order = Order::default();
+    let arrivals = [
+        ("here-1", &here),
+        ("elsewhere", &elsewhere),
+        ("here-2", &here),
+    ];
+    let waiters = arrive_in_turn(&here, arrivals, lock, &order).await;
     let queued = here
         .store()
         .describe(&"k".try_into().unwrap())
@@ -164,6 +178,36 @@ async fn fair_waiters_of_one_process_keep_their_arrival_order_among_others() {
     let _ = holder.release().await.unwrap();
     leasehold::conformance::join_all("every waiter", waiters).await;
     assert_eq!(*order.lock().unwrap(), ["here-1", "elsewhere", "here-2"]);
+}
+
+/// A hand-over's request says how long its task waited in the process as it is sent. When
+/// the server had to load the script first (after a restart or a `SCRIPT FLUSH`), the
+/// request sent again says so anew: the time the first send spent in a stopped server is
+/// not taken for time after its arrival, which would put it behind a later waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_sent_again_after_a_script_load_keeps_its_arrival_place() {
+    let server = RedisServer::start();
+    let (here, elsewhere) = (locks(&server).await, locks(&server).await);
+    let lock = |locks: &Leasehold| locks.mutex("k").unwrap().with_fair(true);
+    let holder = lock(&here).try_lock().await.unwrap().unwrap();
+    let order = Order::default();
+    let arrivals = [("here", &here), ("elsewhere", &elsewhere)];
+    let waiters = arrive_in_turn(&here, arrivals, lock, &order).await;
+    server.cli(&["SCRIPT", "FLUSH"]);
+    server.pause();
+    let release = tokio::spawn(async move { holder.release().await });
+    eventually(
+        "the hand-over to wait in the stopped server's socket",
+        || async { leasehold_testkit::unread_bytes(server.port()) > 0 },
+    )
+    .await;
+    // The fault itself: the server stays stopped for longer than the waiters' arrivals
+    // are apart.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.resume();
+    let _ = within("the release", release).await.unwrap().unwrap();
+    leasehold::conformance::join_all("every waiter", waiters).await;
+    assert_eq!(*order.lock().unwrap(), ["here", "elsewhere"]);
 }
 
 /// A fair task at its process's gate that gets the turn because the task ahead of it gave
@@ -180,29 +224,13 @@ async fn a_fair_task_that_gets_its_gate_s_turn_from_a_cancelled_one_keeps_its_ar
         .await
         .unwrap()
         .unwrap();
-    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for (i, (who, locks)) in [
+    let order = Order::default();
+    let arrivals = [
         ("here-1", &here),
         ("here-2", &here),
         ("elsewhere", &elsewhere),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let (lock, order) = (lock(locks), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let guard = lock.lock().await.unwrap();
-            order.lock().unwrap().push(who);
-            let _ = guard.release().await.unwrap();
-        }));
-        eventually("the waiter to arrive", || async {
-            here.describe("k").await.unwrap().waiters.len() == i + 1
-        })
-        .await;
-        // Keep the arrivals apart by more than their precision (see above).
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    ];
+    let mut waiters = arrive_in_turn(&here, arrivals, lock, &order).await;
     // here-1, in Redis's queue with its gate's turn, gives up: here-2 gets the turn.
     let first = waiters.remove(0);
     first.abort();
@@ -398,7 +426,7 @@ async fn separators_in_a_requester_s_text_are_replaced_in_every_form() {
         ttl: Duration::from_secs(30),
         fair: false,
         enqueue: true,
-        waited: Duration::ZERO,
+        waited_since: None,
         requester: std::sync::Arc::new(Requester {
             host: "a\x1fb\x1ec\x1dd".into(),
             pid,

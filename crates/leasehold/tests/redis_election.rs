@@ -33,7 +33,7 @@ fn request(name: &str, owner: &str, fair: bool, value: Option<&str>) -> AcquireR
         ttl: Duration::from_secs(30),
         fair,
         enqueue: true,
-        waited: Duration::ZERO,
+        waited_since: None,
         requester: Arc::new(Requester {
             host: "test-host".into(),
             pid: 7,

@@ -30,7 +30,7 @@ pub async fn store_cycle(
         ttl: Duration::from_secs(30),
         fair: false,
         enqueue: true,
-        waited: Duration::ZERO,
+        waited_since: None,
         requester: requester.clone(),
         value: None,
     };

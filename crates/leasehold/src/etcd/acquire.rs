@@ -691,7 +691,7 @@ pub(super) mod tests {
             ttl: Duration::from_secs(30),
             fair: true,
             enqueue: true,
-            waited: Duration::ZERO,
+            waited_since: None,
             requester: Arc::new(crate::store::Requester::this_process()),
             value: None,
         }

@@ -64,11 +64,8 @@ impl RedisStore {
         fresh: bool,
     ) -> Acquire<'a> {
         // Only a fair request keeps its place by how long it waited in its process (as
-        // `AcquireRequest::waited` says); a non-fair one joins the queue's end.
-        let waited = match req.fair {
-            true => req.waited.as_micros() as u64,
-            false => 0,
-        };
+        // `AcquireRequest::waited_since` says); a non-fair one joins the queue's end.
+        let waited = req.waited_since.filter(|_| req.fair);
         let (released, waited) = match from {
             Some(from) => (Some(from.id.as_str()), Some(waited)),
             // A request that waited in its process (its gate's turn came without a
@@ -78,7 +75,7 @@ impl RedisStore {
             // A value is sent after both (nothing may follow a field not sent): so empty
             // and 0, as if it had waited no time (which only keeps it off the tail-only
             // fast path).
-            None if !req.waited.is_zero() || req.value.is_some() => (Some(""), Some(waited)),
+            None if req.waited_since.is_some() || req.value.is_some() => (Some(""), Some(waited)),
             None => (None, None),
         };
         Acquire {

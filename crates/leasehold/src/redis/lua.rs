@@ -369,7 +369,7 @@ mod tests {
             waiter_lease: 4_000,
             fresh: true,
             released: Some("F"),
-            waited: Some(250),
+            waited: Some(None),
             value: Some("v"),
         };
         let fields = acquire.fields();

@@ -7,6 +7,8 @@
 //! argument (separated by \x1f), as every argument costs the call time. The acquire's
 //! packed `hold` is also the value of a hot hold, which hot.lua stores as it came.
 
+use std::time::Instant;
+
 /// The separators of the record's fields (see record.lua): replaced by `?` in any text
 /// sent, so no text can forge a field.
 const SEPARATORS: [char; 3] = ['\x1d', '\x1e', '\x1f'];
@@ -24,6 +26,9 @@ pub(super) enum Value<'a> {
     /// `1` if nothing was sent for this acquisition before (so it is not queued), else
     /// `0`; always `0` when the call is sent again (the first send may have arrived).
     Fresh(bool),
+    /// µs from the instant (if any, else 0) to when the call is built: a wait that goes
+    /// on while the call is sent again, after a reconnection or a script load.
+    Since(Option<Instant>),
     /// Not sent; the script reads `nil`. Only at the end of a request.
     Absent,
 }
@@ -32,6 +37,11 @@ pub(super) enum Value<'a> {
 /// every call is checked.
 fn has_separator(s: &str) -> bool {
     s.bytes().any(|b| matches!(b, 0x1d..=0x1f))
+}
+
+/// µs from `since` to now; 0 without it.
+fn micros_since(since: Option<Instant>) -> u64 {
+    since.map_or(0, |t| t.elapsed().as_micros() as u64)
 }
 
 impl Value<'_> {
@@ -46,6 +56,7 @@ impl Value<'_> {
                 )
             }
             Value::Num(n) => out.push_str(itoa::Buffer::new().format(n)),
+            Value::Since(since) => Value::Num(micros_since(since)).write(out, resent),
             Value::Flag(on) => out.push(if on { '1' } else { '0' }),
             Value::Fresh(fresh) => out.push(if fresh && !resent { '1' } else { '0' }),
             Value::Absent => {}
@@ -103,8 +114,9 @@ pub(super) struct Acquire<'a> {
     /// A transfer's hold, released first; `Some("")` for an acquire that waited in its
     /// process (see acquire.rs).
     pub(super) released: Option<&'a str>,
-    /// How long the request already waited in its process, µs.
-    pub(super) waited: Option<u64>,
+    /// Sent if `Some`: since when the request has waited in its process (`None`: no
+    /// time), sent as µs up to when the call is built, each time it is.
+    pub(super) waited: Option<Option<Instant>>,
     /// Kept with the hold granted (an election's); sent only when there is one, after
     /// `released` and `waited` (see acquire.rs).
     pub(super) value: Option<&'a str>,
@@ -131,7 +143,7 @@ impl<'a> Acquire<'a> {
             Field::packed("rest", "waiter_lease", Num(self.waiter_lease)),
             Field::packed("rest", "fresh", Fresh(self.fresh)),
             Field::own("released", self.released.map_or(Absent, Text)),
-            Field::own("waited", self.waited.map_or(Absent, Num)),
+            Field::own("waited", self.waited.map_or(Absent, Since)),
             Field::own("value", self.value.map_or(Absent, Text)),
         ]
     }
@@ -279,6 +291,9 @@ pub(super) fn pack(fields: &[Field<'_>], cmd: &mut redis::Cmd, buf: &mut String,
                 Value::Num(n) => {
                     cmd.arg(n);
                 }
+                Value::Since(since) => {
+                    cmd.arg(micros_since(since));
+                }
                 Value::Text(s) if !has_separator(s) => {
                     cmd.arg(s);
                 }
@@ -401,17 +416,25 @@ mod tests {
         // Sent again, it may have been queued by the first send.
         assert_eq!(packed(&acquire.fields(), true), [hold, "30000", &rest(0)]);
         acquire.released = Some("F\x1f");
-        acquire.waited = Some(250);
+        acquire.waited = Some(None);
         assert_eq!(
             packed(&acquire.fields(), false),
-            [hold, "30000", &rest(1), "F?", "250"]
+            [hold, "30000", &rest(1), "F?", "0"]
         );
         acquire.released = Some("");
-        let sent = packed(&acquire.fields(), false);
-        assert_eq!(&sent[3..], ["", "250"]);
         acquire.value = Some("10.0.0.7:80\x1e");
         let sent = packed(&acquire.fields(), false);
-        assert_eq!(&sent[3..], ["", "250", "10.0.0.7:80?"]);
+        assert_eq!(&sent[3..], ["", "0", "10.0.0.7:80?"]);
+        // How long it waited is reckoned as each call is built: a call sent again (after
+        // a script load, say) says it waited that much longer.
+        let since = Instant::now() - std::time::Duration::from_millis(250);
+        acquire.waited = Some(Some(since));
+        let waited = |sent: Vec<String>| sent[4].parse::<u128>().unwrap();
+        let first = waited(packed(&acquire.fields(), false));
+        let upto = since.elapsed().as_micros();
+        assert!((250_000..=upto).contains(&first), "{first}");
+        let again = waited(packed(&acquire.fields(), true));
+        assert!(again >= upto, "{again} < {upto}");
     }
 
     #[test]

@@ -175,16 +175,19 @@ fn plain(
     script.script()
 }
 
-/// Runs `cmd` (an EVALSHA of `script`), loading the script first if the server lacks it.
+/// Runs the EVALSHA of `script` that `command` builds, loading the script first if the
+/// server lacks it. The call is built again after a load: what it says of time (how long
+/// a request has waited, see [`Value::Since`](super::request::Value)) is reckoned up to
+/// when it is sent.
 async fn eval<T: redis::FromRedisValue>(
-    cmd: &redis::Cmd,
+    command: impl Fn() -> redis::Cmd,
     script: &Script,
     conn: &mut impl redis::aio::ConnectionLike,
 ) -> redis::RedisResult<T> {
-    match cmd.query_async(conn).await {
+    match command().query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             script.load_async(conn).await?;
-            cmd.query_async(conn).await
+            command().query_async(conn).await
         }
         result => result,
     }
@@ -229,18 +232,15 @@ impl RedisStore {
     pub(super) async fn send<T: redis::FromRedisValue>(
         &self,
         script: &Script,
-        mut command: impl FnMut(bool) -> redis::Cmd,
+        command: impl Fn(bool) -> redis::Cmd,
     ) -> redis::RedisResult<T> {
-        let mut cmd = command(false);
         let mut sent = 0;
         loop {
             sent += 1;
-            if sent > 1 {
-                cmd = command(true);
-            }
+            let resent = sent > 1;
             let result = match self.inner.conn.clone() {
-                Conn::Single(mut c) => eval(&cmd, script, &mut c).await,
-                Conn::Cluster(mut c, _) => eval(&cmd, script, &mut c).await,
+                Conn::Single(mut c) => eval(|| command(resent), script, &mut c).await,
+                Conn::Cluster(mut c, _) => eval(|| command(resent), script, &mut c).await,
             };
             match result {
                 Err(e)
