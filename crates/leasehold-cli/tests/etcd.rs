@@ -239,3 +239,23 @@ fn etcd_elect_candidates_take_over_from_killed_leaders_and_the_watcher_sees_each
     let server = EtcdServer::start();
     candidates_take_over_from_killed_leaders(&world("etcd-elect", &server), "4s");
 }
+
+/// `bench` ends by shedding what its run left in etcd (the spare leases its locks
+/// reused): none of them stays behind until its TTL.
+#[test]
+fn a_bench_on_etcd_leaves_no_lease_behind() {
+    let server = EtcdServer::start();
+    let cli = world("etcd-bench-leases", &server);
+    cli.run(&[
+        "bench",
+        "--workload",
+        "W3",
+        "--workers",
+        "4",
+        "--duration",
+        "1s",
+    ])
+    .expect(0);
+    let leases = server.etcdctl(&["lease", "list"]);
+    assert!(leases.starts_with("found 0 leases"), "{leases}");
+}

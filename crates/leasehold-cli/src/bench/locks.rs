@@ -319,6 +319,9 @@ pub(super) async fn bench(store: Option<&str>, args: &BenchArgs) -> Result<ExitC
     let outcome = run(&plan, handles).await;
     let cpu = cpu_time().saturating_sub(cpu_before);
     let report = report(&plan, backend, &outcome);
+    // What the run leaves behind (an etcd store's spare leases) goes now, not with its
+    // TTL; outside the measured window.
+    let _ = locks.shutdown(Duration::from_secs(5)).await;
 
     super::show_report(args.json, &report, || table(&report, &store_name, cpu))?;
     if report.stuck_workers > 0 {
