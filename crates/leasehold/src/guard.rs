@@ -272,18 +272,21 @@ impl LockGuard {
 
     /// Runs `work` while the lock is held: its output, or [`Error::Lost`] (with `work`
     /// dropped, so cancelled at its next await) once the lock can no longer be proven
-    /// held.
+    /// held. A guard already lost never polls `work` at all, and the loss is looked at
+    /// before each poll of it.
     ///
     /// # Cancel safety
     /// Cancelling drops `work`; the lock stays held.
     pub async fn run_while_held<F: std::future::Future>(&self, work: F) -> Result<F::Output> {
+        self.check()?;
         tokio::select! {
-            output = work => Ok(output),
+            biased;
             _ = self.lost() => Err(self.check().err().unwrap_or_else(|| Error::Lost {
                 name: self.name().to_string(),
                 token: self.token().0,
                 reason: "it can no longer be proven held".into(),
             })),
+            output = work => Ok(output),
         }
     }
 

@@ -226,6 +226,16 @@ pub async fn force_release_is_seen_as_lost(store: Arc<dyn Store>) {
     );
     assert!(guard.check().is_err());
     within("lost() to resolve again once lost", guard.lost()).await;
+    // Work given to a lost guard is never started (asked a few times: work ready at its
+    // first poll must not win a coin toss against the loss).
+    for _ in 0..8 {
+        let started = std::sync::atomic::AtomicBool::new(false);
+        let late = guard
+            .run_while_held(async { started.store(true, std::sync::atomic::Ordering::SeqCst) })
+            .await;
+        assert!(matches!(late, Err(Error::Lost { .. })), "{late:?}");
+        assert!(!started.into_inner(), "work ran on a lost guard");
+    }
     let next = granted(
         &locks.mutex(name.as_str()).unwrap(),
         "free after force-release",
