@@ -110,6 +110,26 @@ fn a_holder_whose_lock_file_was_deleted_stops_its_command_and_exits_76() {
     assert!(said.contains("lost"), "{said}");
 }
 
+/// The whole `locks/` folder deleted under a holder and a waiter (with the default TTL,
+/// so no renewal is due): the waiter is woken and granted the lock in the folder made
+/// again, and the holder stops its command (76). The waiter used to wait for good.
+#[test]
+fn a_waiter_whose_store_folder_was_deleted_gets_the_lock() {
+    let cli = Cli::new("deleted-folder");
+    let script = "touch started; exec sleep 1000";
+    let mut holder = cli.spawn("holder", &["run", "k", "--", "sh", "-c", script]);
+    wait_for("the holder's command to start", || cli.exists("started"));
+    let mut waiter = cli.spawn("waiter", &["run", "k", "--", "touch", "got"]);
+    wait_for("the waiter to queue", || cli.waiters("k").len() == 1);
+    let store = cli.store.strip_prefix("local:").unwrap();
+    // The processes using the store make the folder again at once, so the removal may
+    // find it not empty: what matters is that the lock's file went.
+    let _ = fs::remove_dir_all(PathBuf::from(store).join("locks"));
+    waiter.expect_exit(0);
+    assert!(cli.exists("got"));
+    holder.expect_exit(76);
+}
+
 /// Asking about a lock never used (`status`, `release --force`) leaves no file behind.
 #[test]
 fn reading_a_lock_never_used_makes_no_file() {

@@ -12,7 +12,9 @@
 //! - **Dead holders**: a holder or queue head whose process has exited (same host name,
 //!   same pid namespace) is dropped as soon as a waiter looks, and waiters are woken by
 //!   the kernel when it exits (pidfd). Otherwise its lease expires.
-//! - **Waiters** are woken by inotify when the lock's file changes, not by polling.
+//! - **Waiters** are woken by inotify when the lock's file changes, not by polling; also
+//!   when it is deleted, or the whole `locks/` folder is (a store that forgot its locks:
+//!   the folder and files are made again, and the first waiter is granted the lock).
 //! - **Tokens** persist in the file and survive process crashes and restarts. Writes are
 //!   not fsync'ed: after a power loss the last tokens issued may be issued again. A
 //!   name's first token is the wall clock in microseconds, so a lock file that is lost or
@@ -242,6 +244,19 @@ fn set_mode(
     }
 }
 
+/// Makes `dir` (and any missing parent) with `mode`; one there already is fine.
+fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let made = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir);
+    made.or_else(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => Ok(()),
+        _ => Err(e),
+    })
+}
+
 fn unusable(dir: &Path, what: &str, e: std::io::Error) -> Error {
     Error::InvalidStore {
         store: StoreUrl::local(dir).to_string(),
@@ -288,13 +303,7 @@ impl LocalStore {
             true => 0o070,
             false => 0,
         };
-        std::fs::DirBuilder::new()
-            .mode(0o700 | group)
-            .create(&locks_dir)
-            .or_else(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => Ok(()),
-                _ => Err(e),
-            })
+        make_dir(&locks_dir, 0o700 | group)
             .map_err(|e| unusable(&dir, "cannot create its locks directory", e))?;
         let locks_meta = std::fs::metadata(&locks_dir)
             .map_err(|e| unusable(&dir, "cannot read its locks directory", e))?;
@@ -364,25 +373,22 @@ impl LocalStore {
     /// A rate limiter's file, in `DIR/limits/` (made on first use, with the locks
     /// directory's mode), so limiters and locks of one name are apart.
     fn limit_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
-        use std::os::unix::fs::DirBuilderExt;
         let dir = self.inner.dir.join("limits");
         if !dir.is_dir() {
-            let mode = match self.inner.file_mode & 0o060 {
-                0 => 0o700,
-                _ => 0o770,
-            };
-            std::fs::DirBuilder::new()
-                .mode(mode)
-                .create(&dir)
-                .or_else(|e| match e.kind() {
-                    std::io::ErrorKind::AlreadyExists => Ok(()),
-                    _ => Err(e),
-                })
-                .map_err(|e| {
-                    self.io_error(name.as_str(), "cannot create the limits directory", e)
-                })?;
+            make_dir(&dir, self.dir_mode()).map_err(|e| {
+                self.io_error(name.as_str(), "cannot create the limits directory", e)
+            })?;
         }
         self.open_file(&self.inner.limit_files, &dir, name)
+    }
+
+    /// The mode of the directories it makes: this user's, and the group's if the store
+    /// is shared.
+    fn dir_mode(&self) -> u32 {
+        match self.inner.file_mode & 0o060 {
+            0 => 0o700,
+            _ => 0o770,
+        }
     }
 
     fn open_file(
@@ -401,14 +407,25 @@ impl LocalStore {
         let path = dir.join(file_name(name));
         let cannot =
             |e| self.io_error(name.as_str(), &format!("cannot open {}", path.display()), e);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(self.inner.file_mode)
-            .open(&path)
-            .map_err(cannot)?;
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(self.inner.file_mode)
+                .open(&path)
+        };
+        // Its directory deleted (by hand, or a cleaner): a store that forgot its locks,
+        // as for a deleted file; the directory is made again.
+        let file = match open() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                make_dir(dir, self.dir_mode()).map_err(cannot)?;
+                open()
+            }
+            opened => opened,
+        }
+        .map_err(cannot)?;
         // Made by an older version (readable by others), or under a umask that took the
         // group's access away: the store's mode.
         let meta = file.metadata().map_err(cannot)?;
@@ -438,7 +455,13 @@ impl LocalStore {
         let found = slots::read(&lf.file)
             .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?;
         let (seq, json, before) = match found {
-            slots::Found::Empty => (0, Vec::new(), Record::new(name.as_str(), &self.inner.boot)),
+            slots::Found::Empty => {
+                // A file made anew may replace a deleted one: its version starts from the
+                // clock, so no waiter's watermark of the old one reads as "unchanged".
+                let mut record = Record::new(name.as_str(), &self.inner.boot);
+                record.version = now.first_token;
+                (0, Vec::new(), record)
+            }
             slots::Found::State { seq, json } => {
                 let record = match cache.take() {
                     Some(c) if c.seq == seq && c.json == json => c.record,
@@ -532,28 +555,59 @@ impl LocalStore {
         }
     }
 
-    /// Whether change notifications run (started on first use).
+    /// Whether change notifications run (started on first use; a watcher that ended
+    /// wakes nobody again, so waiters go by their timers then).
     fn watching(&self) -> bool {
-        (self.inner.watcher.get_or_init(|| self.start_watcher())).is_some()
+        let watcher = self.inner.watcher.get_or_init(|| self.start_watcher());
+        watcher.as_ref().is_some_and(|w| !w.is_finished())
     }
 
     fn start_watcher(&self) -> Option<AbortOnDropHandle<()>> {
+        use inotify::{EventMask, WatchMask};
+        let mask = WatchMask::MODIFY
+            | WatchMask::DELETE
+            | WatchMask::MOVED_FROM
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF;
+        // A lock file, or the whole directory, deleted or moved away (by hand, or a
+        // cleaner): a store that forgot those locks. The kernel reports the directory's
+        // own deletion only once no process uses it, but its files' at once.
+        let (file_gone, dir_gone) = (
+            EventMask::DELETE | EventMask::MOVED_FROM,
+            EventMask::DELETE_SELF | EventMask::MOVE_SELF,
+        );
         let inotify = inotify::Inotify::init().ok()?;
-        inotify
-            .watches()
-            .add(&self.inner.locks_dir, inotify::WatchMask::MODIFY)
-            .ok()?;
+        inotify.watches().add(&self.inner.locks_dir, mask).ok()?;
         let mut events = inotify.into_event_stream([0u8; 4096]).ok()?;
         let wakers = self.inner.wakers.clone();
+        let (locks_dir, mode) = (self.inner.locks_dir.clone(), self.dir_mode());
+        let store = Arc::downgrade(&self.inner);
         Some(AbortOnDropHandle::new(tokio::spawn(async move {
             while let Some(event) = events.next().await {
-                match event {
-                    Ok(event) => wakers.wake(event.name.as_ref()),
-                    Err(_) => {
-                        wakers.wake(None);
-                        return;
+                let Ok(event) = event else {
+                    wakers.wake(None);
+                    return;
+                };
+                if event.mask.intersects(file_gone | dir_gone) {
+                    // The files open here may be the ones that went: open them anew.
+                    if let Some(store) = store.upgrade() {
+                        store.files.locked().clear();
                     }
                 }
+                if !event.mask.intersects(dir_gone) {
+                    wakers.wake(event.name.as_ref());
+                    continue;
+                }
+                // Watch the directory made again in its place, and wake every waiter to
+                // look there.
+                tracing::debug!(dir = %locks_dir.display(), "local store: its locks directory went; watching it anew");
+                let mut watches = events.watches();
+                let _ = watches.remove(event.wd);
+                if make_dir(&locks_dir, mode).is_err() || watches.add(&locks_dir, mask).is_err() {
+                    wakers.wake(None);
+                    return;
+                }
+                wakers.wake(None);
             }
         })))
     }
