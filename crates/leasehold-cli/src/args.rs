@@ -47,7 +47,8 @@ pub struct LockArgs {
     pub no_wait: bool,
 
     /// Exit status when the lock is busy with --no-wait or --wait runs out, as flock's -E
-    /// (0 to 255; e.g. 0 for a cron job that skips quietly when another host runs it)
+    /// (0 to 255; e.g. 0 for a cron job that skips quietly when another host runs it:
+    /// with 0 nothing is printed, but with --json)
     #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
     pub conflict_exit_code: u8,
 

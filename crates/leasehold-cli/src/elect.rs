@@ -39,7 +39,8 @@ pub struct ElectArgs {
     #[arg(short = 'n', long)]
     pub no_wait: bool,
 
-    /// Exit status when another leads with --no-wait or --wait runs out (0 to 255)
+    /// Exit status when another leads with --no-wait or --wait runs out (0 to 255; with 0
+    /// nothing is printed, but with --json)
     #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
     pub conflict_exit_code: u8,
 

@@ -135,11 +135,13 @@ impl Failure {
         }
     }
 
-    /// Prints it (one JSON object with `json`) and gives the exit code.
+    /// Prints it (one JSON object with `json`) and gives the exit code. One that exits 0
+    /// (a busy lock skipped with `-E 0`, as the caller asked) prints nothing but its
+    /// JSON: a cron job that skips quietly mails nobody.
     pub fn report(self, json: bool) -> ExitCode {
         if json {
             eprintln!("{}", self.to_json());
-        } else {
+        } else if self.code != 0 {
             eprintln!("leasehold: {}", self.message);
         }
         ExitCode::from(self.code)

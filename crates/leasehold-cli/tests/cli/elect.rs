@@ -46,6 +46,7 @@ fn elect_without_a_wait_exits_75_naming_the_leader_and_leader_shows_it() {
         .run(&["elect", "--no-wait", "-E", "0", "e", "--", "touch", "ran"])
         .expect(0);
     assert!(!cli.exists("ran"), "{}", out.stderr);
+    assert_eq!(out.stderr, "", "-E 0 skips quietly");
     // The election is the lock of its name: status shows the leader holding it.
     assert_eq!(cli.holders("e")[0]["value"], "10.0.0.7:80");
     let out = cli.run(&["status", "e"]).expect(0);

@@ -49,8 +49,17 @@ fn flock_short_flags_and_a_chosen_busy_exit_code() {
         .expect(75);
     cli.run(&["run", "-n", "-E", "3", "k", "--", "touch", "ran"])
         .expect(3);
-    cli.run(&["run", "-n", "-E", "0", "k", "--", "touch", "ran"])
+    let skipped = cli
+        .run(&["run", "-n", "-E", "0", "k", "--", "touch", "ran"])
         .expect(0);
+    assert_eq!(skipped.stderr, "", "-E 0 skips quietly");
+    let skipped = cli
+        .run(&["run", "-n", "-E", "0", "--json", "k", "--", "touch", "ran"])
+        .expect(0);
+    assert!(
+        skipped.stderr.contains("\"kind\":\"not_acquired\""),
+        "{skipped:?}"
+    );
     cli.run(&[
         "run",
         "--conflict-exit-code",
