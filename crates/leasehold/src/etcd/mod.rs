@@ -92,8 +92,9 @@
 //!   of the queue has seen every deletion there since the waiter's last read, a recheck
 //!   costs no call: the watch says where the key stands, and a waiter only looks again
 //!   when a change is signalled (or every 30 s, should one be missed). When it is let
-//!   in, the key moves to a lease of its own, of the full TTL (one Txn), before the grant
-//!   is returned, so that the hold ends with its guard's renewals. A waiter that finds
+//!   in, the key moves to a lease of its own (one Txn; granted for the TTL, or a spare
+//!   one with what is left of it), before the grant is returned, so that the hold ends
+//!   with its guard's renewals. A waiter that finds
 //!   its own key gone (the lease expired while the process was paused or cut off) stops
 //!   with [`Error::WaitEnded`](crate::Error::WaitEnded). See `waiters.rs`.
 //! - **Values** (elections): a hold's value is in its queue key's entry, put with the
