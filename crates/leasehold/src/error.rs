@@ -14,7 +14,7 @@ pub enum Error {
     /// [`LockName`](crate::LockName)).
     #[error("invalid name \"{name}\": the name {rule}")]
     InvalidName {
-        /// The rejected name, escaped for display.
+        /// The rejected name, escaped for display (cut after 64 characters).
         name: String,
         /// The rule it broke.
         rule: String,
@@ -131,5 +131,33 @@ impl Error {
             option,
             reason: reason.into(),
         }
+    }
+}
+
+/// Longest rejected input shown whole in an error, in characters.
+const SHOWN: usize = 64;
+
+/// A rejected input as an error shows it: escaped, and cut after [`SHOWN`] characters
+/// (an input too long may be very long: the message says how long instead).
+pub(crate) fn shown(input: &str) -> String {
+    let escaped = input.escape_debug().to_string();
+    match escaped.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &escaped[..cut], input.len()),
+        None => escaped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn a_long_input_is_shown_cut_with_its_length() {
+        assert_eq!(shown("a\nb"), "a\\nb");
+        assert_eq!(shown(&"x".repeat(64)), "x".repeat(64));
+        assert_eq!(
+            shown(&"é".repeat(10_000)),
+            format!("{}… (20000 bytes)", "é".repeat(64))
+        );
     }
 }

@@ -43,7 +43,7 @@ impl LockName {
         };
         match rule {
             Some(rule) => Err(Error::InvalidName {
-                name: name.escape_debug().to_string(),
+                name: crate::error::shown(&name),
                 rule,
             }),
             None => Ok(LockName(name.into())),

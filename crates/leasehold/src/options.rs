@@ -78,7 +78,7 @@ pub(crate) fn check_owner(owner: &str) -> Result<()> {
     };
     Err(Error::option(
         "owner",
-        format!("owner id \"{}\" {rule}", owner.escape_debug()),
+        format!("owner id \"{}\" {rule}", crate::error::shown(owner)),
     ))
 }
 
