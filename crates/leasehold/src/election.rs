@@ -69,8 +69,10 @@ pub struct Leader {
     pub host: String,
     /// Its process id.
     pub pid: u32,
-    /// When it became leader (the store's wall clock); on etcd, which records no moment
-    /// of hand-over, when it joined the queue of candidates.
+    /// When it became leader (the store's wall clock). On etcd, which records no moment
+    /// of hand-over, the leader's own clock when it was let in (its key moved onto a
+    /// lease of its own); an [`observe`](Election::observe)r may first see the moment it
+    /// joined the queue of candidates, just before that move.
     #[serde(serialize_with = "crate::store::unix_ms::serialize")]
     pub since: SystemTime,
     /// Lease left, as the store saw it.
