@@ -157,9 +157,13 @@ fn corrupt_lock_state_gives_a_clear_error_and_runs_nothing() {
     );
     assert!(!cli.exists("ran"), "the command ran on a corrupt lock");
     cli.run(&["status", "k"]).expect(70);
-    // `list` does not hide it either.
+    // `list` does not hide it either, and names the lock and its file.
     let out = cli.run(&["list"]).expect(70);
-    assert!(out.stderr.contains("k.lock"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("lock \"k\"") && out.stderr.contains("k.lock"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

@@ -228,6 +228,28 @@ fn file_name(name: &LockName) -> OsString {
     out.into()
 }
 
+/// The lock name a file of [`file_name`] is for; `None` for one named by a hash (a long
+/// name) or not a lock file.
+fn name_of_file(file: &str) -> Option<String> {
+    let escaped = file.strip_suffix(".lock").filter(|f| !f.starts_with('~'))?;
+    let mut bytes = Vec::with_capacity(escaped.len());
+    let mut rest = escaped.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        match b {
+            b'%' => {
+                let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                rest = &tail[2..];
+            }
+            _ => {
+                bytes.push(b);
+                rest = tail;
+            }
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
 /// Gives a directory or file of the store that we own exactly the access bits `bits`
 /// (keeping setgid, which a shared directory passes on), through `set`.
 fn set_mode(
@@ -874,9 +896,10 @@ impl Store for LocalStore {
             };
             // A file that cannot be read could hide a held lock: say so, as the lock's
             // own calls do, rather than list less than there is.
+            let file_text = file_name.to_string_lossy();
             let unreadable = |why: String| Error::Corrupt {
                 store: self.store_name(),
-                name: file_name.to_string_lossy().into_owned(),
+                name: name_of_file(&file_text).unwrap_or_else(|| file_text.to_string()),
                 reason: format!(
                     "{} {why}; move it aside to start that lock afresh",
                     entry.path().display()
@@ -976,6 +999,25 @@ mod tests {
     fn try_flock(file: &File) -> bool {
         // SAFETY: valid fd; non-blocking attempt.
         unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    }
+
+    /// A lock file's name gives the lock's name back, unless it is a hash.
+    #[test]
+    fn a_file_name_gives_its_lock_name_back() {
+        for name in ["k", "jobs/nightly report", "é ~%.x", ".hidden"] {
+            let file = file_name(&LockName::new(name).unwrap());
+            let back = name_of_file(&file.to_string_lossy());
+            match name.starts_with('.') {
+                true => assert_eq!(back, None, "{file:?}"),
+                false => assert_eq!(back.as_deref(), Some(name), "{file:?}"),
+            }
+        }
+        assert_eq!(
+            name_of_file(&file_name(&LockName::new("x".repeat(201)).unwrap()).to_string_lossy()),
+            None
+        );
+        assert_eq!(name_of_file("k%4.lock"), None);
+        assert_eq!(name_of_file(".probe"), None);
     }
 
     /// A caller that gave up waiting for the file lock leaves its wait running on a
