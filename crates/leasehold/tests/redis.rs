@@ -542,6 +542,36 @@ async fn tokens_rise_after_a_cluster_lost_every_key() {
     .await;
 }
 
+/// A cluster master marked failed holds locks nobody can read: `list` says the store is
+/// unavailable rather than list the others' (it said nothing was held, with the lock
+/// on the master that was down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_a_master_down_cannot_be_listed() {
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let locks = Leasehold::new(RedisStore::connect(&cluster.url()).await.unwrap());
+    let guard = locks.mutex("listed").unwrap().lock().await.unwrap();
+    assert_eq!(locks.list("").await.unwrap().len(), 1);
+    // The master with the lock's keys goes down.
+    let holding = (cluster.nodes.iter())
+        .position(|n| n.cli(&["DBSIZE"]).trim() != "0")
+        .expect("a master with the lock's keys");
+    let mut down = cluster.nodes.remove(holding);
+    down.kill();
+    let survivor = &cluster.nodes[0];
+    eventually("the others to mark the master failed", || async {
+        survivor.cli(&["CLUSTER", "NODES"]).contains("master,fail ")
+    })
+    .await;
+    let listed = locks.list("").await;
+    assert!(
+        matches!(listed, Err(leasehold::Error::Unavailable { .. })),
+        "{listed:?}"
+    );
+    drop(guard.leak());
+}
+
 /// Through a link that holds every reply back 1.5 s, no grant of a 1 s lease can arrive
 /// in time, and a bounded wait of 6 s ends soon after 6 s, saying the store is too slow
 /// (or did not answer) rather than that the lock is busy. (It took 16-22 s, and said busy.)

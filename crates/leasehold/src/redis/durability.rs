@@ -63,7 +63,7 @@ pub(super) async fn cluster_caveat(
     conn: &mut redis::cluster_async::ClusterConnection,
     prefix: &str,
 ) -> Option<String> {
-    let masters = cluster_masters(conn).await.ok()?;
+    let masters = cluster_masters(conn).await.ok()?.up;
     let asked = masters.iter().map(|addr| async move {
         let client = redis::Client::open(format!("{prefix}{addr}"))?;
         let config = redis::AsyncConnectionConfig::new()
@@ -93,14 +93,61 @@ pub(super) async fn cluster_caveat(
     (!named.is_empty()).then(|| named.join("; "))
 }
 
-/// The `host:port` of each master of a cluster that is not failed.
+/// A cluster's masters, by `host:port`.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Masters {
+    /// Those not marked failed.
+    pub(super) up: Vec<String>,
+    /// Those marked failed (or suspected) that still serve slots: their keys cannot be
+    /// read until a replica takes over or they come back.
+    pub(super) down: Vec<String>,
+}
+
 pub(super) async fn cluster_masters(
     conn: &mut redis::cluster_async::ClusterConnection,
-) -> redis::RedisResult<Vec<String>> {
+) -> redis::RedisResult<Masters> {
     let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await?;
-    let masters = (nodes.lines())
-        .filter(|l| l.contains("master") && !l.contains("fail"))
-        .filter_map(|l| l.split_whitespace().nth(1)?.split('@').next())
-        .map(String::from);
-    Ok(masters.collect())
+    Ok(masters_of(&nodes))
+}
+
+/// The masters in a `CLUSTER NODES` answer: `id host:port@bus flags master ping pong
+/// epoch link slot...`, one node a line.
+fn masters_of(nodes: &str) -> Masters {
+    let mut masters = Masters::default();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else {
+            continue;
+        };
+        let flag = |name: &str| flags.split(',').any(|f| f == name);
+        if !flag("master") {
+            continue;
+        }
+        let address = address.split('@').next().unwrap_or(address).to_string();
+        match (flag("fail") || flag("fail?"), fields.len() > 8) {
+            (false, _) => masters.up.push(address),
+            (true, true) => masters.down.push(address),
+            (true, false) => {}
+        }
+    }
+    masters
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_master_that_serves_slots_is_down() {
+        let nodes = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7002@17002 master,fail - 0 0 2 disconnected 5461-10922
+c3 127.0.0.1:7003@17003 master - 0 0 3 connected 10923-16383
+d4 127.0.0.1:7004@17004 master,fail - 0 0 4 disconnected
+e5 127.0.0.1:7005@17005 slave a1 0 0 1 connected
+";
+        let masters = masters_of(nodes);
+        assert_eq!(masters.up, ["127.0.0.1:7001", "127.0.0.1:7003"]);
+        assert_eq!(masters.down, ["127.0.0.1:7002"]);
+    }
 }

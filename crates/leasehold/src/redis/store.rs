@@ -275,7 +275,19 @@ impl RedisStore {
         match self.inner.conn.clone() {
             Conn::Single(c) => conns.push(c),
             Conn::Cluster(mut c, prefix) => {
-                for addr in cluster_masters(&mut c).await.map_err(unavailable)? {
+                let masters = cluster_masters(&mut c).await.map_err(unavailable)?;
+                // A master that is down holds keys nobody can read: a listing without
+                // them would say less than there is.
+                if let Some(down) = masters.down.first() {
+                    return Err(Error::Unavailable {
+                        store: self.inner.shown.clone(),
+                        source: format!(
+                            "cluster master {down} is down; its locks cannot be listed"
+                        )
+                        .into(),
+                    });
+                }
+                for addr in masters.up {
                     let client =
                         redis::Client::open(format!("{prefix}{addr}")).map_err(unavailable)?;
                     conns.push(client.get_connection_manager().await.map_err(unavailable)?);
