@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::gate::Turn;
 use crate::keepalive::{Lifeline, Renewals, Status};
-use crate::metrics::{Call, Holding};
+use crate::metrics::Call;
 use crate::options::{check_ttl, humanize};
 use crate::store::{AcquireRequest, Grant, Lease, LockKind, Released, Renewal, Store};
 use crate::{Error, FencingToken, LockName, Result};
@@ -78,8 +78,6 @@ struct Held {
     acquired: Instant,
     /// Where the release runs when the guard is dropped (see `Leasehold::shutdown`).
     tasks: TaskTracker,
-    /// The `held` gauge and the hold time, until the hold ends.
-    _holding: Holding,
 }
 
 impl LockGuard {
@@ -93,7 +91,7 @@ impl LockGuard {
     ) -> Self {
         let status = line.status.subscribe();
         renewals.add(&line);
-        let holding = line.meter.holding(acquired);
+        line.start_holding(acquired);
         LockGuard {
             held: Some(Box::new(Held {
                 line,
@@ -104,7 +102,6 @@ impl LockGuard {
                 owner: req.owner.clone(),
                 acquired,
                 tasks: tasks.clone(),
-                _holding: holding,
             })),
         }
     }

@@ -9,7 +9,7 @@ use tokio::sync::{watch, Mutex};
 use tokio::time::{sleep_until, timeout_at, Instant};
 
 use crate::gate::Turn;
-use crate::metrics::{Call, Loss, Meter};
+use crate::metrics::{Call, Holding, Loss, Meter};
 use crate::store::{Lease, Renewal, Store};
 use crate::Locked;
 use crate::Result;
@@ -70,6 +70,9 @@ pub(crate) struct Lifeline {
     /// release hands the lock to the next task of this process. Passed on as soon as the
     /// hold is known lost, so the process's other tasks need not wait for the guard's end.
     turn: std::sync::Mutex<Option<Turn>>,
+    /// The hold as the metrics count it (the `held` gauge, the hold time), from the
+    /// guard's start to its end or the loss, whichever comes first.
+    holding: std::sync::Mutex<Option<Holding>>,
 }
 
 impl Lifeline {
@@ -99,7 +102,17 @@ impl Lifeline {
             closed: AtomicBool::new(false),
             ended_watch: std::sync::Mutex::new(None),
             turn: std::sync::Mutex::new(None),
+            holding: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Counts the hold in the metrics from `acquired` until [`close`](Self::close) or the
+    /// loss.
+    pub fn start_holding(&self, acquired: Instant) {
+        let mut holding = self.holding.locked();
+        if self.status.borrow().lost.is_none() && !self.is_closed() {
+            *holding = Some(self.meter.holding(acquired));
+        }
     }
 
     pub fn mark_lost(&self, why: Loss, reason: &str) {
@@ -116,6 +129,8 @@ impl Lifeline {
             true
         });
         drop(self.take_turn());
+        // Nothing is held any more, whatever the guard does next.
+        drop(self.holding.locked().take());
     }
 
     /// Keeps the gate's `turn` with this hold, unless it is lost already.
@@ -245,6 +260,7 @@ impl Lifeline {
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.ended_watch.locked().take();
+        drop(self.holding.locked().take());
     }
 
     /// Starts, once, the task that marks the lease lost as soon as the store says it is

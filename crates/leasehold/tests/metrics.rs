@@ -141,6 +141,9 @@ async fn every_metric_moves(seen: &mut Seen, locks: Leasehold, other: Leasehold,
         seen.get(&key("leasehold_losses_total", "reason=force_released")),
         1.0
     );
+    // Nothing is held from the loss on, though the guard lives.
+    assert_eq!(seen.get(&key("leasehold_held", "")), 0.0);
+    assert_eq!(seen.get(&key("leasehold_hold_seconds", "")), 2.0);
     assert_eq!(next.release().await.unwrap(), Released::NotHeld);
     assert_eq!(
         seen.get(&key("leasehold_releases_total", "outcome=not_held")),
