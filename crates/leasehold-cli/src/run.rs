@@ -517,7 +517,9 @@ async fn hold_with(locks: Leasehold, args: HoldArgs) -> Result<ExitCode, Failure
         _ = guard.lost() => {
             let why = guard.check().err().map(|e| e.to_string()).unwrap_or_default();
             let ended = crate::json::lost(args.json, &args.lock.name, guard.token(), why);
-            let _ = guard.release().await;
+            // As `run` does: a store that went away (the usual reason) must not hold up
+            // the exit.
+            release_losing(&locks, guard).await;
             return ended;
         }
     }

@@ -220,6 +220,22 @@ fn paused_redis_makes_the_holder_exit_76_without_waiting_to_release() {
     );
 }
 
+/// The same for `hold`: it exits 76 once the lock is lost, without waiting on the
+/// paused server for a release (it waited for the release's timeout and then for the
+/// resends in the background, and said it left them unsent).
+#[test]
+fn paused_redis_makes_hold_exit_76_without_waiting_to_release() {
+    let server = RedisServer::start();
+    let cli = world("redis-paused-hold", &server);
+    let (mut holder, _) = cli.hold("holder", &["--ttl", "1s", "k"]);
+    server.pause();
+    holder.expect_exit(76);
+    server.resume();
+    let stderr = holder.stderr();
+    assert!(stderr.contains("lost"), "{stderr}");
+    assert!(!stderr.contains("before every release"), "{stderr}");
+}
+
 #[test]
 fn run_status_and_list_work_on_a_redis_cluster_with_a_password() {
     let cluster = leasehold_testkit::RedisCluster::start_with_password(Some("cluster-secret"));
