@@ -18,7 +18,8 @@ pub struct LimitArgs {
     /// names of their own
     pub name: String,
 
-    /// Long-run rate: COUNT/PERIOD, e.g. 10/s, 100/m, 5/h, 10/500ms (at most 1000000/s)
+    /// Long-run rate: COUNT/PERIOD, e.g. 10/s, 100/m, 5/h, 10/500ms (at most 1000000/s).
+    /// Every user of NAME must give the same rate and burst
     #[arg(long, value_name = "COUNT/PERIOD", value_parser = parse_rate)]
     pub rate: Rate,
 
@@ -57,7 +58,10 @@ pub const LIMIT_AFTER_HELP: &str = "\
 A GCRA rate limiter shared by every process using NAME on the store: in any window of
 length t at most BURST + RATE*t units pass, with no doubling at window edges. Waiting
 reserves the earliest moment the units may pass and sleeps until then (no polling);
-waiters are served in the order the store saw them. Not on etcd (exit 64): it has no
+waiters are served in the order the store saw them. NAME keeps when its next unit is
+due: a run with a rate far slower than meant holds NAME back for as long as that rate
+said (start it afresh by deleting lh:rate:{NAME} on Redis, or its file under the local
+store's limits/). Not on etcd (exit 64): it has no
 server clock every client can trust; nor on memory: (exit 64), which would give each
 process a limiter of its own.
 
