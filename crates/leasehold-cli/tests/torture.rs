@@ -377,9 +377,17 @@ fn faults_the_run_cannot_apply_are_usage_errors() {
         out.stderr.contains("restart-store needs --spawn"),
         "{out:#?}"
     );
-    let out = cli.cmd(&["torture", "--spawn", "redis"]).output();
+    let history = cli.path("refused-history");
+    let history_flag = history.to_str().unwrap();
+    let out = cli
+        .cmd(&["torture", "--spawn", "redis", "--history", history_flag])
+        .output();
     let out = support::Out::from(out.unwrap()).expect(64);
     assert!(out.stderr.contains("leave out --store"), "{out:#?}");
+    assert!(
+        !history.exists(),
+        "a refused run made its history directory"
+    );
     let out = cli.cmd(&["torture", "--faults", "delay"]).output();
     let out = support::Out::from(out.unwrap()).expect(64);
     assert!(

@@ -73,8 +73,10 @@ struct Run {
 pub async fn torture(store: Option<&str>, args: TortureArgs) -> Result<ExitCode, Failure> {
     plan::check_times(&args)?;
     plan::check_primitive(&args)?;
-    let dir = plan::history_dir(&args)?;
+    // Every flag checked before the history's directory is made: a refused run leaves
+    // none behind.
     plan::check_store(&args, store)?;
+    let dir = plan::history_dir(&args)?;
     let target = Target::open(&args, store, &dir).await?;
     let run = Arc::new(Run::start(args, target, dir).await?);
     let observer = run.observe();
