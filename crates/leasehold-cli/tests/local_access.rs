@@ -75,6 +75,38 @@ fn a_store_shared_with_a_group_keeps_the_group_and_nobody_else() {
     Out::from(cmd.output().unwrap()).expect(0);
     assert_eq!(mode(&shared.join("locks")) & 0o777, 0o770);
     assert_eq!(mode(&shared.join("locks/k.lock")), 0o660);
+    let limited = cli.bare(&["--store", &url, "limit", "r", "--rate", "1/s", "--check"]);
+    Out::from({ limited }.output().unwrap()).expect(0);
+    assert_eq!(
+        mode(&shared.join("limits")) & 0o777,
+        0o770,
+        "under umask 022"
+    );
+
+    // Another user of the group takes the same lock and a limiter of its own. (It was
+    // shut out by a probe file the first process left, its own only.)
+    for dir in [cli.home.parent().unwrap(), &cli.home] {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let group = format!("--regid={}", fs::metadata(&shared).unwrap().gid());
+    let as_other = |args: &[&str]| {
+        let mut cmd = cli.bare(&[]);
+        let setpriv = [
+            "--reuid=nobody",
+            &group,
+            "--clear-groups",
+            BIN,
+            "--store",
+            &url,
+        ];
+        cmd.get_program();
+        let mut other = Command::new("setpriv");
+        other.args(setpriv).args(args).current_dir(&shared);
+        other.envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))));
+        Out::from(other.output().expect("setpriv (util-linux)"))
+    };
+    as_other(&["run", "k", "--", "true"]).expect(0);
+    as_other(&["limit", "r2", "--rate", "1/s", "--check"]).expect(0);
 
     // A directory its group may only read (as `mkdir` makes it) is not shared.
     let own = cli.home.join("own");

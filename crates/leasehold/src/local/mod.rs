@@ -266,7 +266,8 @@ fn set_mode(
     }
 }
 
-/// Makes `dir` (and any missing parent) with `mode`; one there already is fine.
+/// Makes `dir` (and any missing parent) with `mode`, whatever the umask (which would
+/// take a shared store's group access away); one there already is fine.
 fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     let made = std::fs::DirBuilder::new()
@@ -276,7 +277,9 @@ fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
     made.or_else(|e| match e.kind() {
         std::io::ErrorKind::AlreadyExists => Ok(()),
         _ => Err(e),
-    })
+    })?;
+    let meta = std::fs::metadata(dir)?;
+    set_mode(&meta, mode, |p| std::fs::set_permissions(dir, p))
 }
 
 fn unusable(dir: &Path, what: &str, e: std::io::Error) -> Error {
@@ -335,14 +338,21 @@ impl LocalStore {
         .map_err(|e| unusable(&dir, "cannot set the mode of its locks directory", e))?;
         std::fs::read_dir(&locks_dir)
             .map_err(|e| unusable(&dir, "cannot read its locks directory", e))?;
-        let probe = locks_dir.join(".probe");
+        // A probe of this process's own, removed at once: one name for every process
+        // would be the first one's file, which the group's other users cannot open.
+        let probe = format!(
+            ".probe-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let probe = locks_dir.join(probe);
         OpenOptions::new()
-            .create(true)
-            .truncate(false)
+            .create_new(true)
             .write(true)
             .mode(0o600)
             .open(&probe)
             .map_err(|e| unusable(&dir, "cannot write in its locks directory", e))?;
+        let _ = std::fs::remove_file(&probe);
         Ok(LocalStore {
             inner: Arc::new(Inner {
                 dir,
@@ -610,7 +620,11 @@ impl LocalStore {
                     wakers.wake(None);
                     return;
                 };
-                if event.mask.intersects(file_gone | dir_gone) {
+                let lock_file =
+                    (event.name.as_ref()).is_some_and(|n| n.as_encoded_bytes().ends_with(b".lock"));
+                if event.mask.intersects(dir_gone)
+                    || (lock_file && event.mask.intersects(file_gone))
+                {
                     // The files open here may be the ones that went: open them anew.
                     if let Some(store) = store.upgrade() {
                         store.files.locked().clear();
