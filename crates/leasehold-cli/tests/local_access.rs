@@ -90,7 +90,8 @@ fn a_store_shared_with_a_group_keeps_the_group_and_nobody_else() {
     }
     let group = format!("--regid={}", fs::metadata(&shared).unwrap().gid());
     let as_other = |args: &[&str]| {
-        let mut cmd = cli.bare(&[]);
+        // The test's environment (its home, its store's settings), as another user.
+        let cmd = cli.bare(&[]);
         let setpriv = [
             "--reuid=nobody",
             &group,
@@ -99,7 +100,6 @@ fn a_store_shared_with_a_group_keeps_the_group_and_nobody_else() {
             "--store",
             &url,
         ];
-        cmd.get_program();
         let mut other = Command::new("setpriv");
         other.args(setpriv).args(args).current_dir(&shared);
         other.envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))));
