@@ -358,6 +358,28 @@ async fn tls_client_certificates_reach_redis_and_etcd_that_ask_for_them() {
     client_certificate_is_presented(&etcd.url(), &certs).await;
 }
 
+/// `#insecure` accepts a server certificate no trusted CA signed (the test CA is not
+/// given): it was refused for a feature missing from the build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insecure_redis_url_takes_a_certificate_of_an_unknown_ca() {
+    let certs = certs("insecure");
+    let redis = RedisServer::start_tls(&certs.path);
+    let url = redis.tls_url().unwrap();
+    let client = |url: String| {
+        Leasehold::builder(&url)
+            .tls_client_cert(certs.cert.clone(), certs.key.clone())
+            .build()
+    };
+    let strict = client(url.clone()).await;
+    assert!(
+        strict.is_err(),
+        "the test CA is trusted without being given"
+    );
+    let locks = client(format!("{url}#insecure")).await.unwrap();
+    let guard = locks.mutex("k").unwrap().lock().await.unwrap();
+    let _ = guard.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stores_from_an_existing_connection_or_channel_take_locks() {
     let redis = RedisServer::start();

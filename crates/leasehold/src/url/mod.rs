@@ -202,7 +202,7 @@ struct RedisOptions {
     durable: bool,
     /// `protocol=resp2|resp3` (2 or 3).
     protocol: Option<u8>,
-    /// `#insecure` (TLS without the host name check).
+    /// `#insecure` (TLS that accepts any server certificate).
     insecure: bool,
 }
 

@@ -154,7 +154,8 @@ fn redis_hosts(scheme: Scheme, hosts: &str, form: &str) -> Result<Vec<Endpoint>,
     Ok(endpoints)
 }
 
-/// `#insecure`: TLS without the host name check, the only fragment a Redis URL takes.
+/// `#insecure`: TLS that accepts any server certificate, the only fragment a Redis URL
+/// takes.
 fn redis_insecure(scheme: Scheme, fragment: Option<&str>) -> Result<bool, String> {
     let plain = if scheme.tls() { "rediss" } else { "redis" };
     Ok(match fragment {
@@ -163,7 +164,7 @@ fn redis_insecure(scheme: Scheme, fragment: Option<&str>) -> Result<bool, String
         Some("insecure") => return Err(format!("#insecure is for TLS ({plain}s://...)")),
         Some(_) => {
             return Err(
-                "only #insecure (TLS without the host name check) may end a Redis URL".into(),
+                "only #insecure (TLS accepting any server certificate) may end a Redis URL".into(),
             )
         }
     })
