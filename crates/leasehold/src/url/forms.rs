@@ -34,7 +34,7 @@ pub const URL_FORMS: &[UrlForm] = &[
     },
     UrlForm {
         form: "rediss://...",
-        store: "Redis over TLS (rustls; system root certificates, or those in SSL_CERT_FILE); `#insecure` at the end accepts any server certificate (no CA or host name check: for tests only)",
+        store: "Redis over TLS (rustls; system root certificates, or those in `SSL_CERT_FILE`); `#insecure` at the end accepts any server certificate (no CA or host name check: for tests only)",
     },
     UrlForm {
         form: "redis+cluster://[user:password@]h1:p1,h2:p2",
