@@ -328,14 +328,9 @@ impl LocalStore {
             true => 0o070,
             false => 0,
         };
+        // Made, or given the store's mode if an older version or a umask left it another.
         make_dir(&locks_dir, 0o700 | group)
             .map_err(|e| unusable(&dir, "cannot create its locks directory", e))?;
-        let locks_meta = std::fs::metadata(&locks_dir)
-            .map_err(|e| unusable(&dir, "cannot read its locks directory", e))?;
-        set_mode(&locks_meta, 0o700 | group, |p| {
-            std::fs::set_permissions(&locks_dir, p)
-        })
-        .map_err(|e| unusable(&dir, "cannot set the mode of its locks directory", e))?;
         std::fs::read_dir(&locks_dir)
             .map_err(|e| unusable(&dir, "cannot read its locks directory", e))?;
         // A probe of this process's own, removed at once: one name for every process
