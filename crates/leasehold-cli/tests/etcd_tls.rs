@@ -7,7 +7,8 @@ use leasehold_testkit::{make_tls_certs, EtcdServer, TempDir};
 use support::*;
 
 /// A trusted CA (`SSL_CERT_FILE`): commands run under the lock. Without it the server's
-/// certificate is not trusted: unreachable, exit 69, and the command does not run.
+/// certificate is not trusted: a configuration to fix, exit 78, and the command does not
+/// run.
 #[test]
 fn tls_etcd_runs_commands_and_refuses_an_untrusted_server() {
     let certs = TempDir::new("etcd-tls");
@@ -31,10 +32,10 @@ fn tls_etcd_runs_commands_and_refuses_an_untrusted_server() {
         token.trim().parse::<u64>().is_ok(),
         "LEASEHOLD_TOKEN was {token:?}, not a decimal token"
     );
-    let out = run("server.pem", "touch ran").expect(69);
+    let out = run("server.pem", "touch ran").expect(78);
     assert!(!cli.exists("ran"), "the command ran: {}", out.stderr);
     assert!(
-        out.stderr.contains("unavailable") && out.stderr.contains("certificate"),
+        out.stderr.contains("certificate is not trusted") && out.stderr.contains("SSL_CERT_FILE"),
         "{}",
         out.stderr
     );

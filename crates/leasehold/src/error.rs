@@ -59,7 +59,8 @@ pub enum Error {
     },
 
     /// The store refused us for a reason retrying cannot fix: wrong credentials, missing
-    /// permissions, an unknown database. Not retryable: fix the configuration.
+    /// permissions, an unknown database, a TLS certificate not trusted (the server's by
+    /// us, or ours by the server). Not retryable: fix the configuration.
     #[error("store {store} refused the connection: {reason}")]
     Config {
         /// Which store (URL or path, without secrets).

@@ -159,6 +159,8 @@ mod record;
 mod rules;
 pub mod store;
 mod sys;
+#[cfg(any(feature = "redis", feature = "etcd"))]
+mod tls;
 pub mod url;
 
 #[cfg(feature = "local")]

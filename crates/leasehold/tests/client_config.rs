@@ -457,3 +457,34 @@ async fn builder_refuses_settings_out_of_range() {
     // The URL's own options still come from the URL, read in one place.
     assert!(StoreUrl::parse("redis://127.0.0.1:1/0?timeout=1s").is_err());
 }
+
+/// A server certificate no trusted CA signed, and a client certificate missing where the
+/// server asks for one: refusals that asking again cannot fix, so configuration errors
+/// (exit 78 in the CLI) that say what to check, not a store that is away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_refusals_are_configuration_errors() {
+    let certs = certs("tls-refusals");
+    let redis = RedisServer::start_tls(&certs.path);
+    let etcd = EtcdServer::start_tls_client_auth(&certs.path);
+    let refusal = |answer: leasehold::Result<Leasehold>| match answer {
+        Err(e @ Error::Config { .. }) => {
+            assert!(!e.is_retryable());
+            e.to_string()
+        }
+        other => panic!("not a configuration error: {other:?}"),
+    };
+    for url in [redis.tls_url().unwrap(), etcd.url()] {
+        let untrusted = Leasehold::builder(&url)
+            .tls_client_cert(certs.cert.clone(), certs.key.clone())
+            .build();
+        let shown = refusal(untrusted.await);
+        assert!(shown.contains("certificate is not trusted"), "{shown}");
+    }
+    // etcd (TLS 1.3) checks the client's certificate after the handshake, so its refusal
+    // may reach the client as a closed stream: only Redis's is certain to say why.
+    let no_client_cert = Leasehold::builder(&redis.tls_url().unwrap())
+        .tls_ca(certs.ca.clone())
+        .build();
+    let shown = refusal(no_client_cert.await);
+    assert!(shown.contains("refused our client certificate"), "{shown}");
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::line::Lines;
 use super::queue::Member;
 use super::queue::{queue_prefix, range_key, range_queue};
-use super::rpc::{Client, KeyValue, Op, RangeResponse, TxnRequest, TxnResponse};
+use super::rpc::{Client, KeyValue, Op, RangeResponse, TlsRefused, TxnRequest, TxnResponse};
 use super::{EtcdStore, Inner};
 use crate::builder::ClientSettings;
 use crate::url::Credentials;
@@ -100,6 +100,13 @@ impl EtcdStore {
 
     pub(super) fn unavailable(&self, status: tonic::Status) -> Error {
         let message = status.message().to_string();
+        let source = std::error::Error::source(&status);
+        if let Some(TlsRefused(check)) = source.and_then(|s| s.downcast_ref()) {
+            return Error::Config {
+                store: self.inner.shown.clone(),
+                reason: format!("{message}; {check}"),
+            };
+        }
         // Refused after the client authenticated again once, a wrong password, or auth
         // options for a server without auth: a configuration to fix, not to retry.
         let refused = match status.code() {

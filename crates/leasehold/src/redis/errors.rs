@@ -7,13 +7,13 @@ use crate::{Error, LockName};
 
 /// A Redis error as ours: refusals that retrying cannot fix (credentials, ACL
 /// permissions, an unknown database, a server that does not speak Redis, a cluster URL
-/// at a server that is not a cluster node) are
+/// at a server that is not a cluster node, a TLS certificate refused either way) are
 /// [`Error::Config`]; the rest are
 /// [`Error::Unavailable`].
 pub(super) fn failed(store: &str, e: redis::RedisError) -> Error {
     use redis::{ErrorKind, ServerErrorKind};
     let text = e.to_string();
-    let config = match e.kind() {
+    let config = crate::tls::refusal(&e).or(match e.kind() {
         ErrorKind::AuthenticationFailed => Some("check the URL's user and password"),
         // What answered is not a Redis server (or wants TLS): asking again cannot help.
         ErrorKind::Parse => Some(
@@ -32,7 +32,7 @@ pub(super) fn failed(store: &str, e: redis::RedisError) -> Error {
             Some("the database in the URL (/N) does not exist on this server")
         }
         _ => None,
-    };
+    });
     match config {
         Some(what) => Error::Config {
             store: store.to_string(),

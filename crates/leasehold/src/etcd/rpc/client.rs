@@ -287,10 +287,14 @@ impl Client {
                 }
                 Err(status) if try_next_member(&status) => {
                     tracing::debug!(member = %member.address, %status, "etcd member failed; trying the next");
-                    last = Some(Status::new(
+                    let mut failed = Status::new(
                         status.code(),
                         format!("{}: {}", member.address, with_causes(&status)),
-                    ));
+                    );
+                    if let Some(check) = crate::tls::refusal(&status) {
+                        failed.set_source(std::sync::Arc::new(TlsRefused(check)));
+                    }
+                    last = Some(failed);
                 }
                 Err(status)
                     if status.code() == Code::Unauthenticated && self.credentials.is_some() =>
@@ -384,6 +388,11 @@ fn tls_config(settings: &ClientSettings) -> ClientTlsConfig {
     }
     config
 }
+
+/// A TLS handshake refused (a certificate not trusted, either way): what to check.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsRefused(pub &'static str);
 
 /// A status's message followed by its causes ("tcp connect error: Connection refused").
 fn with_causes(status: &Status) -> String {

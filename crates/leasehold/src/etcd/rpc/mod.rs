@@ -16,7 +16,7 @@ mod watch;
 
 use std::time::Duration;
 
-pub use client::Client;
+pub use client::{Client, TlsRefused};
 pub use messages::*;
 pub use watch::Watch;
 
