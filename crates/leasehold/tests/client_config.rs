@@ -188,7 +188,9 @@ async fn connect_timeout_ends_connecting_to_a_paused_redis_and_etcd() {
     let redis = RedisServer::start();
     redis.pause();
     let builder = Leasehold::builder(&redis.url()).request_timeout(Duration::from_secs(60));
-    connect_timeout_is_honoured(builder, Duration::from_millis(500)).await;
+    // Long enough that a connect tried again with the whole timeout each time (the
+    // connection manager's retries) would take longer than MARGIN allows.
+    connect_timeout_is_honoured(builder, Duration::from_millis(1500)).await;
     redis.resume();
     // Over TLS, the handshake is part of connecting.
     let etcd = EtcdServer::start_tls(

@@ -119,7 +119,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::builder::ClientSettings;
-use crate::{Result, StoreUrl};
+use crate::{Error, Result, StoreUrl};
 use durability::{caveat, cluster_caveat};
 use errors::failed;
 use waker::Waiters;
@@ -210,46 +210,56 @@ impl RedisStore {
             Some(certs) => redis::Client::build_with_tls(node, certs.clone()),
             None => redis::Client::open(node),
         };
-        let (conn, subscribe_to, caveat_found) = match url.scheme().cluster() {
-            true => {
-                let prefix = url.redis_node_prefix();
-                let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
-                    .connection_timeout(connect_timeout)
-                    .response_timeout(request_timeout);
-                if let Some(certs) = &certificates {
-                    builder = builder.certs(certs.clone());
+        // The client's own retries (a connection manager's) each have the whole connect
+        // timeout: the connect as a whole must not take longer.
+        let connecting = async {
+            let (conn, subscribe_to, caveat_found) = match url.scheme().cluster() {
+                true => {
+                    let prefix = url.redis_node_prefix();
+                    let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
+                        .connection_timeout(connect_timeout)
+                        .response_timeout(request_timeout);
+                    if let Some(certs) = &certificates {
+                        builder = builder.certs(certs.clone());
+                    }
+                    let client = builder.build().map_err(|e| invalid(e.to_string()))?;
+                    let mut conn = client.get_async_connection().await.map_err(unavailable)?;
+                    let caveat = cluster_caveat(&mut conn, &prefix).await;
+                    // PUBLISH reaches every node of a cluster: any one node will do.
+                    let first = client_of(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
+                    (Conn::Cluster(conn, prefix), first, caveat)
                 }
-                let client = builder.build().map_err(|e| invalid(e.to_string()))?;
-                let mut conn = client.get_async_connection().await.map_err(unavailable)?;
-                let caveat = cluster_caveat(&mut conn, &prefix).await;
-                // PUBLISH reaches every node of a cluster: any one node will do.
-                let first = client_of(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
-                (Conn::Cluster(conn, prefix), first, caveat)
+                false => {
+                    let client = client_of(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(connect_timeout))
+                        .set_response_timeout(Some(request_timeout))
+                        .set_number_of_retries(2);
+                    let mut conn = client
+                        .get_connection_manager_with_config(config)
+                        .await
+                        .map_err(unavailable)?;
+                    let caveat = caveat(&mut conn, Some(replicas.is_some())).await;
+                    (Conn::Single(conn), client, caveat)
+                }
+            };
+            match (&caveat_found, url.durable()) {
+                (Some(caveat), true) => {
+                    return Err(invalid(format!(
+                        "?durable=1 asks for a server that loses no lock on a restart, and {caveat}; run it with appendonly yes and appendfsync always"
+                    )))
+                }
+                (Some(caveat), false) => tracing::warn!(store = %shown, "{caveat}"),
+                (None, _) => {}
             }
-            false => {
-                let client = client_of(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(Some(request_timeout))
-                    .set_number_of_retries(2);
-                let mut conn = client
-                    .get_connection_manager_with_config(config)
-                    .await
-                    .map_err(unavailable)?;
-                let caveat = caveat(&mut conn, Some(replicas.is_some())).await;
-                (Conn::Single(conn), client, caveat)
-            }
+            Self::subscribed(shown.clone(), conn, subscribe_to, replicas, caveat_found).await
         };
-        match (&caveat_found, url.durable()) {
-            (Some(caveat), true) => {
-                return Err(invalid(format!(
-                    "?durable=1 asks for a server that loses no lock on a restart, and {caveat}; run it with appendonly yes and appendfsync always"
-                )))
-            }
-            (Some(caveat), false) => tracing::warn!(store = %shown, "{caveat}"),
-            (None, _) => {}
-        }
-        Self::subscribed(shown, conn, subscribe_to, replicas, caveat_found).await
+        let not_in_time = || Error::Unavailable {
+            store: shown.clone(),
+            source: format!("not connected within {connect_timeout:?}").into(),
+        };
+        (tokio::time::timeout(connect_timeout, connecting).await)
+            .unwrap_or_else(|_| Err(not_in_time()))
     }
 
     /// A store on a connection the application made (its own TLS, timeouts, retries),
