@@ -20,7 +20,7 @@ exit_codes! {
     USAGE = 64, "usage": "bad usage or bad input: name, duration, URL, permits, owner, store directory; a request the lock rules refuse";
     UNAVAILABLE = 69, "unavailable": "the store is unreachable";
     INTERNAL = 70, "internal": "internal error (including unreadable store state)";
-    CONFIG = 78, "config": "the store refused the configuration: wrong credentials, missing permissions, a database the server does not have, a TLS certificate not trusted (retrying cannot help)";
+    CONFIG = 78, "config": "the store refused the configuration: wrong credentials, missing permissions (a local store's files too), a database the server does not have, a TLS certificate not trusted (retrying cannot help)";
     NOT_ACQUIRED = 75, "not_acquired": "not acquired within `--wait`, or busy with `--no-wait` (`-E N` / `--conflict-exit-code N` makes it N); `limit`: over the rate (with `--no-wait`, or longer than `--wait`)";
     LOST = 76, "lost": "the lock was lost while the command ran; the command was stopped";
     CANNOT_EXECUTE = 126, "cannot_execute": "the command could not be executed";

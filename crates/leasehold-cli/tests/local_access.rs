@@ -108,6 +108,31 @@ fn a_store_shared_with_a_group_keeps_the_group_and_nobody_else() {
     as_other(&["run", "k", "--", "true"]).expect(0);
     as_other(&["limit", "r2", "--rate", "1/s", "--check"]).expect(0);
 
+    // A file the group lost access to: a configuration to fix (78), named for what it
+    // is, not a store that is away (69) nor a "lock" for a rate limiter.
+    for (file, args, named) in [
+        (
+            "locks/k.lock",
+            &["run", "k", "--", "true"][..],
+            "lock \"k\"",
+        ),
+        (
+            "limits/r.lock",
+            &["limit", "r", "--rate", "1/s", "--check"][..],
+            "rate limiter \"r\"",
+        ),
+    ] {
+        let file = shared.join(file);
+        assert!(file.exists(), "{}", file.display());
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+        let out = as_other(args).expect(78);
+        assert!(
+            out.stderr.contains(named) && out.stderr.contains("check the owner and mode"),
+            "{}",
+            out.stderr
+        );
+    }
+
     // A directory its group may only read (as `mkdir` makes it) is not shared.
     let own = cli.home.join("own");
     fs::create_dir(&own).unwrap();

@@ -59,9 +59,10 @@ pub enum Error {
     },
 
     /// The store refused us for a reason retrying cannot fix: wrong credentials, missing
-    /// permissions, an unknown database, a TLS certificate not trusted (the server's by
-    /// us, or ours by the server). Not retryable: fix the configuration.
-    #[error("store {store} refused the connection: {reason}")]
+    /// permissions (a local store's files too), an unknown database, a TLS certificate not
+    /// trusted (the server's by us, or ours by the server). Not retryable: fix the
+    /// configuration.
+    #[error("store {store} refused access: {reason}")]
     Config {
         /// Which store (URL or path, without secrets).
         store: String,

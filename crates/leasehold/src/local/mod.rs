@@ -212,6 +212,16 @@ pub fn default_dir() -> Result<PathBuf> {
     }
 }
 
+/// A lock as errors name it.
+fn lock(name: &LockName) -> String {
+    format!("lock \"{name}\"")
+}
+
+/// A rate limiter as errors name it.
+fn limiter(name: &LockName) -> String {
+    format!("rate limiter \"{name}\"")
+}
+
 /// A file name for a lock name: readable when short, a digest when long.
 fn file_name(name: &LockName) -> OsString {
     let mut out = String::new();
@@ -380,10 +390,21 @@ impl LocalStore {
         StoreUrl::local(&self.inner.dir).to_string()
     }
 
-    fn io_error(&self, name: &str, what: &str, e: std::io::Error) -> Error {
-        Error::Unavailable {
-            store: self.store_name(),
-            source: format!("{what} for lock \"{name}\": {e}").into(),
+    /// A failed file operation on `subject` ([`lock`], [`limiter`]) (`lock "x"`, `rate limiter "x"`): access
+    /// refused is a configuration to fix (not retryable); the rest may pass.
+    fn io_error(&self, subject: &str, what: &str, e: std::io::Error) -> Error {
+        use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
+        match e.kind() {
+            PermissionDenied | ReadOnlyFilesystem => Error::Config {
+                store: self.store_name(),
+                reason: format!(
+                    "{what} for {subject}: {e}; check the owner and mode of the store's directory and files (to share a store with a group: mkdir DIR && chgrp TEAM DIR && chmod 2770 DIR, before first use)"
+                ),
+            },
+            _ => Error::Unavailable {
+                store: self.store_name(),
+                source: format!("{what} for {subject}: {e}").into(),
+            },
         }
     }
 
@@ -394,7 +415,7 @@ impl LocalStore {
     }
 
     fn lock_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
-        self.open_file(&self.inner.files, &self.inner.locks_dir, name)
+        self.open_file(&self.inner.files, &self.inner.locks_dir, name, &lock(name))
     }
 
     /// A rate limiter's file, in `DIR/limits/` (made on first use, with the locks
@@ -403,10 +424,10 @@ impl LocalStore {
         let dir = self.inner.dir.join("limits");
         if !dir.is_dir() {
             make_dir(&dir, self.dir_mode()).map_err(|e| {
-                self.io_error(name.as_str(), "cannot create the limits directory", e)
+                self.io_error(&limiter(name), "cannot create the limits directory", e)
             })?;
         }
-        self.open_file(&self.inner.limit_files, &dir, name)
+        self.open_file(&self.inner.limit_files, &dir, name, &limiter(name))
     }
 
     /// The mode of the directories it makes: this user's, and the group's if the store
@@ -423,6 +444,7 @@ impl LocalStore {
         files: &Mutex<HashMap<LockName, Arc<LockFile>>>,
         dir: &Path,
         name: &LockName,
+        subject: &str,
     ) -> Result<Arc<LockFile>> {
         let mut files = files.locked();
         if let Some(f) = files.get(name) {
@@ -432,8 +454,7 @@ impl LocalStore {
             files.remove(name);
         }
         let path = dir.join(file_name(name));
-        let cannot =
-            |e| self.io_error(name.as_str(), &format!("cannot open {}", path.display()), e);
+        let cannot = |e| self.io_error(subject, &format!("cannot open {}", path.display()), e);
         let open = || {
             OpenOptions::new()
                 .read(true)
@@ -474,13 +495,13 @@ impl LocalStore {
         let mut cache = lf.turn.lock().await;
         let _flock = match tokio::time::timeout(FLOCK_PATIENCE, flock(&lf)).await {
             Ok(flock) => {
-                flock.map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?
+                flock.map_err(|e| self.io_error(&lock(name), "cannot lock its file", e))?
             }
             Err(_) => return Err(self.file_lock_stuck(&lf)),
         };
         let now = now();
         let found = slots::read(&lf.file)
-            .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?;
+            .map_err(|e| self.io_error(&lock(name), "cannot read its file", e))?;
         let (seq, json, before) = match found {
             slots::Found::Empty => {
                 // A file made anew may replace a deleted one: its version starts from the
@@ -523,7 +544,7 @@ impl LocalStore {
             });
         }
         slots::write(&lf.file, seq + 1, &json)
-            .map_err(|e| self.io_error(name.as_str(), "cannot write its file", e))?;
+            .map_err(|e| self.io_error(&lock(name), "cannot write its file", e))?;
         *cache = Some(Cached {
             seq: seq + 1,
             json,
@@ -893,7 +914,7 @@ impl Store for LocalStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockState>> {
         let entries = std::fs::read_dir(&self.inner.locks_dir)
-            .map_err(|e| self.io_error("*", "cannot list the locks directory", e))?;
+            .map_err(|e| self.io_error("the listing", "cannot read the locks directory", e))?;
         let mut names = Vec::new();
         for entry in entries.flatten() {
             let file_name = entry.file_name();
@@ -963,13 +984,13 @@ impl Store for LocalStore {
         let _turn = lf.turn.lock().await;
         let _flock = match tokio::time::timeout(FLOCK_PATIENCE, flock(&lf)).await {
             Ok(flock) => {
-                flock.map_err(|e| self.io_error(name.as_str(), "cannot lock its file", e))?
+                flock.map_err(|e| self.io_error(&limiter(name), "cannot lock its file", e))?
             }
             Err(_) => return Err(self.file_lock_stuck(&lf)),
         };
         let now = sys::boottime_ns() / 1000;
         let (seq, tat) = match slots::read(&lf.file)
-            .map_err(|e| self.io_error(name.as_str(), "cannot read its file", e))?
+            .map_err(|e| self.io_error(&limiter(name), "cannot read its file", e))?
         {
             slots::Found::Empty => (0, None),
             slots::Found::State { seq, json } => {
@@ -987,7 +1008,7 @@ impl Store for LocalStore {
             };
             let json = serde_json::to_vec(&kept).map_err(|e| Error::Internal(e.to_string()))?;
             slots::write(&lf.file, seq + 1, &json)
-                .map_err(|e| self.io_error(name.as_str(), "cannot write its file", e))?;
+                .map_err(|e| self.io_error(&limiter(name), "cannot write its file", e))?;
         }
         Ok(decision)
     }
