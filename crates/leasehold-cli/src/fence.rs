@@ -29,6 +29,10 @@ pub struct FenceArgs {
     pub command: Vec<OsString>,
 }
 
+pub const FENCE_USAGE: &str = "\
+leasehold fence [--token N] FILE [-- COMMAND...]
+       leasehold fence --reset FILE";
+
 pub const FENCE_AFTER_HELP: &str = "\
 Admits the token if it is at least the highest one the file has admitted (and records
 it), else exits 76: a newer holder of the lock has written, so this one must not. With

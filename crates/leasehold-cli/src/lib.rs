@@ -78,7 +78,7 @@ pub enum Command {
     Leader(elect::LeaderArgs),
     /// Admit a fencing token against a token file (or refuse a stale one, exit 76);
     /// with COMMAND, run it holding the file
-    #[command(after_help = fence::FENCE_AFTER_HELP)]
+    #[command(after_help = fence::FENCE_AFTER_HELP, override_usage = fence::FENCE_USAGE)]
     Fence(fence::FenceArgs),
     /// Run COMMAND when rate limiter NAME lets it through (GCRA), or print one decision
     #[command(after_help = limit::LIMIT_AFTER_HELP)]
