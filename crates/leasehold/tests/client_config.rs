@@ -490,3 +490,23 @@ async fn tls_refusals_are_configuration_errors() {
     let shown = refusal(no_client_cert.await);
     assert!(shown.contains("refused our client certificate"), "{shown}");
 }
+
+/// The README's way to a blocking client with the builder's settings: a store built on a
+/// runtime that then ends. Its connection went with that runtime: etcd's calls then
+/// failed for good ("transport error"); they now connect again on the client's own.
+#[test]
+fn a_blocking_client_outlives_the_runtime_that_built_its_store() {
+    let redis = RedisServer::start();
+    let etcd = EtcdServer::start();
+    for url in [redis.url(), etcd.url()] {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let built = runtime.block_on(Leasehold::builder(&url).build()).unwrap();
+        let store = built.store().clone();
+        drop(built);
+        drop(runtime);
+        let locks = leasehold::blocking::Leasehold::from_store(store).unwrap();
+        let guard = locks.mutex("k").unwrap().try_lock();
+        let guard = guard.unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert!(guard.expect("a free lock").release().is_ok(), "{url}");
+    }
+}

@@ -12,31 +12,15 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use tonic::body::Body;
-use tonic::transport::Channel;
 use tonic::Status;
 
-/// A channel whose requests' bodies end with their last frame.
-#[derive(Clone, Debug)]
-pub(super) struct Ending(pub(super) Channel);
-
-impl tower_service::Service<http::Request<Body>> for Ending {
-    type Response = <Channel as tower_service::Service<http::Request<Body>>>::Response;
-    type Error = <Channel as tower_service::Service<http::Request<Body>>>::Error;
-    type Future = <Channel as tower_service::Service<http::Request<Body>>>::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        self.0.call(request.map(|inner| {
-            Body::new(LookingAhead {
-                inner,
-                next: None,
-                ended: false,
-            })
-        }))
-    }
+/// `body`, ending with its last frame.
+pub(super) fn looking_ahead(body: Body) -> Body {
+    Body::new(LookingAhead {
+        inner: body,
+        next: None,
+        ended: false,
+    })
 }
 
 /// A body that, having given a data frame, polls for the next at once: if there is none,

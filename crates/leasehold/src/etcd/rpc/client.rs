@@ -13,12 +13,12 @@ use tokio::time::Instant;
 use tonic::codec::{Codec, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status, Streaming};
 use tonic_prost::{ProstCodec, ProstDecoder};
 
-use super::body::Ending;
 use super::keepalive::KeepAlives;
+use super::link::{Link, Route};
 use super::watch::Watches;
 use super::{AuthenticateRequest, AuthenticateResponse, CALL_TIMEOUT, TRY_TIMEOUT};
 use crate::builder::ClientSettings;
@@ -62,9 +62,18 @@ pub struct Client {
 #[derive(Debug)]
 struct Member {
     address: String,
-    channel: Channel,
+    way: Way,
     /// The auth token this member issued (simple tokens are per member).
     token: Mutex<Option<MetadataValue<tonic::metadata::Ascii>>>,
+}
+
+/// How a member is reached.
+#[derive(Debug)]
+enum Way {
+    /// A connection of our own.
+    Link(Link),
+    /// A channel the application made.
+    Channel(Channel),
 }
 
 /// Errors that another member may not have: try the next.
@@ -85,24 +94,13 @@ impl Client {
         settings: &ClientSettings,
     ) -> Result<Self, String> {
         let call_timeout = settings.request_timeout.unwrap_or(CALL_TIMEOUT);
+        let connect_timeout = settings.connect_timeout.unwrap_or(CALL_TIMEOUT);
         let mut members = Vec::new();
         for address in addresses {
-            let scheme = if tls { "https" } else { "http" };
-            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
-                .map_err(|e| format!("bad endpoint {address:?}: {e}"))?
-                .connect_timeout(settings.connect_timeout.unwrap_or(CALL_TIMEOUT))
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(CALL_TIMEOUT)
-                .keep_alive_while_idle(true);
-            if tls {
-                endpoint = endpoint
-                    .tls_config(tls_config(settings))
-                    .map_err(|e| format!("TLS setup for {address}: {e}"))?;
-            }
+            let link = Link::new(address, tls, settings, connect_timeout, CALL_TIMEOUT)?;
             members.push(Member {
                 address: address.clone(),
-                channel: endpoint.connect_lazy(),
+                way: Way::Link(link),
                 token: Mutex::new(None),
             });
         }
@@ -122,7 +120,7 @@ impl Client {
         let members = (channels.into_iter().enumerate())
             .map(|(i, channel)| Member {
                 address: format!("member {i}"),
-                channel,
+                way: Way::Channel(channel),
                 token: Mutex::new(None),
             })
             .collect();
@@ -309,11 +307,19 @@ impl Client {
         Err(last.unwrap_or_else(|| Status::unavailable("no etcd endpoint")))
     }
 
-    async fn grpc(&self, member: &Member) -> Result<tonic::client::Grpc<Ending>, Status> {
+    /// Where calls to `member` go now: its link connects first if it has no connection.
+    async fn route(&self, member: &Member) -> Result<Route, Status> {
+        match &member.way {
+            Way::Link(link) => link.sender().await.map(Route::Link),
+            Way::Channel(channel) => Ok(Route::Channel(channel.clone())),
+        }
+    }
+
+    async fn grpc(&self, member: &Member) -> Result<tonic::client::Grpc<Route>, Status> {
         if let Some(credentials) = &self.credentials {
             if member.token.locked().is_none() {
-                let mut grpc = tonic::client::Grpc::new(Ending(member.channel.clone()));
-                grpc.ready().await.map_err(transport_status)?;
+                let mut grpc = tonic::client::Grpc::new(self.route(member).await?);
+                grpc.ready().await.map_err(not_ready)?;
                 let answer: AuthenticateResponse = grpc
                     .unary(
                         Request::new(AuthenticateRequest {
@@ -333,8 +339,8 @@ impl Client {
                 *member.token.locked() = Some(token);
             }
         }
-        let mut grpc = tonic::client::Grpc::new(Ending(member.channel.clone()));
-        grpc.ready().await.map_err(transport_status)?;
+        let mut grpc = tonic::client::Grpc::new(self.route(member).await?);
+        grpc.ready().await.map_err(not_ready)?;
         Ok(grpc)
     }
 
@@ -377,18 +383,6 @@ impl Encoder for AsEncoded {
     }
 }
 
-/// The builder's CA (else the system's roots) and client certificate.
-fn tls_config(settings: &ClientSettings) -> ClientTlsConfig {
-    let mut config = match &settings.tls_ca {
-        Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
-        None => ClientTlsConfig::new().with_native_roots(),
-    };
-    if let Some((cert, key)) = &settings.tls_identity {
-        config = config.identity(Identity::from_pem(cert, key));
-    }
-    config
-}
-
 /// A TLS handshake refused (a certificate not trusted, either way): what to check.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -409,6 +403,6 @@ fn with_causes(status: &Status) -> String {
     text
 }
 
-fn transport_status(error: tonic::transport::Error) -> Status {
+fn not_ready(error: Box<dyn std::error::Error + Send + Sync>) -> Status {
     Status::unavailable(format!("cannot connect: {error}"))
 }
