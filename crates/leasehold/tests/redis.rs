@@ -580,7 +580,9 @@ async fn a_bounded_wait_on_a_slow_link_ends_on_time_and_says_why() {
     let server = RedisServer::start();
     let proxy = DelayProxy::start(server.port(), Duration::from_millis(1500));
     let url = format!("redis://127.0.0.1:{}/0", proxy.port());
-    let locks = Leasehold::new(RedisStore::connect(&url).await.unwrap());
+    // Connecting takes a few round trips, 1.5 s each: longer than the default bound.
+    let connect = Leasehold::builder(&url).connect_timeout(Duration::from_secs(60));
+    let locks = connect.build().await.unwrap();
     let lock = locks
         .mutex("slow")
         .unwrap()
