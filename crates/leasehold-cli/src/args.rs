@@ -184,12 +184,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             MAX_DURATION.as_secs() / 86_400
         )
     };
-    let duration = match text.trim().parse::<f64>() {
-        Ok(secs) if secs.is_finite() => {
-            Duration::try_from_secs_f64(secs).map_err(|_| too_long())?
-        }
-        Ok(_) => return Err(format!("{text:?} is not a duration; {EXAMPLES}")),
-        Err(_) => humantime::parse_duration(text).map_err(|e| {
+    // A bare number is digits with a fraction at most: not `1e3`, read as 1000 s by
+    // someone who meant milliseconds.
+    let bare = text.trim();
+    let plain = bare.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && bare.bytes().any(|b| b.is_ascii_digit());
+    let duration = match bare.parse::<f64>().ok().filter(|_| plain) {
+        Some(secs) => Duration::try_from_secs_f64(secs).map_err(|_| too_long())?,
+        None => humantime::parse_duration(text).map_err(|e| {
             use humantime::DurationError as E;
             match e {
                 E::NumberOverflow => too_long(),
@@ -339,6 +341,10 @@ mod tests {
             "",
             "366d",
             "18000000000000000000s",
+            "1e3",
+            "1e-1",
+            "1.0e1",
+            "1.2.3",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} was taken");
         }

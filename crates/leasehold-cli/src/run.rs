@@ -242,7 +242,9 @@ enum Ended {
 /// What stopping the command will do, as the lost message says it: SIGTERM, then SIGKILL
 /// `kill_in` from now (after `--grace`, or earlier at the safe deadline).
 fn stop_plan(kill_in: Duration, at_deadline: bool, grace: Duration) -> String {
-    if kill_in.is_zero() {
+    if kill_in.is_zero() && !at_deadline {
+        "SIGTERM, then SIGKILL at once (--grace 0)".to_string()
+    } else if kill_in.is_zero() {
         "SIGTERM, then SIGKILL at once: the safe deadline has passed, so there is no grace"
             .to_string()
     } else if at_deadline && grace.saturating_sub(kill_in) >= Duration::from_millis(50) {
@@ -556,6 +558,10 @@ mod tests {
         assert!(plan.contains("SIGKILL after --grace 5s"), "{plan}");
         let plan = stop_plan(Duration::ZERO, true, grace);
         assert!(plan.contains("SIGKILL at once"), "{plan}");
+        assert!(plan.contains("safe deadline has passed"), "{plan}");
+        // No grace asked for: at once, and not for a deadline that has not passed.
+        let plan = stop_plan(Duration::ZERO, false, Duration::ZERO);
+        assert!(plan.contains("SIGKILL at once (--grace 0)"), "{plan}");
         // A deadline a few ms before the grace's end reads as the grace, not as "5s
         // before --grace 5s is over".
         let plan = stop_plan(grace - Duration::from_millis(3), true, grace);
