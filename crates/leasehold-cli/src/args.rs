@@ -49,7 +49,8 @@ pub struct LockArgs {
     /// Exit status when the lock is busy with --no-wait or --wait runs out, as flock's -E
     /// (0 to 255; e.g. 0 for a cron job that skips quietly when another host runs it:
     /// with 0 nothing is printed, but with --json)
-    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED,
+          allow_hyphen_values = true, value_parser = parse_exit_code)]
     pub conflict_exit_code: u8,
 
     /// First come, first served: do not pass earlier waiters [default: on for etcd, off
@@ -209,6 +210,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// `-E N`: an exit status, said as one for any other input (`-1` too, which clap would
+/// otherwise take for a flag and advise `-- -1`, where `--` starts the command).
+pub fn parse_exit_code(text: &str) -> Result<u8, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not an exit status: a whole number from 0 to 255"))
+}
+
 /// `--permits N`: a whole number from 1 to the library's limit, said as such for any
 /// other input (clap's own message for a u32 names the type's range).
 fn parse_permits(text: &str) -> Result<u32, String> {
@@ -347,6 +356,16 @@ mod tests {
             "1.2.3",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} was taken");
+        }
+    }
+
+    #[test]
+    fn exit_codes_are_0_to_255() {
+        assert_eq!(parse_exit_code("0"), Ok(0));
+        assert_eq!(parse_exit_code("255"), Ok(255));
+        for bad in ["-1", "256", "x", ""] {
+            let said = parse_exit_code(bad).unwrap_err();
+            assert!(said.contains("0 to 255"), "{bad:?}: {said}");
         }
     }
 }

@@ -41,7 +41,8 @@ pub struct ElectArgs {
 
     /// Exit status when another leads with --no-wait or --wait runs out (0 to 255; with 0
     /// nothing is printed, but with --json)
-    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::NOT_ACQUIRED,
+          allow_hyphen_values = true, value_parser = crate::args::parse_exit_code)]
     pub conflict_exit_code: u8,
 
     /// Candidate id, shown as the leader's owner [default: random]. Give each candidate
