@@ -248,17 +248,38 @@ pub async fn open_store(url: Option<&str>) -> Result<Arc<dyn Store>, Failure> {
     Ok(store_url(url)?.open().await?)
 }
 
-/// Opens the store for `command` (`run`, `hold`, `status`, `list`, `release`), whose
-/// locks are meant for other processes: `memory:` is refused (exit 64), as each
-/// `leasehold` process would have a store of its own and nothing would be excluded.
+/// Opens `url` for work that [`within_wait`] bounds (`bound`, the wait): the client's own
+/// connect timeout is set past that bound, so that the bound, and its message, is what
+/// ends a connect to a store that does not answer, never the two at once.
+pub async fn open_within(
+    url: &StoreUrl,
+    bound: Option<Duration>,
+) -> leasehold::Result<Arc<dyn Store>> {
+    let networked = matches!(url.scheme().backend(), "redis" | "etcd");
+    match bound {
+        Some(wait) if networked => {
+            let past = wait.saturating_add(STORE_SLACK + Duration::from_secs(1));
+            let builder = leasehold::Leasehold::builder(&url.expose())
+                .connect_timeout(past.min(leasehold::MAX_CLIENT_TIMEOUT));
+            Ok(builder.build().await?.store().clone())
+        }
+        _ => url.open().await,
+    }
+}
+
+/// Opens the store for `command` (`run`, `hold`, `status`, `list`, `release`), as
+/// [`open_within`] does for work that `bound` bounds. Its locks are meant for other
+/// processes: `memory:` is refused (exit 64), as each `leasehold` process would have a
+/// store of its own and nothing would be excluded.
 pub async fn open_shared_store(
     url: Option<&str>,
     command: &str,
+    bound: Option<Duration>,
 ) -> Result<Arc<dyn Store>, Failure> {
     let url = store_url(url)?;
     let in_vain = "share its locks with no other process and exclude nothing";
     refuse_memory(&url, command, in_vain, "redis://... or etcd://...")?;
-    Ok(url.open().await?)
+    Ok(open_within(&url, bound).await?)
 }
 
 /// `memory:` lives in one process: `leasehold COMMAND` with it would `in_vain` (exit 64);

@@ -48,7 +48,7 @@ pub struct ReleaseArgs {
 
 async fn connect(store: Option<&str>, command: &str) -> Result<Leasehold, Failure> {
     Ok(Leasehold::from_store(
-        crate::args::open_shared_store(store, command).await?,
+        crate::args::open_shared_store(store, command, None).await?,
     ))
 }
 

@@ -131,7 +131,7 @@ pub async fn limit(store: Option<&str>, args: LimitArgs) -> Result<ExitCode, Fai
         ));
     }
     let decision = crate::args::within_wait(&url, wait, async {
-        let locks = Leasehold::from_store(url.open().await?);
+        let locks = Leasehold::from_store(crate::args::open_within(&url, wait).await?);
         let limiter = locks.rate_limiter(args.name.as_str(), args.rate, burst)?;
         decide(&limiter, &args).await
     })

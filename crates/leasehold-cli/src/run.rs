@@ -130,9 +130,10 @@ async fn connect(
     lock: &LockArgs,
 ) -> Result<Leasehold, Failure> {
     let url = crate::store_url(store)?;
-    let opening = crate::open_shared_store(store, command);
+    let bound = bounded_wait(lock);
+    let opening = crate::open_shared_store(store, command, bound);
     Ok(Leasehold::from_store(
-        crate::within_wait(&url, bounded_wait(lock), opening).await?,
+        crate::within_wait(&url, bound, opening).await?,
     ))
 }
 
