@@ -138,10 +138,22 @@ pub async fn elect(store: Option<&str>, args: ElectArgs) -> Result<ExitCode, Fai
 /// `leasehold leader NAME [--watch] [--json]`.
 pub async fn leader(store: Option<&str>, args: LeaderArgs) -> Result<ExitCode, Failure> {
     let store = crate::args::open_shared_store(store, "leader", None).await?;
-    let election = Leasehold::from_store(store).election(args.name.as_str())?;
+    let locks = Leasehold::from_store(store);
+    let election = locks.election(args.name.as_str())?;
     if !args.watch {
-        let leader = election.leader().await?;
-        exit::print(&format!("{}\n", show(&args, leader.as_ref())))?;
+        let state = locks.describe(election.name()).await?;
+        let leader = Leader::of(&state);
+        let mut line = show(&args, leader.as_ref());
+        // Held, but not as an election (a read lock, a semaphore): no leader, and no
+        // candidate can lead until it is free, as `elect` says.
+        if let (None, Some(holder), false) = (&leader, state.holders.first(), args.json) {
+            line.push_str(&format!(
+                "; the name is held as a {} lock by {} holder(s), which keeps candidates out",
+                holder.kind.word(),
+                state.holders.len()
+            ));
+        }
+        exit::print(&format!("{line}\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
     let interrupt = |kind| {

@@ -71,3 +71,20 @@ fn elect_refuses_flags_of_other_lock_kinds() {
         assert!(out.stderr.contains(flag), "{flag}: {}", out.stderr);
     }
 }
+
+/// A name held as a read lock has no leader, and keeps every candidate out: `leader` says
+/// both (it said only "no leader", while `elect` said the election was led).
+#[test]
+fn leader_says_when_a_name_held_otherwise_keeps_candidates_out() {
+    let cli = Cli::new("leader-shared");
+    let (_reader, _) = cli.hold("reader", &["--shared", "e"]);
+    let out = cli.run(&["leader", "e"]).expect(0);
+    assert_eq!(
+        out.stdout.trim(),
+        "election \"e\": no leader; the name is held as a shared lock by 1 holder(s), which keeps candidates out"
+    );
+    cli.run(&["elect", "--no-wait", "e", "--", "true"])
+        .expect(75);
+    let json = cli.run(&["leader", "e", "--json"]).expect(0);
+    assert_eq!(json.stdout.trim(), r#"{"leader":null,"name":"e"}"#);
+}
