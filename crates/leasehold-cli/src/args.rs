@@ -282,6 +282,24 @@ pub async fn open_shared_store(
     Ok(open_within(&url, bound).await?)
 }
 
+/// Opens the store for `command`, which only looks at locks (`status`, `list`, `leader`,
+/// `release`), as [`open_shared_store`] does; a local store whose directory does not
+/// exist holds no lock, so an empty store answers for it rather than the directory be
+/// made (at a mistyped path, say).
+pub async fn open_to_look(url: Option<&str>, command: &str) -> Result<Arc<dyn Store>, Failure> {
+    let parsed = store_url(url)?;
+    if parsed.scheme() == Scheme::Local {
+        let dir = match parsed.dir() {
+            Some(dir) => dir.to_path_buf(),
+            None => leasehold::local::default_dir()?,
+        };
+        if !dir.exists() {
+            return Ok(Arc::new(leasehold::MemoryStore::new()));
+        }
+    }
+    open_shared_store(url, command, None).await
+}
+
 /// `memory:` lives in one process: `leasehold COMMAND` with it would `in_vain` (exit 64);
 /// the message suggests local: and the `shared` stores.
 pub fn refuse_memory(

@@ -48,7 +48,7 @@ pub struct ReleaseArgs {
 
 async fn connect(store: Option<&str>, command: &str) -> Result<Leasehold, Failure> {
     Ok(Leasehold::from_store(
-        crate::args::open_shared_store(store, command, None).await?,
+        crate::args::open_to_look(store, command).await?,
     ))
 }
 

@@ -142,6 +142,25 @@ fn reading_a_lock_never_used_makes_no_file() {
     assert!(!file.exists(), "{} was made", file.display());
 }
 
+/// Looking at a store whose directory does not exist (a mistyped path) answers from an
+/// empty store, and makes no directory there.
+#[test]
+fn looking_at_a_store_that_does_not_exist_makes_no_directory() {
+    let cli = Cli::new("no-store");
+    let missing = cli.path("no/such/store");
+    let url = format!("local:{}", missing.display());
+    let look = |args: &[&str]| {
+        let mut all = vec!["--store", &url];
+        all.extend_from_slice(args);
+        Out::from(cli.bare(&all).output().unwrap()).expect(0)
+    };
+    assert_eq!(look(&["status", "k"]).stdout.trim(), "k: free");
+    assert_eq!(look(&["list"]).stdout.trim(), "no locks held or awaited");
+    assert_eq!(look(&["leader", "k"]).stdout.trim(), "election \"k\": no leader");
+    look(&["release", "--force", "k"]);
+    assert!(!cli.path("no").exists(), "{} was made", missing.display());
+}
+
 #[test]
 fn corrupt_lock_state_gives_a_clear_error_and_runs_nothing() {
     let cli = Cli::new("corrupt");
