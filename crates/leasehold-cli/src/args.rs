@@ -268,7 +268,7 @@ pub async fn open_within(
 }
 
 /// Opens the store for `command` (`run`, `hold`, `status`, `list`, `release`), as
-/// [`open_within`] does for work that `bound` bounds. Its locks are meant for other
+/// `open_within` does for work that `bound` bounds. Its locks are meant for other
 /// processes: `memory:` is refused (exit 64), as each `leasehold` process would have a
 /// store of its own and nothing would be excluded.
 pub async fn open_shared_store(

@@ -156,7 +156,10 @@ fn looking_at_a_store_that_does_not_exist_makes_no_directory() {
     };
     assert_eq!(look(&["status", "k"]).stdout.trim(), "k: free");
     assert_eq!(look(&["list"]).stdout.trim(), "no locks held or awaited");
-    assert_eq!(look(&["leader", "k"]).stdout.trim(), "election \"k\": no leader");
+    assert_eq!(
+        look(&["leader", "k"]).stdout.trim(),
+        "election \"k\": no leader"
+    );
     look(&["release", "--force", "k"]);
     assert!(!cli.path("no").exists(), "{} was made", missing.display());
 }
