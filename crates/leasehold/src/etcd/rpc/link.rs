@@ -5,7 +5,8 @@
 //! and used from the blocking client's), every call failed. A link keeps hyper's request
 //! sender, which any task can use, and its connection's task runs on the runtime of the
 //! call that connected; when the connection has ended, for that reason or any other, the
-//! next call connects again (one task for all the calls waiting).
+//! next call connects again. A connect runs in a task of its own, which the calls waiting
+//! for it share: one that stops waiting (its own timeout) does not end it for the others.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::future::{BoxFuture, FutureExt, Shared};
 use http_body_util::Either;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -35,21 +37,34 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A member's address and, once made, its connection.
 pub(super) struct Link {
+    target: Arc<Target>,
+    state: Mutex<State>,
+}
+
+/// Where a link connects, and how.
+struct Target {
     host: String,
     authority: Authority,
     tls: Option<tokio_rustls::TlsConnector>,
     connect_timeout: Duration,
     keep_alive_timeout: Duration,
-    sender: Mutex<Option<SendRequest<Body>>>,
-    /// Held while connecting, so that the calls that found no connection make one.
-    connecting: tokio::sync::Mutex<()>,
+}
+
+/// A connect in progress, in a task of its own: a call that stops waiting for it (its
+/// own timeout) leaves it to finish for the calls after.
+type Connecting = Shared<BoxFuture<'static, Result<SendRequest<Body>, Status>>>;
+
+enum State {
+    Idle,
+    Connecting(Connecting),
+    Open(SendRequest<Body>),
 }
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Link")
-            .field("authority", &self.authority)
-            .field("tls", &self.tls.is_some())
+            .field("authority", &self.target.authority)
+            .field("tls", &self.target.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -72,62 +87,80 @@ impl Link {
             )?))),
             false => None,
         };
-        Ok(Link {
-            host: authority
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let target = Target {
+            host: host.to_string(),
             authority,
             tls,
             connect_timeout,
             keep_alive_timeout,
-            sender: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+        };
+        Ok(Link {
+            target: Arc::new(target),
+            state: Mutex::new(State::Idle),
         })
     }
 
-    /// The connection's sender, connecting first if there is none open.
+    /// The connection's sender, connecting first if there is none open (or joining the
+    /// connect under way).
     pub async fn sender(&self) -> Result<Sender, Status> {
-        if let Some(sender) = self.open() {
-            return Ok(sender);
+        let connecting = {
+            let mut state = self.state.locked();
+            match &*state {
+                State::Open(send) if !send.is_closed() => return Ok(self.with(send.clone())),
+                State::Connecting(connecting) => connecting.clone(),
+                _ => {
+                    let target = self.target.clone();
+                    let task = tokio::spawn(async move { target.connect().await });
+                    let joined = async move {
+                        (task.await).unwrap_or_else(|e| Err(Status::unavailable(e.to_string())))
+                    };
+                    let connecting = joined.boxed().shared();
+                    *state = State::Connecting(connecting.clone());
+                    connecting
+                }
+            }
+        };
+        let connected = connecting.clone().await;
+        let mut state = self.state.locked();
+        // The first to learn the outcome of the connect still under way records it.
+        if matches!(&*state, State::Connecting(c) if c.ptr_eq(&connecting)) {
+            *state = match &connected {
+                Ok(send) => State::Open(send.clone()),
+                Err(_) => State::Idle,
+            };
         }
-        let _connecting = self.connecting.lock().await;
-        if let Some(sender) = self.open() {
-            return Ok(sender);
-        }
-        let send = tokio::time::timeout(self.connect_timeout, self.connect())
-            .await
-            .unwrap_or_else(|_| {
-                let limit = self.connect_timeout;
-                Err(Status::unavailable(format!(
-                    "cannot connect within {limit:?}"
-                )))
-            })?;
-        *self.sender.locked() = Some(send.clone());
-        Ok(self.with(send))
-    }
-
-    fn open(&self) -> Option<Sender> {
-        let sender = self.sender.locked();
-        let send = sender.as_ref().filter(|s| !s.is_closed())?.clone();
-        Some(self.with(send))
+        connected.map(|send| self.with(send))
     }
 
     fn with(&self, send: SendRequest<Body>) -> Sender {
-        let scheme = if self.tls.is_some() {
-            Scheme::HTTPS
-        } else {
-            Scheme::HTTP
+        let scheme = match self.target.tls {
+            Some(_) => Scheme::HTTPS,
+            None => Scheme::HTTP,
         };
         Sender {
             send,
             scheme,
-            authority: self.authority.clone(),
+            authority: self.target.authority.clone(),
         }
     }
+}
 
+impl Target {
+    /// A connection within the connect timeout: TCP, TLS if asked, HTTP/2.
     async fn connect(&self) -> Result<SendRequest<Body>, Status> {
+        let limit = self.connect_timeout;
+        (tokio::time::timeout(limit, self.connect_now()).await).unwrap_or_else(|_| {
+            Err(Status::unavailable(format!(
+                "cannot connect within {limit:?}"
+            )))
+        })
+    }
+
+    async fn connect_now(&self) -> Result<SendRequest<Body>, Status> {
         let tcp = TcpStream::connect(self.authority.as_str())
             .await
             .map_err(|e| cannot("tcp connect error", e))?;
@@ -271,4 +304,50 @@ fn tls_config(settings: &ClientSettings) -> Result<rustls::ClientConfig, String>
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Calls that give up on a slow connect (a TLS handshake that takes long) leave it
+    /// running for the calls after: one connection is made, not one per caller.
+    #[tokio::test]
+    async fn callers_that_stop_waiting_leave_the_connect_to_the_next() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        // Accepts, and never answers the TLS handshake.
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        let settings = ClientSettings::default();
+        let patience = Duration::from_secs(60);
+        let link = Link::new(&address, true, &settings, patience, patience).unwrap();
+        let connecting = || match &*link.state.locked() {
+            State::Connecting(connecting) => connecting.clone(),
+            _ => panic!("no connect under way"),
+        };
+        let mut first = None;
+        for _ in 0..3 {
+            let gave_up = tokio::time::timeout(Duration::from_millis(50), link.sender()).await;
+            assert!(gave_up.is_err(), "a handshake nobody answers succeeded");
+            // Still the connect the first caller started.
+            let now = connecting();
+            assert!(first.get_or_insert_with(|| now.clone()).ptr_eq(&now));
+        }
+        let seen = std::time::Instant::now();
+        while accepted.load(Ordering::SeqCst) == 0 && seen.elapsed() < patience {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "connections made");
+        server.abort();
+    }
 }
