@@ -510,3 +510,40 @@ fn a_blocking_client_outlives_the_runtime_that_built_its_store() {
         assert!(guard.expect("a free lock").release().is_ok(), "{url}");
     }
 }
+
+/// A URL whose TLS is not the server's: the error suggests the other scheme (it said only
+/// "connection reset" or "timed out"); a server that is not there gets no such hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_mix_up_suggests_the_other_scheme() {
+    let certs = certs("tls-mix-up");
+    let key = certs.path.join("server.key");
+    let tls_etcd = EtcdServer::start_tls(&certs.path.join("server.pem"), &key);
+    let plain_etcd = EtcdServer::start();
+    let tls_redis = RedisServer::start_tls(&certs.path);
+    let plain_redis = RedisServer::start();
+    let cases = [
+        (tls_etcd.url().replace("etcds:", "etcd:"), "use etcds://"),
+        (plain_etcd.url().replace("etcd:", "etcds:"), "use etcd://"),
+        (
+            tls_redis.tls_url().unwrap().replace("rediss:", "redis:"),
+            "use rediss://",
+        ),
+        (
+            plain_redis.url().replace("redis:", "rediss:"),
+            "use redis://",
+        ),
+    ];
+    for (url, hint) in cases {
+        let mut builder = Leasehold::builder(&url).connect_timeout(Duration::from_secs(2));
+        if url.starts_with("rediss:") || url.starts_with("etcds:") {
+            builder = builder.tls_ca(certs.ca.clone());
+        }
+        match builder.build().await {
+            Err(e @ Error::Unavailable { .. }) => assert!(e.to_string().contains(hint), "{e}"),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    let nobody = format!("etcd://127.0.0.1:{}", free_port());
+    let refused = Leasehold::builder(&nobody).build().await.err().unwrap();
+    assert!(!refused.to_string().contains("TLS"), "{refused}");
+}

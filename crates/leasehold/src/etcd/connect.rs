@@ -35,7 +35,8 @@ impl EtcdStore {
             settings,
         )
         .map_err(|reason| url.invalid(reason))?;
-        Self::checked(url.to_string(), client, settings.connect_timeout).await
+        let checked = Self::checked(url.to_string(), client, settings.connect_timeout).await;
+        checked.map_err(|e| url.with_scheme_hint(e))
     }
 
     /// A store over channels the application made (its own TLS, timeouts, proxies), one
@@ -81,8 +82,8 @@ impl EtcdStore {
         };
         // Fail now, with a clear error, rather than at the first lock.
         let check = store.range(range_key(b"leasehold"));
-        // tonic's own connect timeout covers TCP only; a member that accepts and never
-        // completes TLS or HTTP/2 is bounded here, by this first call that opens it.
+        // A link's connect timeout covers TCP, TLS and HTTP/2's preface; a member that
+        // accepts and then never answers is bounded here, by this first call.
         match connect_timeout {
             None => check.await?,
             Some(limit) => {

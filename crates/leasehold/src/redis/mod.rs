@@ -260,6 +260,7 @@ impl RedisStore {
         };
         (tokio::time::timeout(connect_timeout, connecting).await)
             .unwrap_or_else(|_| Err(not_in_time()))
+            .map_err(|e| url.with_scheme_hint(e))
     }
 
     /// A store on a connection the application made (its own TLS, timeouts, retries),

@@ -316,6 +316,46 @@ impl StoreUrl {
         }
     }
 
+    /// A connect that failed as a TLS mix-up may fail (a server that speaks the other
+    /// protocol drops the connection; a plain server never answers a TLS handshake),
+    /// with the other scheme suggested, as a possibility.
+    #[cfg(any(feature = "redis", feature = "etcd"))]
+    pub(crate) fn with_scheme_hint(&self, error: Error) -> Error {
+        let Error::Unavailable { store, source } = error else {
+            return error;
+        };
+        let text = source.to_string();
+        let said = text.to_ascii_lowercase();
+        let tls = self.scheme.tls();
+        let other = match self.scheme {
+            Scheme::Redis => "rediss://",
+            Scheme::Rediss => "redis://",
+            Scheme::RedisCluster => "rediss+cluster://",
+            Scheme::RedissCluster => "redis+cluster://",
+            Scheme::Etcd => "etcds://",
+            Scheme::Etcds => "etcd://",
+            Scheme::Memory | Scheme::Local => "",
+        };
+        // Nobody there (refused, no such host) is not a mix-up, nor a plain connect that
+        // timed out (a paused server); the rest (the connection reset, closed, a broken
+        // pipe, a handshake cut short, each client says it its own way) may be, and so
+        // may a TLS handshake that a plain server never answers.
+        let away = ["refused", "lookup", "resolve", "no route"];
+        let timed_out = said.contains("within") || said.contains("timed out");
+        let mixup = !away.iter().any(|a| said.contains(a)) && (tls || !timed_out);
+        if !mixup || other.is_empty() {
+            return Error::Unavailable { store, source };
+        }
+        let hint = match tls {
+            true => format!("if the server does not speak TLS, use {other}"),
+            false => format!("if the server speaks TLS, use {other}"),
+        };
+        Error::Unavailable {
+            store,
+            source: format!("{text} ({hint})").into(),
+        }
+    }
+
     /// Opens the store it names.
     pub async fn open(&self) -> Result<Arc<dyn Store>> {
         self.open_with(&ClientSettings::default()).await
