@@ -137,7 +137,11 @@ pub async fn elect(store: Option<&str>, args: ElectArgs) -> Result<ExitCode, Fai
 
 /// `leasehold leader NAME [--watch] [--json]`.
 pub async fn leader(store: Option<&str>, args: LeaderArgs) -> Result<ExitCode, Failure> {
-    let store = crate::args::open_to_look(store, "leader").await?;
+    // A watch follows what comes: a local store made after it starts too.
+    let store = match args.watch {
+        true => crate::args::open_shared_store(store, "leader", None).await?,
+        false => crate::args::open_to_look(store, "leader").await?,
+    };
     let locks = Leasehold::from_store(store);
     let election = locks.election(args.name.as_str())?;
     if !args.watch {
