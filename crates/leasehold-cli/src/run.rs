@@ -186,7 +186,7 @@ async fn acquire_or_signal(
 /// How long the release after the command may take before `run` exits without its
 /// answer (it goes on in the background for the shutdown's patience; else the lease
 /// ends it): a store that went away must not hold a finished job for long.
-const RELEASE_PATIENCE: Duration = Duration::from_secs(1);
+const RELEASE_PATIENCE: Duration = Duration::from_secs(2);
 
 /// What the command finds in its environment: the lock it runs under, its token and
 /// owner, the locks held around it (for nested runs to re-enter), and the store.

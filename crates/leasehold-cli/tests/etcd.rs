@@ -259,3 +259,33 @@ fn a_bench_on_etcd_leaves_no_lease_behind() {
     let leases = server.etcdctl(&["lease", "list"]);
     assert!(leases.starts_with("found 0 leases"), "{leases}");
 }
+
+/// The member listed first is paused (a follower, so the cluster keeps its leader):
+/// `run --no-wait` takes the lock through another member, and the release after the
+/// command reaches one, so the lock is free once `run` exits. (The first waited 3 s on the
+/// paused member and exited 69 at its 2 s bound; the release gave up after 1 s and left
+/// the lock to its lease.)
+#[test]
+fn a_paused_first_member_is_passed_by_no_wait_runs_and_releases() {
+    let cluster = EtcdCluster::start();
+    let leader = cluster.wait_for_leader();
+    let first = (leader + 1) % cluster.members.len();
+    let order = [first, (first + 1) % 3, (first + 2) % 3];
+    let endpoints: Vec<String> = order
+        .iter()
+        .map(|&i| cluster.members[i].endpoint())
+        .collect();
+    let cli = Cli::with_store(
+        "etcd-paused-first",
+        Some(format!("etcd://{}", endpoints.join(","))),
+    );
+    cluster.members[first].pause();
+    cli.run(&["run", "--no-wait", "k", "--", "true"]).expect(0);
+    let status = cli.status("k");
+    assert_eq!(
+        status["holders"].as_array().map(Vec::len),
+        Some(0),
+        "{status}"
+    );
+    cluster.members[first].resume();
+}

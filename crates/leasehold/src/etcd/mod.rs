@@ -12,9 +12,11 @@
 //!
 //! URLs: `etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET]`, and `etcds://` for
 //! TLS (rustls; the CA must be trusted by the system store or `SSL_CERT_FILE`). Calls go to
-//! one member and fail over to the next when it is down, paused (no answer within 3 s, or
-//! a sixth of the lease, at least 250 ms, for a renewal, so that a short lease is renewed
-//! through another member in time) or has no leader. A client has at most 64 calls in
+//! one member and fail over to the next when it is down, paused (no answer within 1 s
+//! while another member is left, or a sixth of the lease, at least 250 ms, for a renewal,
+//! so that a short lease is renewed through another member in time; the last member
+//! tried gets 3 s) or has no leader. A connection answers a PING every 2 s, within 3 s,
+//! or is dropped: watches on a paused member move to another within 5 s. A client has at most 64 calls in
 //! flight besides those that keep leases alive, and puts at most 32 keys at once; a member
 //! that has too many requests is asked again after a backoff: thousands of waiters in one
 //! process queue there, not in etcd.

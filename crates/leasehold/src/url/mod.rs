@@ -337,12 +337,17 @@ impl StoreUrl {
             Scheme::Memory | Scheme::Local => "",
         };
         // Nobody there (refused, no such host) is not a mix-up, nor a plain connect that
-        // timed out (a paused server); the rest (the connection reset, closed, a broken
-        // pipe, a handshake cut short, each client says it its own way) may be, and so
-        // may a TLS handshake that a plain server never answers.
+        // timed out (a paused server); the rest of a plain connect's failures (reset,
+        // closed, a broken pipe: each client says it its own way) may be.
         let away = ["refused", "lookup", "resolve", "no route"];
         let timed_out = said.contains("within") || said.contains("timed out");
-        let mixup = !away.iter().any(|a| said.contains(a)) && (tls || !timed_out);
+        // Over TLS, only a handshake that failed or went unanswered: after it, the
+        // server spoke TLS.
+        let mixup = !away.iter().any(|a| said.contains(a))
+            && match tls {
+                true => said.contains("handshake") || timed_out,
+                false => !timed_out,
+            };
         if !mixup || other.is_empty() {
             return Error::Unavailable { store, source };
         }

@@ -32,6 +32,9 @@ use crate::Locked;
 /// applied entries fall 5,000 behind, and which outrun the calls' own timeouts.
 const IN_FLIGHT: usize = 64;
 
+/// How long a try on one member may take while another member is left to try.
+const FAILOVER_AFTER: Duration = Duration::from_secs(1);
+
 /// How long a call may keep asking a member that says it has too many requests (its
 /// backoff doubles up to [`MAX_BACKOFF`]) before the error is returned.
 const OVERLOAD_PATIENCE: Duration = Duration::from_secs(30);
@@ -240,9 +243,13 @@ impl Client {
         for i in 0..self.members.len() {
             let index = (start + i) % self.members.len();
             let member = &self.members[index];
-            let limit = match tighter {
-                Some(limit) if i + 1 < self.members.len() => limit.min(self.call_timeout),
-                _ => self.call_timeout,
+            // While another member is left to try, a member gets a second at most: one
+            // that does not answer (paused) must not use up a caller's own short patience
+            // (a release at exit, a `--no-wait`) before a healthy one is asked.
+            let limit = match (tighter, i + 1 < self.members.len()) {
+                (Some(limit), true) => limit.min(self.call_timeout),
+                (None, true) => FAILOVER_AFTER.min(self.call_timeout),
+                (_, false) => self.call_timeout,
             };
             let once = || async {
                 tokio::time::timeout(limit, call(member))

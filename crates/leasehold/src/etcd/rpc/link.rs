@@ -31,9 +31,10 @@ use super::body::looking_ahead;
 use crate::builder::ClientSettings;
 use crate::Locked;
 
-/// How the connection is kept alive: a PING every 10 s, idle or not, answered within the
-/// call timeout or the connection is dropped (a paused member).
-const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How the connection is kept alive: a PING every 2 s, idle or not, answered within the
+/// call timeout or the connection is dropped. A paused member is found within 5 s so,
+/// even by a client that only watches (its streams then open on another member).
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// A member's address and, once made, its connection.
 pub(super) struct Link {
