@@ -12,10 +12,10 @@
 //!
 //! URLs: `etcd://HOST:PORT[,HOST:PORT...][?user=NAME&password=SECRET]`, and `etcds://` for
 //! TLS (rustls; the CA must be trusted by the system store or `SSL_CERT_FILE`). Calls go to
-//! one member and fail over to the next when it is down, paused (no answer within 1 s
-//! while another member is left, or a sixth of the lease, at least 250 ms, for a renewal,
-//! so that a short lease is renewed through another member in time; the last member
-//! tried gets 3 s) or has no leader. A connection answers a PING every 2 s, within 3 s,
+//! one member and fail over to the next when it is down, paused or has no leader: a call
+//! tries each member for 1 s, then each for 2 s, up to 3 s a try and 3 s per member in
+//! all (a renewal: each once, for a sixth of the lease, at least 250 ms, so that a short
+//! lease is renewed through another member in time). A connection answers a PING every 2 s, within 3 s,
 //! or is dropped: watches on a paused member move to another within 5 s. A client has at most 64 calls in
 //! flight besides those that keep leases alive, and puts at most 32 keys at once; a member
 //! that has too many requests is asked again after a backoff: thousands of waiters in one

@@ -239,17 +239,39 @@ impl Client {
     {
         let start = self.current.load(Ordering::Relaxed);
         let tighter = TRY_TIMEOUT.try_with(|limit| *limit).ok();
+        let n = self.members.len();
+        if n == 0 {
+            return Err(Status::unavailable("no etcd endpoint"));
+        }
+        let budget = self.call_timeout * n as u32;
+        let mut planned = Duration::ZERO;
         let mut last = None;
-        for i in 0..self.members.len() {
-            let index = (start + i) % self.members.len();
+        for k in 0.. {
+            let index = (start + k) % n;
             let member = &self.members[index];
-            // While another member is left to try, a member gets a second at most: one
-            // that does not answer (paused) must not use up a caller's own short patience
-            // (a release at exit, a `--no-wait`) before a healthy one is asked.
-            let limit = match (tighter, i + 1 < self.members.len()) {
-                (Some(limit), true) => limit.min(self.call_timeout),
-                (None, true) => FAILOVER_AFTER.min(self.call_timeout),
-                (_, false) => self.call_timeout,
+            let limit = match tighter {
+                // Each member once, within the caller's limit while another is left.
+                Some(limit) if k + 1 < n => limit.min(self.call_timeout),
+                Some(_) if k + 1 == n => self.call_timeout,
+                Some(_) => break,
+                None if n == 1 && k == 0 => self.call_timeout,
+                None if n == 1 => break,
+                // Round after round: a second on each member at first, doubling up to the
+                // call timeout, until a call timeout per member is spent. A member that
+                // does not answer (paused) is passed before a caller's own short patience
+                // (a release at exit, a `--no-wait`) runs out, and a call asked again
+                // after an election (no member answers during one) is answered.
+                None => {
+                    if planned >= budget {
+                        break;
+                    }
+                    let round = (k / n).min(8) as u32;
+                    let limit = (FAILOVER_AFTER * (1 << round))
+                        .min(self.call_timeout)
+                        .min(budget - planned);
+                    planned += limit;
+                    limit
+                }
             };
             let once = || async {
                 tokio::time::timeout(limit, call(member))
