@@ -243,36 +243,15 @@ impl Client {
         if n == 0 {
             return Err(Status::unavailable("no etcd endpoint"));
         }
-        let budget = self.call_timeout * n as u32;
         let mut planned = Duration::ZERO;
         let mut last = None;
         for k in 0.. {
             let index = (start + k) % n;
             let member = &self.members[index];
-            let limit = match tighter {
-                // Each member once, within the caller's limit while another is left.
-                Some(limit) if k + 1 < n => limit.min(self.call_timeout),
-                Some(_) if k + 1 == n => self.call_timeout,
-                Some(_) => break,
-                None if n == 1 && k == 0 => self.call_timeout,
-                None if n == 1 => break,
-                // Round after round: a second on each member at first, doubling up to the
-                // call timeout, until a call timeout per member is spent. A member that
-                // does not answer (paused) is passed before a caller's own short patience
-                // (a release at exit, a `--no-wait`) runs out, and a call asked again
-                // after an election (no member answers during one) is answered.
-                None => {
-                    if planned >= budget {
-                        break;
-                    }
-                    let round = (k / n).min(8) as u32;
-                    let limit = (FAILOVER_AFTER * (1 << round))
-                        .min(self.call_timeout)
-                        .min(budget - planned);
-                    planned += limit;
-                    limit
-                }
+            let Some(limit) = try_limit(k, n, tighter, self.call_timeout, planned) else {
+                break;
             };
+            planned += limit;
             let once = || async {
                 tokio::time::timeout(limit, call(member))
                     .await
@@ -381,6 +360,35 @@ impl Client {
     }
 }
 
+/// The time limit of a call's try `k` (from 0) over `n` members, after tries whose limits
+/// add up to `planned`; `None` once the call has had its tries.
+///
+/// Inside [`trying_each_for`](super::trying_each_for) (`tighter`): each member once, the
+/// tighter limit while another is left. Else round after round: a second on each member at
+/// first, doubling up to the call timeout, until a call timeout per member is spent. A
+/// member that does not answer (paused) is passed before a caller's own short patience (a
+/// release at exit, a `--no-wait`) runs out, and a call asked again after an election (no
+/// member answers during one) is answered.
+fn try_limit(
+    k: usize,
+    n: usize,
+    tighter: Option<Duration>,
+    call_timeout: Duration,
+    planned: Duration,
+) -> Option<Duration> {
+    match tighter {
+        Some(limit) if k + 1 < n => Some(limit.min(call_timeout)),
+        Some(_) => (k + 1 == n).then_some(call_timeout),
+        None if n == 1 => (k == 0).then_some(call_timeout),
+        None => {
+            let budget = call_timeout * n as u32;
+            let round = (k / n).min(8) as u32;
+            let limit = (FAILOVER_AFTER * (1 << round)).min(call_timeout);
+            (planned < budget).then(|| limit.min(budget - planned))
+        }
+    }
+}
+
 /// A codec that sends a request encoded already, and decodes an `R` answer.
 struct Encoded<R>(PhantomData<R>);
 
@@ -434,4 +442,34 @@ fn with_causes(status: &Status) -> String {
 
 fn not_ready(error: Box<dyn std::error::Error + Send + Sync>) -> Status {
     Status::unavailable(format!("cannot connect: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limits of every try of one call, in order.
+    fn tries(n: usize, tighter: Option<Duration>) -> Vec<Duration> {
+        let mut planned = Duration::ZERO;
+        let mut limits = Vec::new();
+        for k in 0.. {
+            let Some(limit) = try_limit(k, n, tighter, CALL_TIMEOUT, planned) else {
+                break;
+            };
+            planned += limit;
+            limits.push(limit);
+        }
+        limits
+    }
+
+    #[test]
+    fn a_call_passes_a_silent_member_in_a_second_and_keeps_its_whole_patience() {
+        let s = Duration::from_secs;
+        assert_eq!(tries(1, None), [s(3)]);
+        assert_eq!(tries(2, None), [s(1), s(1), s(2), s(2)]);
+        assert_eq!(tries(3, None), [s(1), s(1), s(1), s(2), s(2), s(2)]);
+        let tight = Duration::from_millis(500);
+        assert_eq!(tries(3, Some(tight)), [tight, tight, s(3)]);
+        assert_eq!(tries(1, Some(tight)), [s(3)]);
+    }
 }
