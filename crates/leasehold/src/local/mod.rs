@@ -390,8 +390,9 @@ impl LocalStore {
         StoreUrl::local(&self.inner.dir).to_string()
     }
 
-    /// A failed file operation on `subject` ([`lock`], [`limiter`]) (`lock "x"`, `rate limiter "x"`): access
-    /// refused is a configuration to fix (not retryable); the rest may pass.
+    /// A failed file operation on `subject` (`lock "x"`, `rate limiter "x"`: [`lock`],
+    /// [`limiter`]): access refused is a configuration to fix (not retryable); the rest
+    /// may pass.
     fn io_error(&self, subject: &str, what: &str, e: std::io::Error) -> Error {
         use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
         match e.kind() {
@@ -415,7 +416,7 @@ impl LocalStore {
     }
 
     fn lock_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
-        self.open_file(&self.inner.files, &self.inner.locks_dir, name, &lock(name))
+        self.open_file(&self.inner.files, &self.inner.locks_dir, name, lock)
     }
 
     /// A rate limiter's file, in `DIR/limits/` (made on first use, with the locks
@@ -427,7 +428,7 @@ impl LocalStore {
                 self.io_error(&limiter(name), "cannot create the limits directory", e)
             })?;
         }
-        self.open_file(&self.inner.limit_files, &dir, name, &limiter(name))
+        self.open_file(&self.inner.limit_files, &dir, name, limiter)
     }
 
     /// The mode of the directories it makes: this user's, and the group's if the store
@@ -444,7 +445,7 @@ impl LocalStore {
         files: &Mutex<HashMap<LockName, Arc<LockFile>>>,
         dir: &Path,
         name: &LockName,
-        subject: &str,
+        subject: fn(&LockName) -> String,
     ) -> Result<Arc<LockFile>> {
         let mut files = files.locked();
         if let Some(f) = files.get(name) {
@@ -454,7 +455,13 @@ impl LocalStore {
             files.remove(name);
         }
         let path = dir.join(file_name(name));
-        let cannot = |e| self.io_error(subject, &format!("cannot open {}", path.display()), e);
+        let cannot = |e| {
+            self.io_error(
+                &subject(name),
+                &format!("cannot open {}", path.display()),
+                e,
+            )
+        };
         let open = || {
             OpenOptions::new()
                 .read(true)

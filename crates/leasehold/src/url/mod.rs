@@ -336,18 +336,15 @@ impl StoreUrl {
             Scheme::Etcds => "etcd://",
             Scheme::Memory | Scheme::Local => "",
         };
-        // Nobody there (refused, no such host) is not a mix-up, nor a plain connect that
-        // timed out (a paused server); the rest of a plain connect's failures (reset,
-        // closed, a broken pipe: each client says it its own way) may be.
-        let away = ["refused", "lookup", "resolve", "no route"];
-        let timed_out = said.contains("within") || said.contains("timed out");
-        // Over TLS, only a handshake that failed or went unanswered: after it, the
-        // server spoke TLS.
-        let mixup = !away.iter().any(|a| said.contains(a))
-            && match tls {
-                true => said.contains("handshake") || timed_out,
-                false => !timed_out,
-            };
+        // Over TLS, a handshake that failed or went unanswered (after it, the server
+        // spoke TLS); plain, a connection the server dropped (reset, closed, a broken
+        // pipe: each client says it its own way), not one refused, timed out (paused)
+        // or answered with an error of the server's own.
+        let dropped = ["reset", "closed", "broken pipe", "not ready", "eof"];
+        let mixup = match tls {
+            true => said.contains("handshake") || said.contains("within"),
+            false => dropped.iter().any(|d| said.contains(d)),
+        };
         if !mixup || other.is_empty() {
             return Error::Unavailable { store, source };
         }

@@ -230,8 +230,7 @@ impl Client {
     }
 
     /// Runs `call` on the current member, then on the others in turn while the error is
-    /// one another member may not have. Each try is bounded by the call timeout, or less
-    /// inside [`trying_each_for`].
+    /// one another member may not have, each try bounded as [`try_limit`] says.
     async fn failover<'a, T, F, Fut>(&'a self, call: F) -> Result<T, Status>
     where
         F: Fn(&'a Member) -> Fut,
