@@ -7,7 +7,7 @@
 //! for elections, a hold's value, `proclaim` and `watch`.
 #![cfg(feature = "etcd")]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -945,4 +945,80 @@ async fn watch_fails_once_etcd_is_gone() {
         Err(Error::Unavailable { .. }) => {}
         other => panic!("expected Unavailable, got {other:?}"),
     }
+}
+
+/// The Txn requests etcd has answered, from its own counters (`/metrics`).
+fn txn_requests(server: &EtcdServer) -> u64 {
+    use std::io::{Read, Write};
+    let mut http = std::net::TcpStream::connect(server.endpoint()).expect("etcd's client port");
+    http.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut metrics = String::new();
+    http.read_to_string(&mut metrics).unwrap();
+    (metrics.lines())
+        .filter(|l| {
+            l.starts_with("grpc_server_handled_total{") && l.contains("grpc_method=\"Txn\"")
+        })
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .expect("a count")
+        })
+        .sum()
+}
+
+/// The Txns of one client for different locks share requests: twenty-four tasks, each
+/// taking and releasing a lock of its own (a Txn each), send fewer Txn requests than
+/// Txns. And sharing changes nothing a lock promises: sixteen locks, three tasks each
+/// (fair and non-fair), one holder at a time per lock, each with a higher token than
+/// every earlier holder of that lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txns_of_different_locks_share_requests_and_each_lock_keeps_its_promises() {
+    let (server, locks) = start().await;
+    let before = txn_requests(&server);
+    let cycles = 10;
+    let tasks: Vec<_> = (0..24)
+        .map(|i| {
+            let lock = locks.mutex(format!("own-{i}")).unwrap();
+            tokio::spawn(async move {
+                for _ in 0..cycles {
+                    let guard = lock
+                        .try_lock()
+                        .await
+                        .unwrap()
+                        .expect("nobody else takes it");
+                    let _ = guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    join_all("the tasks with a lock each", tasks).await;
+    let (txns, requests) = (24 * cycles * 2, txn_requests(&server) - before);
+    assert!(requests < txns, "{txns} Txns took {requests} requests");
+
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let lock = locks
+            .mutex(format!("shared-{i}"))
+            .unwrap()
+            .with_fair(i % 2 == 0);
+        let (inside, last) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(0)));
+        for _ in 0..3 {
+            let (lock, inside, last) = (lock.clone(), inside.clone(), last.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..cycles {
+                    let guard = lock.lock().await.unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    let token = guard.token().get();
+                    let earlier = last.swap(token, Ordering::SeqCst);
+                    assert!(token > earlier, "token {token} after {earlier}");
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    let _ = guard.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    join_all("the tasks sharing locks", tasks).await;
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::line::Lines;
 use super::queue::Member;
-use super::queue::{queue_prefix, range_key, range_queue};
+use super::queue::{queue_prefix, range_key, range_queue, txn_scope};
 use super::rpc::{Client, KeyValue, Op, RangeResponse, TlsRefused, TxnRequest, TxnResponse};
 use super::{EtcdStore, Inner};
 use crate::builder::ClientSettings;
@@ -134,11 +134,7 @@ impl EtcdStore {
     }
 
     pub(super) async fn call_txn(&self, request: TxnRequest) -> Result<TxnResponse> {
-        self.inner
-            .client
-            .unary("/etcdserverpb.KV/Txn", request)
-            .await
-            .map_err(|s| self.unavailable(s))
+        (self.inner.client.txn(request, txn_scope).await).map_err(|s| self.unavailable(s))
     }
 
     pub(super) async fn range(&self, op: Op) -> Result<RangeResponse> {

@@ -302,6 +302,52 @@ pub(super) fn hold_create(name: &LockName, key: &[u8]) -> Option<i64> {
     i64::from_str_radix(std::str::from_utf8(create).ok()?, 16).ok()
 }
 
+/// The lock name whose keys `request` touches, when they are all one name's (queue keys,
+/// markers, holds; ranges within them): Txns of different names may share a request
+/// ([`rpc::Scope`]). `None` for anything else, sent alone.
+pub(super) fn txn_scope(request: &TxnRequest) -> Option<&[u8]> {
+    let mut scope = None;
+    scope_of(request, &mut scope)?;
+    scope
+}
+
+/// Narrows `scope` to each key and range that `request` compares, reads or writes,
+/// nested Txns' too; `None` when they are not all one name's.
+fn scope_of<'a>(request: &'a TxnRequest, scope: &mut Option<&'a [u8]>) -> Option<()> {
+    fn within<'a>(scope: &mut Option<&'a [u8]>, key: &'a [u8], range_end: &[u8]) -> Option<()> {
+        let name = name_of(key, range_end)?;
+        (*scope.get_or_insert(name) == name).then_some(())
+    }
+    for compare in &request.compare {
+        within(scope, &compare.key, &compare.range_end)?;
+    }
+    for op in request.success.iter().chain(&request.failure) {
+        match op.request.as_ref()? {
+            Op::Range(r) => within(scope, &r.key, &r.range_end)?,
+            Op::Put(p) => within(scope, &p.key, &[])?,
+            Op::Delete(d) => within(scope, &d.key, &d.range_end)?,
+            Op::Txn(t) => scope_of(t, scope)?,
+        }
+    }
+    Some(())
+}
+
+/// The name in the layout's `key` (under [`ROOT`], [`MARKERS`] or [`HOLDS`]), if the
+/// range from it to `range_end` (empty: the key alone) stays within that name's keys.
+fn name_of<'a>(key: &'a [u8], range_end: &[u8]) -> Option<&'a [u8]> {
+    let root = [ROOT, MARKERS, HOLDS]
+        .into_iter()
+        .find(|r| key.starts_with(r))?;
+    let rest = &key[root.len()..];
+    let name = &rest[..rest.iter().position(|&b| b == 0)?];
+    let under = root.len() + name.len();
+    // A range ends within the name's keys: at its `\0` or just after them (`\x01`).
+    let ends_within = range_end.is_empty()
+        || (range_end.get(..under) == key.get(..under)
+            && range_end.get(under).is_none_or(|&b| b <= 1));
+    ends_within.then_some(name)
+}
+
 /// Puts `key` on etcd lease `lease`.
 pub(super) fn put_on(lease: i64, key: &[u8], value: &[u8]) -> Op {
     Op::Put(PutRequest {
@@ -444,6 +490,48 @@ mod tests {
         let hold = hold_key(&name, 0xff, 0x7fff_ffff_ffff_ffff);
         assert_eq!(hold, b"leasehold\x02jobs/nightly\x00ff\x007fffffffffffffff");
         assert_eq!(hold_create(&name, &hold), Some(0xff));
+    }
+
+    /// A Txn over one name's queue keys, markers and holds is of that name; one that
+    /// touches two names, or ranges past a name's keys, has no scope (it goes alone).
+    #[test]
+    fn a_txn_is_scoped_to_the_one_name_whose_keys_it_touches() {
+        let name: LockName = "a".try_into().expect("a valid name");
+        let longer: LockName = "ab".try_into().expect("a valid name");
+        let (prefix, key) = (queue_prefix(&name), queue_key(&name, 7));
+        let join = rpc::TxnRequest {
+            compare: vec![Compare::empty(&prefix, &prefix_end(&prefix))],
+            success: vec![
+                put_on(7, &key, b"{}").into(),
+                put_on(7, &marker_key(&name, "me", &key), b"").into(),
+            ],
+            failure: vec![
+                range_queue(&prefix).into(),
+                range_key(&hold_key(&name, 3, 7)).into(),
+            ],
+        };
+        assert_eq!(txn_scope(&join), Some(&b"a"[..]));
+        let nested = rpc::TxnRequest {
+            success: vec![Op::Txn(Box::new(join.clone())).into()],
+            ..Default::default()
+        };
+        assert_eq!(txn_scope(&nested), Some(&b"a"[..]));
+        let two_names = rpc::TxnRequest {
+            success: vec![delete(&queue_key(&longer, 7)).into()],
+            ..join.clone()
+        };
+        assert_eq!(txn_scope(&two_names), None);
+        let every_lock = rpc::TxnRequest {
+            compare: vec![Compare::empty(ROOT, &prefix_end(ROOT))],
+            ..Default::default()
+        };
+        assert_eq!(txn_scope(&every_lock), None);
+        let past_the_name = rpc::TxnRequest {
+            compare: vec![Compare::empty(&prefix, &queue_prefix(&longer))],
+            ..Default::default()
+        };
+        assert_eq!(txn_scope(&past_the_name), None);
+        assert_eq!(txn_scope(&rpc::TxnRequest::default()), None);
     }
 
     fn queue(kinds: &[LockKind]) -> Vec<Member> {

@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Status, Streaming};
 use tonic_prost::{ProstCodec, ProstDecoder};
 
+use super::batch::Batches;
 use super::keepalive::KeepAlives;
 use super::link::{Link, Route};
 use super::watch::Watches;
@@ -60,6 +61,8 @@ pub struct Client {
     pub(super) keepalives: KeepAlives,
     /// Permits for calls in flight ([`IN_FLIGHT`]).
     calls: Semaphore,
+    /// Txns waiting to share a request.
+    pub(super) batches: Batches,
 }
 
 #[derive(Debug)]
@@ -80,7 +83,7 @@ enum Way {
 }
 
 /// Errors that another member may not have: try the next.
-fn try_next_member(status: &Status) -> bool {
+pub(super) fn try_next_member(status: &Status) -> bool {
     matches!(
         status.code(),
         Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
@@ -115,6 +118,7 @@ impl Client {
             watches: Watches::default(),
             keepalives: KeepAlives::default(),
             calls: Semaphore::new(IN_FLIGHT),
+            batches: Batches::default(),
         })
     }
 
@@ -135,6 +139,7 @@ impl Client {
             watches: Watches::default(),
             keepalives: KeepAlives::default(),
             calls: Semaphore::new(IN_FLIGHT),
+            batches: Batches::default(),
         }
     }
 
@@ -146,7 +151,19 @@ impl Client {
         Q: prost::Message,
         R: prost::Message + Default + Send + Sync + 'static,
     {
-        let request = Bytes::from(request.encode_to_vec());
+        self.unary_encoded(path, Bytes::from(request.encode_to_vec()))
+            .await
+    }
+
+    /// [`unary`](Self::unary) with the request encoded.
+    pub(super) async fn unary_encoded<R>(
+        &self,
+        path: &'static str,
+        request: Bytes,
+    ) -> Result<R, Status>
+    where
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
         let _permit = self.permit().await;
         self.failover(|member| {
             let request = request.clone();

@@ -5,11 +5,13 @@
 //! `rpc.proto` and `kv.proto` (fields we never read are left out; protobuf skips them), so
 //! building needs no `protoc` and no build script.
 //!
-//! `messages`: the messages; `client`: calls that fail over between members; `link`: a
+//! `messages`: the messages; `client`: calls that fail over between members; `batch`: Txns
+//! that meet sharing one request; `link`: a
 //! member's HTTP/2 connection (made again on the calling runtime when it has ended);
 //! `body`: request bodies that end with their last frame; `watch`: the watches of a client
 //! on one stream; `keepalive`: its keepalives on one stream.
 
+mod batch;
 mod body;
 mod client;
 mod keepalive;
