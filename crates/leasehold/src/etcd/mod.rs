@@ -44,9 +44,11 @@
 //!   client found the queue busy last time; elsewhere the Txn is a bare put-if-empty and a
 //!   busy queue is joined by a second Txn. etcd spends about 35 µs more on a Txn that
 //!   carries the nested join, which an uncontended lock would pay on every acquire.
-//! - The fencing token is the key's create revision: strictly increasing cluster-wide,
-//!   never reused, unchanged on re-entry (re-entry leaves the key as it is, and a key
-//!   moved onto another lease keeps its create revision).
+//! - The fencing token is the key's create revision: strictly increasing per lock, never
+//!   lower than an earlier acquisition's of any lock (acquisitions of different locks
+//!   that shared a request have the same), never reused for the lock, unchanged on
+//!   re-entry (re-entry leaves the key as it is, and a key moved onto another lease
+//!   keeps its create revision).
 //! - **Re-entry.** The queue key carries one hold, on its lease (its id is in the value).
 //!   Each re-entry puts a hold key `leasehold\x02NAME\0CREATE\0L` on a lease `L` of
 //!   its own (of its TTL, spare or granted), filed under the queue key's create revision
@@ -114,6 +116,14 @@
 //! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
 //!   Renewal checks both the lease and the key. A force-release deletes the key and its
 //!   hold keys: every hold ends.
+//! - **Txns of different locks share requests.** While a client has two requests of Txns
+//!   in flight, a Txn waits, and the waiting Txns go together as the ops of one Txn: etcd
+//!   applies them as one raft entry, with one reply (`rpc/batch.rs`). Every inner Txn's
+//!   compares are taken against the keys as they were, and Txns of one lock (the name in
+//!   their keys) never share a request, so each compares, reads and writes what it would
+//!   alone; they share a revision, so tokens of different locks may be equal (a lock's
+//!   own still rise). Only one Txn of a lock waits: others of it go at once. A request
+//!   etcd refuses as a whole changed nothing, and its Txns are sent again one by one.
 //!
 //! # Guarantees and limits
 //! - Each hold of an owner ends with its own lease, re-entries too: a leaked re-entry (a
@@ -134,6 +144,7 @@
 // Where things are (following one acquire: store.rs -> acquire.rs -> queue.rs for where
 // the key stands -> acquisitions.rs to record it -> wait.rs while it waits):
 // - connect.rs: the URL and the members, the calls every room makes, their errors.
+//   rpc/: the client (messages, failover, links, Txns sharing requests in batch.rs).
 // - queue.rs: the queue model, pure: key layout, key values, who holds (`standing`).
 // - leases.rs: etcd leases, the pool of spare ones, keepalives, renewing a hold, moving a
 //   key onto a longer lease. waiters.rs: the lease waiting keys share, and its keeper.

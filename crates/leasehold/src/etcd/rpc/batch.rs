@@ -1,7 +1,10 @@
-//! Txns that meet share one request. While [`AT_ONCE`] requests of Txns are in flight,
-//! a Txn that comes waits, and when one of those requests ends the waiting Txns go
+//! Txns that meet share one request. A Txn goes at once, alone, when the client has no
+//! request of Txns in flight. Otherwise it waits, with the Txns that come while their
+//! gatherer (the first of them) lets the other tasks ready now run; then they go
 //! together, as one Txn whose only ops are theirs: etcd applies it as one raft entry with
-//! one reply, where each Txn alone costs an entry, a request and a reply.
+//! one reply, where each Txn alone costs an entry, a request and a reply. At most
+//! [`AT_ONCE`] requests of Txns are in flight; Txns that come meanwhile wait for one to
+//! end, and go then.
 //!
 //! Each Txn stays what it would be alone: etcd takes every inner Txn's compares against
 //! the keys as they were before the request, and Txns of one scope (one lock's keys, as
@@ -49,6 +52,8 @@ pub(super) struct Batches(Mutex<Queue>);
 struct Queue {
     in_flight: usize,
     waiting: VecDeque<Waiting>,
+    /// A gatherer is letting the tasks ready now run before the waiting Txns go.
+    gathering: bool,
     /// The scopes of the waiting Txns, hashed (two scopes with one hash: the second goes
     /// alone, which is always right).
     scopes: HashSet<u64>,
@@ -61,15 +66,29 @@ struct Waiting {
     answer: oneshot::Sender<Result<TxnResponse, Status>>,
 }
 
+/// What a Txn that comes does.
+#[derive(Debug, PartialEq)]
+enum Enter {
+    /// Goes now, alone (counted in flight).
+    Alone,
+    /// Waits, and gathers those that come while the tasks ready now run.
+    Gather,
+    /// Waits for a gatherer or for a request to end.
+    Wait,
+}
+
 impl Queue {
-    /// Whether a Txn of `scope` goes now, alone (counted in flight); if not, it is to
-    /// wait, and the scope is taken.
-    fn goes_now(&mut self, scope: u64) -> bool {
-        if self.in_flight < AT_ONCE || !self.scopes.insert(scope) {
+    /// What a Txn of `scope` does; one that is to wait takes its scope.
+    fn enter(&mut self, scope: u64) -> Enter {
+        if self.in_flight == 0 && !self.gathering || !self.scopes.insert(scope) {
             self.in_flight += 1;
-            return true;
+            return Enter::Alone;
         }
-        false
+        if self.gathering || self.in_flight >= AT_ONCE {
+            return Enter::Wait;
+        }
+        self.gathering = true;
+        Enter::Gather
     }
 
     /// The waiting Txns that go next, in the order they came, within [`MOST`] and
@@ -113,7 +132,16 @@ struct Slot(Arc<Client>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.send_waiting(true);
+        self.0.send_waiting(|queue| queue.in_flight -= 1);
+    }
+}
+
+/// A gatherer's turn: its end (or its caller's going) lets the Txns gathered go.
+struct Gathering(Arc<Client>);
+
+impl Drop for Gathering {
+    fn drop(&mut self) {
+        self.0.send_waiting(|queue| queue.gathering = false);
     }
 }
 
@@ -130,43 +158,47 @@ impl Client {
             Some(scope) if TRY_TIMEOUT.try_with(|_| ()).is_err() => hashed(scope),
             _ => return self.unary(TXN, request).await,
         };
-        let waiting = {
+        let (enter, answered) = {
             let mut queue = self.batches.0.locked();
-            if queue.goes_now(scope) {
-                Err(request)
-            } else {
-                let (answer, answered) = oneshot::channel();
-                (queue.waiting).push_back(Waiting {
-                    request,
-                    scope,
-                    answer,
-                });
-                Ok(answered)
+            match queue.enter(scope) {
+                Enter::Alone => (Enter::Alone, Err(request)),
+                enter => {
+                    let (answer, answered) = oneshot::channel();
+                    (queue.waiting).push_back(Waiting {
+                        request,
+                        scope,
+                        answer,
+                    });
+                    (enter, Ok(answered))
+                }
             }
         };
-        match waiting {
+        let answered = match answered {
             Err(request) => {
                 let _slot = Slot(self.clone());
-                self.unary(TXN, request).await
+                return self.unary(TXN, request).await;
             }
-            Ok(answered) => answered.await.unwrap_or_else(|_| {
-                Err(Status::cancelled(
-                    "the request this Txn shared ended unanswered",
-                ))
-            }),
+            Ok(answered) => answered,
+        };
+        if enter == Enter::Gather {
+            let _gathering = Gathering(self.clone());
+            tokio::task::yield_now().await;
         }
+        answered.await.unwrap_or_else(|_| {
+            Err(Status::cancelled(
+                "the request this Txn shared ended unanswered",
+            ))
+        })
     }
 
-    /// Sends what waits while fewer than [`AT_ONCE`] requests are in flight (`ended`: one
-    /// of them just ended).
-    fn send_waiting(self: &Arc<Self>, ended: bool) {
+    /// Sends what waits, after `change` (a request ended, or a gatherer's turn), while no
+    /// gatherer is at work and fewer than [`AT_ONCE`] requests are in flight.
+    fn send_waiting(self: &Arc<Self>, change: impl FnOnce(&mut Queue)) {
         let mut batches = Vec::new();
         {
             let mut queue = self.batches.0.locked();
-            if ended {
-                queue.in_flight -= 1;
-            }
-            while queue.in_flight < AT_ONCE {
+            change(&mut queue);
+            while queue.in_flight < AT_ONCE && !queue.gathering {
                 let batch = queue.take();
                 if batch.is_empty() {
                     break;
@@ -182,6 +214,9 @@ impl Client {
                 Ok(runtime) => {
                     runtime.spawn(async move {
                         slot.0.send_batch(batch).await;
+                        // The tasks just answered run first: their next Txns go in the
+                        // request this slot's end sends.
+                        tokio::task::yield_now().await;
                         drop(slot);
                     });
                 }
@@ -267,9 +302,13 @@ mod tests {
     fn waiting(
         queue: &mut Queue,
         scope: u64,
-    ) -> Option<oneshot::Receiver<Result<TxnResponse, Status>>> {
-        if queue.goes_now(scope) {
-            return None;
+    ) -> (
+        Enter,
+        Option<oneshot::Receiver<Result<TxnResponse, Status>>>,
+    ) {
+        let enter = queue.enter(scope);
+        if enter == Enter::Alone {
+            return (enter, None);
         }
         let (answer, answered) = oneshot::channel();
         let request = TxnRequest {
@@ -282,37 +321,42 @@ mod tests {
             scope,
             answer,
         });
-        Some(answered)
+        (enter, Some(answered))
     }
 
     fn scopes(batch: &[Waiting]) -> Vec<u64> {
         batch.iter().map(|w| w.scope).collect()
     }
 
-    /// While two requests are in flight a Txn waits, one of each scope: another of a
-    /// scope that waits goes at once. Waiting Txns go in the order they came, and one
-    /// whose caller has gone is not sent.
+    /// With nothing in flight a Txn goes alone; the next gathers, and those that come
+    /// meanwhile wait with it, one of each scope: another of a scope that waits goes
+    /// at once. Waiting Txns go in the order they came, one whose caller has gone not
+    /// at all; with two requests in flight, a Txn waits for one to end.
     #[test]
-    fn one_txn_of_a_scope_waits_and_the_rest_go_at_once() {
+    fn a_txn_goes_alone_gathers_or_waits() {
         let mut queue = Queue::default();
-        assert!(waiting(&mut queue, 1).is_none());
-        assert!(waiting(&mut queue, 2).is_none());
-        let _b = waiting(&mut queue, 3).expect("waits");
-        let c = waiting(&mut queue, 4).expect("waits");
-        assert!(
-            waiting(&mut queue, 3).is_none(),
-            "a second of scope 3 waits"
+        assert_eq!(waiting(&mut queue, 1).0, Enter::Alone);
+        let (enter, _b) = waiting(&mut queue, 2);
+        assert_eq!(enter, Enter::Gather);
+        let (enter, c) = waiting(&mut queue, 3);
+        assert_eq!(enter, Enter::Wait);
+        assert_eq!(
+            waiting(&mut queue, 3).0,
+            Enter::Alone,
+            "a second of scope 3"
         );
-        assert_eq!(queue.in_flight, 3);
-        let _d = waiting(&mut queue, 5).expect("waits");
+        let (_, _d) = waiting(&mut queue, 4);
+        assert_eq!(queue.in_flight, 2);
         drop(c);
-        queue.in_flight -= 1;
-        assert_eq!(scopes(&queue.take()), [3, 5]);
+        queue.gathering = false;
+        assert_eq!(scopes(&queue.take()), [2, 4]);
         assert_eq!(queue.in_flight, 3);
         assert!(queue.take().is_empty());
         assert!(queue.scopes.is_empty());
-        queue.in_flight = 2;
-        let _e = waiting(&mut queue, 4).expect("scope 4 waits again");
+        let (enter, _e) = waiting(&mut queue, 3);
+        assert_eq!(enter, Enter::Wait, "three requests in flight");
+        queue.in_flight = 1;
+        assert_eq!(waiting(&mut queue, 5).0, Enter::Gather);
     }
 
     #[test]
@@ -322,7 +366,7 @@ mod tests {
             ..Queue::default()
         };
         let waiting: Vec<_> = (0..=MOST as u64)
-            .map(|scope| waiting(&mut queue, scope).expect("waits"))
+            .map(|scope| waiting(&mut queue, scope).1.expect("waits"))
             .collect();
         assert_eq!(queue.take().len(), MOST);
         assert_eq!(queue.take().len(), 1);
@@ -366,7 +410,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        client.send_waiting(true);
+        client.send_waiting(|queue| queue.in_flight -= 1);
         let answers = tokio::time::timeout(
             Duration::from_secs(30),
             futures_util::future::join_all(calls),
