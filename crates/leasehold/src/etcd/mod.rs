@@ -116,9 +116,10 @@
 //! - `lost`: a guard watches its key, so a force-release or a lease expiry is seen at once.
 //!   Renewal checks both the lease and the key. A force-release deletes the key and its
 //!   hold keys: every hold ends.
-//! - **Txns of different locks share requests.** While a client has two requests of Txns
-//!   in flight, a Txn waits, and the waiting Txns go together as the ops of one Txn: etcd
-//!   applies them as one raft entry, with one reply (`rpc/batch.rs`). Every inner Txn's
+//! - **Txns of different locks share requests.** A Txn that finds a request of the
+//!   client's Txns in flight waits while the tasks ready now run (two requests in
+//!   flight: until one ends), and the waiting Txns go together as the ops of one Txn:
+//!   etcd applies them as one raft entry, with one reply (`rpc/batch.rs`). Every inner Txn's
 //!   compares are taken against the keys as they were, and Txns of one lock (the name in
 //!   their keys) never share a request, so each compares, reads and writes what it would
 //!   alone; they share a revision, so tokens of different locks may be equal (a lock's
