@@ -73,10 +73,17 @@ impl Lock {
             Some(wait) => turn.try_lock_for(wait).await?,
         };
         let Some(turn) = turn else { return Ok(None) };
-        let mut taken = Vec::with_capacity(n as usize);
-        for i in 1..=n {
+        // Permit `i` in slot `i - 1`. A permit lost while the others are waited for (its
+        // renewals failed: the store stalled) is taken again, so that no guard returned
+        // is lost already.
+        let mut slots: Vec<Option<LockGuard>> = (0..n).map(|_| None).collect();
+        while let Some(empty) = slots
+            .iter()
+            .position(|s| s.as_ref().is_none_or(|g| g.check().is_err()))
+        {
+            slots[empty] = None;
             let permit = match &self.extras().owner {
-                Some(owner) => self.clone().with_owner(format!("{owner}#{i}")),
+                Some(owner) => self.clone().with_owner(format!("{owner}#{}", empty + 1)),
                 None => self.clone(),
             };
             let guard = match left(deadline) {
@@ -84,16 +91,17 @@ impl Lock {
                 Some(wait) => permit.try_lock_for(wait).await?,
             };
             match guard {
-                Some(guard) => taken.push(guard),
+                Some(guard) => slots[empty] = Some(guard),
                 None => {
                     // Given back before saying so, so that the caller finds them free.
-                    for guard in taken {
+                    for guard in slots.into_iter().flatten() {
                         let _ = guard.release().await;
                     }
                     return Ok(None);
                 }
             }
         }
+        let taken: Vec<LockGuard> = slots.into_iter().flatten().collect();
         let _ = turn.release().await;
         Ok(Some(taken))
     }
