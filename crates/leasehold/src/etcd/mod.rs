@@ -117,14 +117,15 @@
 //!   Renewal checks both the lease and the key. A force-release deletes the key and its
 //!   hold keys: every hold ends.
 //! - **Txns of different locks share requests.** A Txn that finds a request of the
-//!   client's Txns in flight waits while the tasks ready now run (two requests in
-//!   flight: until one ends), and the waiting Txns go together as the ops of one Txn:
+//!   client's Txns in flight (and none of its lock's) waits while the tasks ready now
+//!   run (two requests in flight: until one ends, at most a few times as long as a
+//!   request takes), and the waiting Txns go together as the ops of one Txn:
 //!   etcd applies them as one raft entry, with one reply (`rpc/batch.rs`). Every inner Txn's
 //!   compares are taken against the keys as they were, and Txns of one lock (the name in
 //!   their keys) never share a request, so each compares, reads and writes what it would
 //!   alone; they share a revision, so tokens of different locks may be equal (a lock's
-//!   own still rise). Only one Txn of a lock waits: others of it go at once. A request
-//!   etcd refuses as a whole changed nothing, and its Txns are sent again one by one.
+//!   own still rise). A request etcd refuses as a whole changed nothing, and its Txns
+//!   are sent again one by one.
 //!
 //! # Guarantees and limits
 //! - Each hold of an owner ends with its own lease, re-entries too: a leaked re-entry (a

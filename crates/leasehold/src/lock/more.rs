@@ -28,7 +28,9 @@ impl Lock {
     /// waiting as long as it takes. Acquirers of several permits take them one at a time,
     /// one acquirer after another (behind the lock `NAME#many`; do not use that name), so
     /// two of them never each hold part of what both wait for; single permits are not
-    /// held up by it. With an owner id, permit `i` is held as `OWNER#i`.
+    /// held up by it. A permit lost while the others are waited for (the store stalled
+    /// past its lease) is taken again: no guard returned is lost already. With an owner
+    /// id, permit `i` is held as `OWNER#i`.
     ///
     /// # Cancel safety
     /// Cancel-safe: permits taken so far are released in the background.
