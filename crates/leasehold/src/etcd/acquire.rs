@@ -738,6 +738,42 @@ pub(super) mod tests {
         (key, marker, answer.revision())
     }
 
+    /// A waiter that gives up on a join whose answer never came deletes its key by name,
+    /// and etcd may apply the put after that: the key is deleted again. Left on the
+    /// waiters' shared lease, which the client's other waiters keep alive, it would reach
+    /// the head of the queue held by nobody and keep them out (a first user's trial of
+    /// many cancelled waits). The late put is made by hand here.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_key_put_after_its_waiter_gave_up_is_deleted_again() {
+        use crate::store::Store;
+        let (_server, store) = started().await;
+        let name = LockName::new("late-put").unwrap();
+        let (gave_up, other) = (request(&name, "gave-up"), request(&name, "other"));
+        let lease = store.waiter_lease_for(gave_up.ttl).await.unwrap();
+        let unanswered = |req: &AcquireRequest| Acquisition {
+            key: KeyId::of(&queue_key(&name, super::super::leases::random_id())),
+            owner: Acquisition::owner_of(&req.lease, &req.owner),
+            lease: Some(lease),
+            state: State::Unknown,
+            hold: None,
+        };
+        let late = unanswered(&gave_up);
+        let key = late.key.key_in(&name);
+        store.record(&gave_up.lease, late);
+        // Another waiter of the client on the same lease keeps it alive.
+        store.record(&other.lease, unanswered(&other));
+        let _ = store.release(&gave_up.lease()).await.unwrap();
+        store
+            .call_txn(txn(vec![], vec![put_on(lease.id, &key, b"{}")], vec![]))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !store.range(range_key(&key)).await.unwrap().kvs.is_empty() {
+            assert!(Instant::now() < deadline, "the late key is still there");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// An acquire whose answer was lost had queued its key; retried, it finds its owner's
     /// older key first. Its lease must not be spared while its key is queued (run by
     /// `leasehold torture` on etcd with store restarts, one spare lease backed two

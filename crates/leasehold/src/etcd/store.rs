@@ -85,6 +85,7 @@ impl Store for EtcdStore {
                     self.call_txn(txn(vec![], remove(&key, &marker), vec![]))
                         .await?;
                     self.retire_waiter_lease(etcd_lease.id);
+                    self.remove_if_put_late(key, marker);
                 } else {
                     self.revoke(etcd_lease.id).await?;
                 }
@@ -323,6 +324,38 @@ impl Store for EtcdStore {
         None
     }
 }
+
+impl EtcdStore {
+    /// Deletes a waiting key, and its marker, again after a put that may still be on its
+    /// way could have been applied: its request was given up on, and etcd may apply it
+    /// after the delete. Left there, on the waiters' shared lease that the client's other
+    /// waiters keep alive, the key would reach the head of the queue held by nobody, and
+    /// keep those waiters out for as long as they wait. (Its name is its own: no other
+    /// acquisition's key or marker has it.)
+    fn remove_if_put_late(&self, key: Vec<u8>, marker: Vec<u8>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Not kept alive by this: a store dropped meanwhile revokes its waiters' leases.
+        let inner = std::sync::Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            for after in LATE_PUT {
+                tokio::time::sleep(after).await;
+                let Some(inner) = inner.upgrade() else { return };
+                let store = EtcdStore { inner };
+                let _ = (store.call_txn(txn(vec![], remove(&key, &marker), vec![]))).await;
+            }
+        });
+    }
+}
+
+/// When a waiting key whose put went unanswered is deleted again: a put that etcd took
+/// is applied within a call's time, unless an election holds it up.
+const LATE_PUT: [Duration; 3] = [
+    Duration::from_millis(250),
+    Duration::from_millis(750),
+    Duration::from_secs(4),
+];
 
 impl EtcdStore {
     /// [`Store::changed`]: a wait for a deletion that lets `req` in, then a hand-over's
