@@ -186,9 +186,7 @@ impl Slot {
             sent: Instant::now(),
         }
     }
-}
 
-impl Slot {
     /// Its Txns have been answered: Txns of their scopes may wait to share a request.
     fn answered(&mut self) {
         let mut queue = self.client.batches.0.locked();
