@@ -261,24 +261,30 @@ async fn lost_fires_when_etcd_stays_away() {
 async fn non_fair_waiters_exclude_each_other() {
     let (_server, locks) = start().await;
     let lock = locks.mutex("k").unwrap().with_fair(false);
-    let inside = Arc::new(AtomicUsize::new(0));
-    let mut handles = Vec::new();
-    for _ in 0..6 {
-        let (lock, inside) = (lock.clone(), inside.clone());
-        handles.push(tokio::spawn(async move {
-            let mut last = 0;
-            for _ in 0..10 {
-                let guard = lock.lock().await.unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                assert!(guard.token().get() > last);
-                last = guard.token().get();
-                tokio::task::yield_now().await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                let _ = guard.release().await.unwrap();
-            }
-        }));
-    }
-    join_all("the non-fair tasks", handles).await;
+    join_all("the non-fair tasks", taking_turns(&lock, 6, 10)).await;
+}
+
+/// `tasks` tasks taking `lock` in turn, `cycles` times each: never two holders, and each
+/// holder's token above every earlier holder's.
+fn taking_turns(lock: &leasehold::Lock, tasks: usize, cycles: usize) -> Vec<JoinHandle<()>> {
+    let (inside, last) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(0)));
+    (0..tasks)
+        .map(|_| {
+            let (lock, inside, last) = (lock.clone(), inside.clone(), last.clone());
+            tokio::spawn(async move {
+                for _ in 0..cycles {
+                    let guard = lock.lock().await.unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    let token = guard.token().get();
+                    let earlier = last.swap(token, Ordering::SeqCst);
+                    assert!(token > earlier, "token {token} after {earlier}");
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    let _ = guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect()
 }
 
 /// A non-fair writer that waits is in the queue (not outside it, watching): `describe`
@@ -977,7 +983,7 @@ fn txn_requests(server: &EtcdServer) -> u64 {
 async fn txns_of_different_locks_share_requests_and_each_lock_keeps_its_promises() {
     let (server, locks) = start().await;
     let before = txn_requests(&server);
-    let cycles = 10;
+    let cycles: usize = 10;
     let tasks: Vec<_> = (0..24)
         .map(|i| {
             let lock = locks.mutex(format!("own-{i}")).unwrap();
@@ -994,31 +1000,13 @@ async fn txns_of_different_locks_share_requests_and_each_lock_keeps_its_promises
         })
         .collect();
     join_all("the tasks with a lock each", tasks).await;
-    let (txns, requests) = (24 * cycles * 2, txn_requests(&server) - before);
+    let (txns, requests) = (24 * cycles as u64 * 2, txn_requests(&server) - before);
     assert!(requests < txns, "{txns} Txns took {requests} requests");
 
     let mut tasks = Vec::new();
     for i in 0..16 {
-        let lock = locks
-            .mutex(format!("shared-{i}"))
-            .unwrap()
-            .with_fair(i % 2 == 0);
-        let (inside, last) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(0)));
-        for _ in 0..3 {
-            let (lock, inside, last) = (lock.clone(), inside.clone(), last.clone());
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..cycles {
-                    let guard = lock.lock().await.unwrap();
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                    let token = guard.token().get();
-                    let earlier = last.swap(token, Ordering::SeqCst);
-                    assert!(token > earlier, "token {token} after {earlier}");
-                    tokio::task::yield_now().await;
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    let _ = guard.release().await.unwrap();
-                }
-            }));
-        }
+        let lock = locks.mutex(format!("shared-{i}")).unwrap();
+        tasks.extend(taking_turns(&lock.with_fair(i % 2 == 0), 3, cycles));
     }
     join_all("the tasks sharing locks", tasks).await;
 }
