@@ -33,6 +33,43 @@ fn served_in_turn(log: &str) -> Vec<usize> {
     order
 }
 
+/// `status` names the etcd issue a member of the running version is exposed to (leases
+/// kept alive revoked by a resumed leader: etcd issue 15247, fixed in 3.4.31 and 3.5.13),
+/// and says nothing of a version with the fix.
+#[test]
+fn status_says_when_the_etcd_version_can_revoke_leases_kept_alive() {
+    let server = EtcdServer::start();
+    let cli = world("etcd-caveat", &server);
+    let out = std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .expect("etcd --version");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let version = (text.lines())
+        .find_map(|l| l.strip_prefix("etcd Version: "))
+        .unwrap_or_else(|| panic!("no version in {text:?}"))
+        .trim()
+        .to_string();
+    let number = |i: usize| -> u64 {
+        let part = version.split(['.', '-']).nth(i);
+        part.and_then(|p| p.parse().ok()).unwrap_or(0)
+    };
+    let affected = match (number(0), number(1)) {
+        (3, 4) => number(2) < 31,
+        (3, 5) => number(2) < 13,
+        (major, minor) => (major, minor) < (3, 4),
+    };
+    let caveat = cli.status("k")["store_caveat"].clone();
+    if affected {
+        let caveat = caveat.as_str().unwrap_or_default();
+        assert!(caveat.contains(&version) && caveat.contains("15247"), "{caveat:?}");
+        let out = cli.run(&["status", "k"]).expect(0);
+        assert!(out.stdout.contains("store: etcd "), "{out:?}");
+    } else {
+        assert!(caveat.is_null(), "etcd {version}: {caveat}");
+    }
+}
+
 #[test]
 fn unreachable_etcd_exits_69_with_the_address() {
     let url = format!("etcd://127.0.0.1:{}", free_port());

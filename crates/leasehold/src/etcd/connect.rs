@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::line::Lines;
 use super::queue::Member;
 use super::queue::{queue_prefix, range_key, range_queue, txn_scope};
-use super::rpc::{Client, KeyValue, Op, RangeResponse, TlsRefused, TxnRequest, TxnResponse};
+use super::rpc::{self, Client, KeyValue, Op, RangeResponse, TlsRefused, TxnRequest, TxnResponse};
 use super::{EtcdStore, Inner};
 use crate::builder::ClientSettings;
 use crate::url::Credentials;
@@ -78,10 +78,22 @@ impl EtcdStore {
                 puts: tokio::sync::Semaphore::new(super::PUTS_AT_ONCE),
                 attempts: Arc::new(tokio::sync::Semaphore::new(super::ATTEMPTS_AT_ONCE)),
                 revokes: tokio_util::task::TaskTracker::new(),
+                caveat: std::sync::OnceLock::new(),
             }),
         };
-        // Fail now, with a clear error, rather than at the first lock.
-        let check = store.range(range_key(b"leasehold"));
+        // Fail now, with a clear error, rather than at the first lock; and ask the
+        // member's version beside it, for the store's caveat (no answer: none known).
+        let status = store
+            .inner
+            .client
+            .unary::<_, rpc::StatusResponse>("/etcdserverpb.Maintenance/Status", rpc::Empty {});
+        let check = async {
+            let (checked, status) = tokio::join!(store.range(range_key(b"leasehold")), status);
+            if let Some(caveat) = status.ok().and_then(|s| version_caveat(&s.version)) {
+                let _ = store.inner.caveat.set(caveat);
+            }
+            checked
+        };
         // A link's connect timeout covers TCP, TLS and HTTP/2's preface; a member that
         // accepts and then never answers is bounded here, by this first call.
         match connect_timeout {
@@ -180,5 +192,48 @@ impl EtcdStore {
         let answer = self.range(range_queue(&queue_prefix(name))).await?;
         let revision = answer.header.as_ref().map_or(0, |h| h.revision);
         Ok((self.members(name, &answer.kvs)?, revision))
+    }
+}
+
+/// What an etcd member of `version` can do to held locks, if it is one that etcd issue
+/// 15247 affects (fixed in 3.4.31 and 3.5.13): a leader that stalls and resumes can
+/// revoke leases its followers kept alive meanwhile.
+fn version_caveat(version: &str) -> Option<String> {
+    let mut parts = version
+        .split(['.', '-', '+'])
+        .map(|p| p.parse::<u64>().ok());
+    let (major, minor, patch) = (parts.next()??, parts.next()??, parts.next()??);
+    let affected = match (major, minor) {
+        (3, 4) => patch < 31,
+        (3, 5) => patch < 13,
+        (3, m) => m < 4,
+        (m, _) => m < 3,
+    };
+    affected.then(|| {
+        format!(
+            "etcd {version} can revoke leases that clients kept alive when a stalled leader resumes (etcd issue 15247; fixed in 3.4.31 and 3.5.13): a held lock can then pass to a waiter before its holder learns it is lost; fencing tokens still rise"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_caveat;
+
+    #[test]
+    fn versions_before_the_lease_revoke_fix_get_a_caveat() {
+        for affected in ["3.4.23", "3.4.30", "3.5.0", "3.5.12", "3.3.27", "2.3.8"] {
+            let caveat = version_caveat(affected).unwrap_or_default();
+            assert!(
+                caveat.contains(affected) && caveat.contains("15247"),
+                "{affected}"
+            );
+        }
+        for fixed in ["3.4.31", "3.5.13", "3.5.21", "3.6.0", "3.6.0-rc.1", "4.0.0"] {
+            assert_eq!(version_caveat(fixed), None, "{fixed}");
+        }
+        // A version it cannot read says nothing.
+        assert_eq!(version_caveat(""), None);
+        assert_eq!(version_caveat("main"), None);
     }
 }

@@ -239,6 +239,8 @@ struct Inner {
     /// By queue prefix: the holder its waiting keys were last shown, one copy for all of
     /// them (see [`EtcdStore::queued`]).
     shown_holders: Mutex<HashMap<Vec<u8>, std::sync::Weak<crate::store::HolderInfo>>>,
+    /// What the member asked at connect may do to held locks ([`Store::caveat`]).
+    caveat: std::sync::OnceLock<String>,
     /// Admissions of attempts that put a key ([`PUTS_AT_ONCE`]).
     puts: tokio::sync::Semaphore,
     /// Admissions of attempts that may put a key, before their state is built

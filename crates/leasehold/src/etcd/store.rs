@@ -321,7 +321,7 @@ impl Store for EtcdStore {
     }
 
     fn caveat(&self) -> Option<String> {
-        None
+        self.inner.caveat.get().cloned()
     }
 }
 

@@ -357,6 +357,14 @@ pub struct AuthenticateResponse {
     pub token: String,
 }
 
+/// A member's status (Maintenance/Status takes an empty request).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusResponse {
+    /// The member's etcd version, e.g. `3.5.13`.
+    #[prost(string, tag = "2")]
+    pub version: String,
+}
+
 /// The end of the range of keys that start with `prefix`.
 pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
