@@ -62,7 +62,10 @@ fn status_says_when_the_etcd_version_can_revoke_leases_kept_alive() {
     let caveat = cli.status("k")["store_caveat"].clone();
     if affected {
         let caveat = caveat.as_str().unwrap_or_default();
-        assert!(caveat.contains(&version) && caveat.contains("15247"), "{caveat:?}");
+        assert!(
+            caveat.contains(&version) && caveat.contains("15247"),
+            "{caveat:?}"
+        );
         let out = cli.run(&["status", "k"]).expect(0);
         assert!(out.stdout.contains("store: etcd "), "{out:?}");
     } else {

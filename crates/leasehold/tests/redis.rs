@@ -21,6 +21,37 @@ async fn guard_renews_again_after_a_server_restart_within_its_deadline() {
     renews_again_after_a_restart(&locks, Duration::from_secs(3), || server.restart()).await;
 }
 
+/// A lone caller's calls go on a connection of their own (the lane: see the store's
+/// docs), which authenticates and selects the URL's database like the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_callers_calls_take_a_connection_of_their_own_on_the_urls_database() {
+    let server = RedisServer::start_with(&["--save", "", "--requirepass", "lane-secret"]);
+    let url = format!("redis://:lane-secret@127.0.0.1:{}/3", server.port());
+    let locks = Leasehold::new(RedisStore::connect(&url).await.unwrap());
+    let lock = locks.mutex("lane").unwrap();
+    let cli = |args: &[&str]| {
+        let auth = ["-a", "lane-secret", "--no-auth-warning"];
+        server.cli(&[&auth[..], args].concat())
+    };
+    let last = std::sync::atomic::AtomicU64::new(0);
+    eventually("a call on the lane", || async {
+        let guard = lock.try_lock().await.unwrap().expect("free");
+        let token = guard.token().get();
+        assert!(
+            token > last.swap(token, std::sync::atomic::Ordering::Relaxed),
+            "tokens rise"
+        );
+        let _ = guard.release().await.unwrap();
+        let clients = cli(&["CLIENT", "LIST"]);
+        clients.lines().any(|l| {
+            l.contains("name=leasehold-lane") && l.contains("db=3") && l.contains("cmd=evalsha")
+        })
+    })
+    .await;
+    assert_eq!(cli(&["-n", "3", "EXISTS", "lh:{lane}:token"]).trim(), "1");
+    assert_eq!(cli(&["-n", "0", "EXISTS", "lh:{lane}:token"]).trim(), "0");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_fires_lost_when_the_server_stays_away_past_its_deadline() {
     let server = RedisServer::start();

@@ -93,7 +93,9 @@
 // - reply.rs: each reply's shape, its fields by name; the typed replies Rust reads. The
 //   scripts give replies by name (`reply.granted{...}`), written out by lua.rs.
 // - lua.rs: the Lua written from those lists; scripts.rs: the scripts made from it and
-//   the `.lua` files (hot.lua first: see its header), and how they are run.
+//   the `.lua` files (hot.lua first: see its header), and how they are run: on the
+//   lane (lane.rs, a connection for one call at a time) when it is idle, else on the
+//   multiplexed connection.
 // - acquire.rs: the attempt; store.rs: the `Store` impl, a script run for each call.
 // - waker.rs: the client's subscription, and the waiters it wakes.
 // - state.rs: describe's JSON; keys.rs: key names; errors.rs: what an error means;
@@ -103,6 +105,7 @@ mod acquire;
 mod durability;
 mod errors;
 mod keys;
+mod lane;
 mod lua;
 mod rate;
 mod reply;
@@ -156,6 +159,8 @@ struct Inner {
     replicas: Option<(u32, Duration)>,
     /// What a restart or failover of the server can lose (see [`caveat`]).
     caveat: Option<String>,
+    /// A single server's connection for one call at a time (lane.rs).
+    lane: Option<Arc<lane::Lane>>,
     channel: String,
     waiters: Arc<Waiters>,
     /// Rate-limiter decisions waiting for a round trip.
@@ -213,7 +218,7 @@ impl RedisStore {
         // The client's own retries (a connection manager's) each have the whole connect
         // timeout: the connect as a whole must not take longer.
         let connecting = async {
-            let (conn, subscribe_to, caveat_found) = match url.scheme().cluster() {
+            let (conn, subscribe_to, caveat_found, lane) = match url.scheme().cluster() {
                 true => {
                     let prefix = url.redis_node_prefix();
                     let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
@@ -227,7 +232,7 @@ impl RedisStore {
                     let caveat = cluster_caveat(&mut conn, &prefix).await;
                     // PUBLISH reaches every node of a cluster: any one node will do.
                     let first = client_of(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
-                    (Conn::Cluster(conn, prefix), first, caveat)
+                    (Conn::Cluster(conn, prefix), first, caveat, None)
                 }
                 false => {
                     let client = client_of(nodes[0].clone()).map_err(|e| invalid(e.to_string()))?;
@@ -240,7 +245,11 @@ impl RedisStore {
                         .await
                         .map_err(unavailable)?;
                     let caveat = caveat(&mut conn, Some(replicas.is_some())).await;
-                    (Conn::Single(conn), client, caveat)
+                    let lane = match replicas {
+                        None => lane::Lane::to(client.get_connection_info(), request_timeout),
+                        Some(_) => None,
+                    };
+                    (Conn::Single(conn), client, caveat, lane)
                 }
             };
             match (&caveat_found, url.durable()) {
@@ -252,7 +261,8 @@ impl RedisStore {
                 (Some(caveat), false) => tracing::warn!(store = %shown, "{caveat}"),
                 (None, _) => {}
             }
-            Self::subscribed(shown.clone(), conn, subscribe_to, replicas, caveat_found).await
+            let found = (caveat_found, lane);
+            Self::subscribed(shown.clone(), conn, subscribe_to, replicas, found).await
         };
         let not_in_time = || Error::Unavailable {
             store: shown.clone(),
@@ -276,7 +286,9 @@ impl RedisStore {
         if let Some(caveat) = &caveat_found {
             tracing::warn!(store = %shown, "{caveat}");
         }
-        Self::subscribed(shown, Conn::Single(conn), client, None, caveat_found).await
+        // The application's connection carries every call: no lane of ours beside it.
+        let found = (caveat_found, None);
+        Self::subscribed(shown, Conn::Single(conn), client, None, found).await
     }
 
     /// The store on `conn`, once `subscribe_to` has subscribed to its wake-up channel.
@@ -285,7 +297,7 @@ impl RedisStore {
         conn: Conn,
         subscribe_to: redis::Client,
         replicas: Option<(u32, Duration)>,
-        caveat_found: Option<String>,
+        (caveat_found, lane): (Option<String>, Option<Arc<lane::Lane>>),
     ) -> Result<Self> {
         let channel = format!("lh:client:{:032x}", rand::random::<u128>());
         let (waiters, subscriber) = waker::subscribed(subscribe_to, &channel, &shown).await?;
@@ -295,6 +307,7 @@ impl RedisStore {
                 conn,
                 replicas,
                 caveat: caveat_found,
+                lane,
                 channel,
                 waiters,
                 rates: Default::default(),

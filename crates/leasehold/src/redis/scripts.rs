@@ -225,8 +225,10 @@ impl RedisStore {
         (self.send(script, command).await).map_err(|e| self.error(e, name))
     }
 
-    /// Runs the EVALSHA `command(resent)` builds; a call that met a dropped connection
-    /// (a server restart) is sent once more, on the reconnected one, built with `resent`.
+    /// Runs the EVALSHA `command(resent)` builds, on the lane when it is idle. A call
+    /// that met a dropped connection (a server restart) is sent once more on each
+    /// connection that dropped it, built with `resent`: after the lane's, on the
+    /// multiplexed one, which may have been dropped too and learns of it only by sending.
     /// One that timed out is not: the server is slow or stopped, not gone, and a second
     /// wait would double the request timeout the caller set.
     pub(super) async fn send<T: redis::FromRedisValue>(
@@ -234,22 +236,33 @@ impl RedisStore {
         script: &Script,
         command: impl Fn(bool) -> redis::Cmd,
     ) -> redis::RedisResult<T> {
-        let mut sent = 0;
+        let (mut sent, mut lane_dropped, mut shared_dropped) = (0, false, false);
         loop {
             sent += 1;
             let resent = sent > 1;
-            let result = match self.inner.conn.clone() {
-                Conn::Single(mut c) => eval(|| command(resent), script, &mut c).await,
-                Conn::Cluster(mut c, _) => eval(|| command(resent), script, &mut c).await,
+            let on_lane = match &self.inner.lane {
+                Some(lane) if !lane_dropped => {
+                    lane.run(async |line| eval(|| command(resent), script, line).await)
+                        .await
+                }
+                _ => None,
+            };
+            let on_lane_now = on_lane.is_some();
+            let result = match (on_lane, self.inner.conn.clone()) {
+                (Some(result), _) => result,
+                (None, Conn::Single(mut c)) => eval(|| command(resent), script, &mut c).await,
+                (None, Conn::Cluster(mut c, _)) => eval(|| command(resent), script, &mut c).await,
+            };
+            let dropped = |e: &redis::RedisError| {
+                !e.is_timeout()
+                    && (e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal())
+            };
+            let first_drop = match on_lane_now {
+                true => !std::mem::replace(&mut lane_dropped, true),
+                false => !std::mem::replace(&mut shared_dropped, true),
             };
             match result {
-                Err(e)
-                    if sent == 1
-                        && !e.is_timeout()
-                        && (e.is_io_error()
-                            || e.is_connection_dropped()
-                            || e.is_connection_refusal()) =>
-                {
+                Err(e) if first_drop && dropped(&e) => {
                     tracing::debug!(error = %e, "redis connection dropped; sending again");
                 }
                 result => return result,

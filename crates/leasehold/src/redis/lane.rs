@@ -1,0 +1,258 @@
+//! A connection of its own for one call at a time, written and read by the calling task.
+//!
+//! The multiplexed connection hands every call to its driver task and the answer back:
+//! a channel, a second task woken, a reply parsed there and a one-shot channel. For a
+//! lone call (one holder taking and releasing a lock in turn) that hand-off is a tenth
+//! of the round trip (docs/BENCHMARKS.md, "A lane of its own for a lone call"). So a
+//! store on one plain-TCP server keeps one such connection, the lane: a call that finds
+//! it idle runs on it; calls that meet it busy go on the multiplexed connection, which
+//! pipelines them. A lane that fails or times out is dropped, never reused half-read, and
+//! another is connected in the background for a later call.
+//!
+//! Not for TLS, Unix sockets or RESP3 (those stay on the multiplexed connection), nor
+//! with `?replicas=N`, whose `WAIT` must follow the grant on the connection that wrote it.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, RedisFuture, RedisResult, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::Locked;
+
+/// The lane's name in `CLIENT LIST`.
+const NAME: &str = "leasehold-lane";
+
+/// Calls a store sends on the multiplexed connection before it connects a lane.
+const CALLS_BEFORE_A_LANE: u32 = 8;
+
+/// How long after a failed connect the lane tries again.
+const RETRY_CONNECT: Duration = Duration::from_secs(1);
+
+/// The lane of one store, idle or in use.
+pub(super) struct Lane {
+    idle: Mutex<Option<Line>>,
+    connecting: AtomicBool,
+    calls_before: AtomicU32,
+    host: String,
+    port: u16,
+    settings: redis::RedisConnectionInfo,
+    /// Bounds each call on the lane, and its connect: the store's request timeout.
+    timeout: Duration,
+}
+
+/// One connection of the lane.
+pub(super) struct Line {
+    stream: TcpStream,
+    /// Read and not yet parsed.
+    input: Vec<u8>,
+    output: Vec<u8>,
+    db: i64,
+}
+
+impl Lane {
+    /// A lane to the server `info` names, if its calls can take one (see the module).
+    pub(super) fn to(info: &ConnectionInfo, timeout: Duration) -> Option<Arc<Lane>> {
+        let ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return None;
+        };
+        let settings = info.redis_settings();
+        if settings.protocol() != redis::ProtocolVersion::RESP2 {
+            return None;
+        }
+        Some(Arc::new(Lane {
+            idle: Mutex::new(None),
+            connecting: AtomicBool::new(false),
+            calls_before: AtomicU32::new(0),
+            host: host.clone(),
+            port: *port,
+            settings: settings.clone(),
+            timeout,
+        }))
+    }
+
+    /// Runs `call` on the idle line, within the request timeout, and keeps the line for
+    /// the next call unless it failed on the way; `None` when no line is idle (one is
+    /// then connected for a later call).
+    pub(super) async fn run<T, F>(self: &Arc<Self>, call: F) -> Option<RedisResult<T>>
+    where
+        F: AsyncFnOnce(&mut Line) -> RedisResult<T>,
+    {
+        let Some(mut line) = self.idle.locked().take() else {
+            // A process that makes a few calls (the CLI's `run`: an acquire and a
+            // release) does not pay for a connection it would hardly use.
+            if self.calls_before.load(Ordering::Relaxed) < CALLS_BEFORE_A_LANE {
+                self.calls_before.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.connect_one();
+            }
+            return None;
+        };
+        let result = match tokio::time::timeout(self.timeout, call(&mut line)).await {
+            Ok(result) => result,
+            Err(_) => Err(io::Error::from(io::ErrorKind::TimedOut).into()),
+        };
+        // An answer read whole, or an error the server answered (a missing script):
+        // the line is where it was. Anything else may have left bytes in flight.
+        let in_step = match &result {
+            Ok(_) => true,
+            Err(e) => matches!(e.kind(), redis::ErrorKind::Server(_)),
+        };
+        if in_step {
+            *self.idle.locked() = Some(line);
+        }
+        // (Cancelled, the line is dropped with the call: it may be half-written.)
+        Some(result)
+    }
+
+    /// Connects a line in the background, unless one is on its way.
+    fn connect_one(self: &Arc<Self>) {
+        if self.connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let lane = self.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(lane.timeout, lane.connect()).await {
+                Ok(Ok(line)) => *lane.idle.locked() = Some(line),
+                // Calls go on the multiplexed connection meanwhile; try again later
+                // rather than at every call while the server is away.
+                _ => tokio::time::sleep(RETRY_CONNECT).await,
+            }
+            lane.connecting.store(false, Ordering::Release);
+        });
+    }
+
+    async fn connect(&self) -> RedisResult<Line> {
+        let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        stream.set_nodelay(true)?;
+        let mut line = Line {
+            stream,
+            input: Vec::with_capacity(4096),
+            output: Vec::with_capacity(1024),
+            db: self.settings.db(),
+        };
+        if let Some(password) = self.settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = self.settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password).query_async::<()>(&mut line).await?;
+        }
+        if line.db != 0 {
+            (redis::cmd("SELECT").arg(line.db))
+                .query_async::<()>(&mut line)
+                .await?;
+        }
+        // Named for whoever reads CLIENT LIST; a server that refuses names still serves.
+        let mut name = redis::cmd("CLIENT");
+        let _ = name
+            .arg("SETNAME")
+            .arg(NAME)
+            .query_async::<()>(&mut line)
+            .await;
+        Ok(line)
+    }
+}
+
+impl Line {
+    async fn call(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.output.clear();
+        cmd.write_packed_command(&mut self.output);
+        self.stream.write_all(&self.output).await?;
+        loop {
+            if let Some(end) = whole_reply(&self.input)? {
+                let value = redis::parse_redis_value(&self.input[..end]);
+                self.input.drain(..end);
+                return value?.extract_error();
+            }
+            if self.stream.read_buf(&mut self.input).await? == 0 {
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Line {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.call(cmd))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _: &'a redis::Pipeline,
+        _: usize,
+        _: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        // The store sends scripts one at a time; pipelines go on the multiplexed connection.
+        Box::pin(async {
+            Err(io::Error::new(io::ErrorKind::Unsupported, "no pipelines on the lane").into())
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+}
+
+/// The length of the first whole RESP2 reply at the start of `buf`, if it holds one:
+/// a line (`+`, `-`, `:`), a bulk string (`$`) or an array (`*`) of them.
+fn whole_reply(buf: &[u8]) -> io::Result<Option<usize>> {
+    let malformed = || io::Error::new(io::ErrorKind::InvalidData, "malformed reply");
+    let (mut at, mut values_left) = (0, 1_u64);
+    while values_left > 0 {
+        let Some(newline) = buf[at..].iter().position(|&b| b == b'\n') else {
+            return Ok(None);
+        };
+        let line = &buf[at..at + newline + 1];
+        at += line.len();
+        values_left -= 1;
+        let length = || -> io::Result<i64> {
+            let digits = line
+                .get(1..line.len().saturating_sub(2))
+                .unwrap_or_default();
+            let text = std::str::from_utf8(digits).map_err(|_| malformed())?;
+            text.parse().map_err(|_| malformed())
+        };
+        match line[0] {
+            b'$' => {
+                let n = length()?;
+                if n >= 0 {
+                    at += n as usize + 2;
+                    if at > buf.len() {
+                        return Ok(None);
+                    }
+                }
+            }
+            b'*' => values_left += length()?.max(0) as u64,
+            b'+' | b'-' | b':' => {}
+            _ => return Err(malformed()),
+        }
+    }
+    Ok(Some(at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_reply;
+
+    #[test]
+    fn a_reply_is_whole_once_every_value_in_it_has_arrived() {
+        let reply = b"*3\r\n:7\r\n$5\r\nab\r\nc\r\n*2\r\n$-1\r\n+OK\r\n";
+        for cut in 0..reply.len() {
+            assert_eq!(whole_reply(&reply[..cut]).unwrap(), None, "cut at {cut}");
+        }
+        assert_eq!(whole_reply(reply).unwrap(), Some(reply.len()));
+        // What follows the first reply is the next one's.
+        let two = b":1\r\n-ERR no\r\n";
+        assert_eq!(whole_reply(two).unwrap(), Some(4));
+        assert_eq!(whole_reply(&two[4..]).unwrap(), Some(9));
+        assert_eq!(whole_reply(b"*0\r\n").unwrap(), Some(4));
+        assert_eq!(whole_reply(b"*-1\r\n").unwrap(), Some(5));
+        assert!(whole_reply(b"$x\r\n").is_err());
+        assert!(whole_reply(b"%1\r\n").is_err());
+    }
+}
