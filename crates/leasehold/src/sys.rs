@@ -112,3 +112,38 @@ pub(crate) fn link_count(file: &std::fs::File) -> Option<u64> {
     let links = |st: libc::stat| st.st_nlink as u64;
     (rc == 0).then(|| links(unsafe { st.assume_init() }))
 }
+
+/// Opens `name` in the directory `dir` for reading and writing, creating it with `mode`,
+/// without following a symbolic link at either: a link there (`dir` itself, or the file)
+/// fails with `ELOOP`, so whoever may write in the directory cannot point the store at
+/// another file. A file that is not a regular one fails with `InvalidInput`.
+#[cfg(feature = "local")]
+pub(crate) fn open_own(
+    dir: &std::path::Path,
+    name: &std::ffi::OsStr,
+    mode: u32,
+) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)?;
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(name.as_bytes())?;
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a directory descriptor we hold and a NUL-terminated name.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, mode) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor, ours alone.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    if !file.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use leasehold::{Leasehold, LocalStore, Store};
+use leasehold::{Error, Leasehold, LocalStore, Rate, Store};
 use leasehold_testkit::TempDir;
 
 #[tokio::test]
@@ -141,4 +141,62 @@ async fn a_wait_that_a_stuck_file_lock_ends_leaves_nothing_to_undo() {
         locks.shutdown(std::time::Duration::ZERO).await,
         "an undo was left to send"
     );
+}
+
+/// The store never follows a symbolic link in its directories, which others may write to
+/// (a store shared with a group): a link where a lock's or a limiter's file goes, or in
+/// place of its locks directory, is refused as a configuration error, and what it points
+/// at is left as it was (not made, written or given the store's mode).
+#[tokio::test]
+async fn links_in_the_store_are_refused_and_what_they_point_at_is_left_alone() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = TempDir::new("local-links");
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "data\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing = dir.path().join("missing");
+    let store = dir.path().join("store");
+    let first = Leasehold::new(LocalStore::open(&store).unwrap());
+    let limiter = first.rate_limiter("r", Rate::per_second(10), 1).unwrap();
+    assert!(limiter.try_acquire(1).await.unwrap().allowed);
+    std::fs::remove_file(store.join("limits/r.lock")).unwrap();
+    symlink(&victim, store.join("limits/r.lock")).unwrap();
+    symlink(&victim, store.join("locks/v.lock")).unwrap();
+    symlink(&missing, store.join("locks/w.lock")).unwrap();
+
+    let locks = Leasehold::new(LocalStore::open(&store).unwrap());
+    for name in ["v", "w"] {
+        let refused = locks.mutex(name).unwrap().try_lock().await;
+        assert!(matches!(refused, Err(Error::Config { .. })), "{refused:?}");
+    }
+    let limiter = locks.rate_limiter("r", Rate::per_second(10), 1).unwrap();
+    let refused = limiter.try_acquire(1).await;
+    assert!(matches!(refused, Err(Error::Config { .. })), "{refused:?}");
+    // Other names still work, and list skips the links.
+    let g = locks.mutex("k").unwrap().try_lock().await.unwrap().unwrap();
+    let listed: Vec<String> = (locks.store().list("").await.unwrap().into_iter())
+        .map(|s| s.name.to_string())
+        .collect();
+    assert_eq!(listed, ["k"]);
+    let _ = g.release().await.unwrap();
+
+    // The locks directory itself a link: the store does not open.
+    std::fs::rename(store.join("locks"), dir.path().join("locks-moved")).unwrap();
+    std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+    symlink(dir.path().join("elsewhere"), store.join("locks")).unwrap();
+    let refused = LocalStore::open(&store);
+    assert!(refused.is_err(), "{refused:?}");
+    let refused = locks.mutex("new").unwrap().try_lock().await;
+    assert!(matches!(refused, Err(Error::Config { .. })), "{refused:?}");
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("elsewhere"))
+            .unwrap()
+            .count(),
+        0
+    );
+
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "data\n");
+    let mode = std::fs::metadata(&victim).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o644);
+    assert!(!missing.exists());
 }

@@ -288,7 +288,14 @@ fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
         std::io::ErrorKind::AlreadyExists => Ok(()),
         _ => Err(e),
     })?;
-    let meta = std::fs::metadata(dir)?;
+    // Not through a link: its mode would be set on whatever the link points at.
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not a directory of its own", dir.display()),
+        ));
+    }
     set_mode(&meta, mode, |p| std::fs::set_permissions(dir, p))
 }
 
@@ -308,7 +315,9 @@ impl LocalStore {
     /// lock files get the group's access when the group may write to `dir` (a directory
     /// shared on purpose: `chgrp` it to the group and `chmod 2770` it before the first
     /// use), and never anyone else's: a user who can open a lock file can hold its file
-    /// lock and stall every user of the lock.
+    /// lock and stall every user of the lock. It follows no symbolic link inside `dir`:
+    /// a link where its locks directory or a file goes is refused
+    /// ([`Error::Config`]), so whoever may write there cannot point it at another file.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(dir.as_ref(), false)
     }
@@ -394,7 +403,16 @@ impl LocalStore {
     /// [`limiter`]): access refused is a configuration to fix (not retryable); the rest
     /// may pass.
     fn io_error(&self, subject: &str, what: &str, e: std::io::Error) -> Error {
-        use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
+        use std::io::ErrorKind::{InvalidInput, PermissionDenied, ReadOnlyFilesystem};
+        let not_its_own = matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR));
+        if not_its_own || e.kind() == InvalidInput {
+            return Error::Config {
+                store: self.store_name(),
+                reason: format!(
+                    "{what} for {subject}: {e}: the store's directories and files must be its own, not symbolic links or other kinds of file (a link could point it at any file); remove it"
+                ),
+            };
+        }
         match e.kind() {
             PermissionDenied | ReadOnlyFilesystem => Error::Config {
                 store: self.store_name(),
@@ -423,7 +441,7 @@ impl LocalStore {
     /// directory's mode), so limiters and locks of one name are apart.
     fn limit_file(&self, name: &LockName) -> Result<Arc<LockFile>> {
         let dir = self.inner.dir.join("limits");
-        if !dir.is_dir() {
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
             make_dir(&dir, self.dir_mode()).map_err(|e| {
                 self.io_error(&limiter(name), "cannot create the limits directory", e)
             })?;
@@ -462,15 +480,7 @@ impl LocalStore {
                 e,
             )
         };
-        let open = || {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(self.inner.file_mode)
-                .open(&path)
-        };
+        let open = || sys::open_own(dir, &file_name(name), self.inner.file_mode);
         // Its directory deleted (by hand, or a cleaner): a store that forgot its locks,
         // as for a deleted file; the directory is made again.
         let file = match open() {
@@ -928,7 +938,15 @@ impl Store for LocalStore {
             if !file_name.to_string_lossy().ends_with(".lock") {
                 continue;
             }
-            let Ok(file) = File::open(entry.path()) else {
+            // (Not through a link: it could point at any file.)
+            if !entry.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            let Ok(file) = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(entry.path())
+            else {
                 continue;
             };
             // A file that cannot be read could hide a held lock: say so, as the lock's
