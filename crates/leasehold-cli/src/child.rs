@@ -23,6 +23,62 @@ pub(crate) fn terminal_foreground() -> bool {
     std::io::stdin().is_terminal() && unsafe { libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
+/// Passes `signal` to the command's group, and continues it if it is `stopped` (Ctrl-Z,
+/// or a SIGTSTP sent to it): a stopped command would keep the signal pending while we
+/// wait for it to end.
+pub(crate) fn forward(pgid: i32, signal: i32, stopped: bool) {
+    kill_group(pgid, signal);
+    if stopped {
+        kill_group(pgid, libc::SIGCONT);
+    }
+}
+
+/// A change of the command's first process that is not its end.
+pub(crate) enum Change {
+    /// Stopped by this signal.
+    Stopped(i32),
+    Continued,
+}
+
+/// The next stop or continuation of process `pid` not yet asked for. Its end is left to
+/// the runtime's reaper (no `WEXITED`).
+pub(crate) fn stop_or_continue(pid: u32) -> Option<Change> {
+    // SAFETY: a zeroed siginfo_t is valid, and waitid only writes it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let options = libc::WSTOPPED | libc::WCONTINUED | libc::WNOHANG;
+    // SAFETY: plain syscall on our own child, with a valid out-pointer.
+    let rc = unsafe { libc::waitid(libc::P_PID, pid, &mut info, options) };
+    // SAFETY: read after waitid filled it (si_pid 0: nothing to report).
+    if rc != 0 || unsafe { info.si_pid() } == 0 {
+        return None;
+    }
+    match info.si_code {
+        // SAFETY: as above.
+        libc::CLD_STOPPED | libc::CLD_TRAPPED => Some(Change::Stopped(unsafe { info.si_status() })),
+        libc::CLD_CONTINUED => Some(Change::Continued),
+        _ => None,
+    }
+}
+
+/// The command was stopped from the terminal (Ctrl-Z, or reading it from the
+/// background): we stop too, with the terminal taken back, so the shell sees its job
+/// stopped and shows its prompt; continued (`fg`, `bg`), we continue the command, handing
+/// it the terminal if the shell gave it to us. Meanwhile nothing renews the lease: the
+/// watchdog kills the command at the safe deadline, and `run` then exits 76.
+pub(crate) fn stop_with_the_command(pgid: i32, signal: i32) {
+    take_terminal_back();
+    // The command's signal, so the shell says what it would of the command: stopped by
+    // SIGTSTP (exit status 148). Its default action stops this whole process (we handle
+    // none of these), until a SIGCONT.
+    // SAFETY: plain call.
+    unsafe { libc::raise(signal) };
+    if terminal_foreground() {
+        // SAFETY: as in `take_terminal_back`.
+        unsafe { libc::tcsetpgrp(0, pgid) };
+    }
+    kill_group(pgid, libc::SIGCONT);
+}
+
 pub(crate) fn take_terminal_back() {
     // SAFETY: SIGTTOU stays ignored (set before spawning), so tcsetpgrp from what is now
     // a background group does not stop us.

@@ -11,7 +11,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
 
 use crate::child::{
-    exit_code, kill_group, spawn, take_terminal_back, terminal_foreground, Watchdog,
+    exit_code, forward, kill_group, spawn, stop_or_continue, stop_with_the_command,
+    take_terminal_back, terminal_foreground, Change, Watchdog,
 };
 use crate::exit::{self, Failure};
 use crate::progress::Progress;
@@ -337,7 +338,15 @@ async fn run_with(
         }
     };
     let pgid = group.or(child.id().map(|id| id as i32)).unwrap_or(0);
-    let ended = supervise(&args, &guard, &mut child, pgid, &mut signals, &mut watchdog).await?;
+    let ended = supervise(
+        &args,
+        &guard,
+        &mut child,
+        (pgid, foreground),
+        &mut signals,
+        &mut watchdog,
+    )
+    .await?;
     let losing = matches!(ended, Ended::Lost { .. });
     let code = stop(ended, &args, &guard, &mut child, pgid).await;
     // The command is reaped (and its group killed if the lock was lost): from here on a
@@ -362,12 +371,16 @@ async fn supervise(
     args: &RunArgs,
     guard: &LockGuard,
     child: &mut tokio::process::Child,
-    pgid: i32,
+    (pgid, foreground): (i32, bool),
     signals: &mut [Signal; 3],
     watchdog: &mut Option<Watchdog>,
 ) -> Result<Ended, Failure> {
     let mut deadlines = guard.deadlines();
     let mut renewing = true;
+    // Stops and continuations of the command (job control).
+    let mut changed = signal(SignalKind::child())
+        .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot handle signals: {e}")))?;
+    let (pid, mut stopped) = (child.id().unwrap_or(0), false);
     // Stop the command a little before the safe deadline if renewals keep failing, so it
     // is gone before anyone else can hold the lock. Only failing renewals count: a lock
     // handed over on a short lease is renewed to the full TTL at once.
@@ -379,9 +392,21 @@ async fn supervise(
                 Ok(status) => Ok(Ended::Exited(status)),
                 Err(e) => Err(Failure::new(exit::INTERNAL, format!("cannot wait for the command: {e}"))),
             },
-            _ = int.recv() => kill_group(pgid, libc::SIGINT),
-            _ = term.recv() => kill_group(pgid, libc::SIGTERM),
-            _ = hup.recv() => kill_group(pgid, libc::SIGHUP),
+            _ = int.recv() => forward(pgid, libc::SIGINT, stopped),
+            _ = term.recv() => forward(pgid, libc::SIGTERM, stopped),
+            _ = hup.recv() => forward(pgid, libc::SIGHUP, stopped),
+            _ = changed.recv() => {
+                while let Some(change) = stop_or_continue(pid) {
+                    stopped = matches!(change, Change::Stopped(_));
+                    let from_terminal = |s| matches!(s, libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
+                    if let (Change::Stopped(signal), true) = (change, foreground) {
+                        if from_terminal(signal) {
+                            stop_with_the_command(pgid, signal);
+                            stopped = false;
+                        }
+                    }
+                }
+            }
             valid_until = deadlines.next(), if renewing => match (valid_until, &mut *watchdog) {
                 (Some(valid_until), Some(watchdog)) => watchdog.deadline(valid_until),
                 (Some(_), None) => {}

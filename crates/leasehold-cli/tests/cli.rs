@@ -12,7 +12,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use leasehold_testkit::{pid_alive, wait_for, wait_until, PATIENCE};
+use leasehold_testkit::{pid_alive, send_signal, wait_for, wait_until, PATIENCE};
 use serde_json::Value;
 use support::*;
 

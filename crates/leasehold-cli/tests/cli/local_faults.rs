@@ -290,3 +290,56 @@ fn parallel_runs_of_another_name_inside_a_run_exclude_each_other() {
         .expect(0);
     assert!(cli.exists("reentered"));
 }
+
+/// Ctrl-Z stops `run` with its command, so the shell shows its prompt (the job stopped,
+/// 148), and `fg` continues both: the command goes on under the lock and `run` ends with
+/// its status. (A shell with job control, on a pseudo-terminal from `script`.)
+#[test]
+fn ctrl_z_stops_run_with_its_command_and_fg_continues_both() {
+    let cli = Cli::new("ctrl-z");
+    let job = format!(
+        "set -m\n{BIN} --store {} run k -- sh -c 'kill -TSTP $$; echo resumed'\n\
+         echo status=$?\nfg\necho fg=$?\n",
+        cli.store
+    );
+    fs::write(cli.path("job.sh"), job).unwrap();
+    let mut shell = cli.process("script");
+    shell.args(["-qec", "bash --norc --noprofile job.sh", "/dev/null"]);
+    let mut shell = cli.start("shell", shell);
+    assert_eq!(shell.exit_code(), 0, "stderr: {}", shell.stderr());
+    let out = shell.stdout();
+    let at = |text: &str| {
+        out.find(text)
+            .unwrap_or_else(|| panic!("no {text:?} in {out:?}"))
+    };
+    assert!(
+        at("status=148") < at("resumed") && at("resumed") < at("fg=0"),
+        "{out:?}"
+    );
+}
+
+/// A command stopped by SIGTSTP (no terminal here) still ends when `run` is told to
+/// stop: the signal passed on to it comes with a SIGCONT, rather than waiting pending
+/// while `run` waits for the command.
+#[test]
+fn a_stopped_command_gets_the_signal_run_passes_on() {
+    let cli = Cli::new("stopped-hup");
+    let mut run = cli.spawn(
+        "run",
+        &["run", "k", "--", "sh", "-c", "echo $$; exec sleep 60"],
+    );
+    let pid: i32 = run.wait_for_line("the command's pid").parse().unwrap();
+    send_signal(pid, libc::SIGTSTP);
+    wait_until("the command to stop", PATIENCE, || {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .next();
+        (state == Some("T")).then_some(())
+    });
+    run.signal(libc::SIGHUP);
+    assert_eq!(run.exit_code(), 128 + libc::SIGHUP);
+}
