@@ -1044,3 +1044,35 @@ async fn lock_many_returns_no_permit_lost_while_it_waited_for_the_others() {
     }
     drop(held);
 }
+
+/// An address that answers HTTP/2 but not gRPC (a proxy, another server: here every
+/// request gets 404) is passed over like a member that is down: the calls go to the
+/// next member, whichever place it has in the URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_is_not_etcd_is_passed_over_for_the_next() {
+    let server = tokio::task::spawn_blocking(EtcdServer::start)
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let not_etcd = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    let response = http::Response::builder().status(404).body(()).unwrap();
+                    let _ = respond.send_response(response, true);
+                }
+            });
+        }
+    });
+    let real = server.url().trim_start_matches("etcd://").to_string();
+    for members in [format!("{not_etcd},{real}"), format!("{real},{not_etcd}")] {
+        let store = EtcdStore::connect(&format!("etcd://{members}")).await;
+        let locks = Leasehold::new(store.unwrap_or_else(|e| panic!("{members}: {e}")));
+        let guard = locks.mutex("k").unwrap().try_lock().await.unwrap();
+        let _ = guard.expect("free").release().await.unwrap();
+    }
+}

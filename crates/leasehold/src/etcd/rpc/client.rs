@@ -82,13 +82,16 @@ enum Way {
     Channel(Channel),
 }
 
-/// Errors that another member may not have: try the next.
+/// Errors that another member may not have: try the next. An answer without a gRPC
+/// status is not etcd's (a proxy or another server at that address, answering HTTP 404
+/// or the like): the next member may be etcd.
 pub(super) fn try_next_member(status: &Status) -> bool {
     matches!(
         status.code(),
         Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled
     ) || status.message().contains("no leader")
         || status.message().contains("leader changed")
+        || status.message().starts_with("grpc-status header missing")
 }
 
 impl Client {
