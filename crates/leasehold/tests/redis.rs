@@ -21,6 +21,50 @@ async fn guard_renews_again_after_a_server_restart_within_its_deadline() {
     renews_again_after_a_restart(&locks, Duration::from_secs(3), || server.restart()).await;
 }
 
+/// A lock's token counter expires (48 hours after it was started or put back), so a
+/// name used once leaves no key for ever, and a force-release of a name never used makes
+/// none; tokens still rise once the counter is gone, for a lock handed to another task
+/// of the process (a transfer) and for one taken anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_counters_expire_and_tokens_rise_after_they_are_gone() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let lock = locks.mutex("k").unwrap();
+    let first = lock.try_lock().await.unwrap().expect("free");
+    let ttl: i64 = server
+        .cli(&["PTTL", "lh:{k}:token"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0, "the counter has no expiry: {ttl}");
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await.unwrap() })
+    };
+    eventually("the task waiting in the process", || async {
+        locks.describe("k").await.unwrap().waiters.len() == 1
+    })
+    .await;
+    server.cli(&["DEL", "lh:{k}:token"]);
+    let first_token = first.token();
+    let _ = first.release().await.unwrap();
+    let handed = within("the hand-over", waiter).await.unwrap();
+    assert!(
+        handed.token() > first_token,
+        "{:?} after {first_token:?}",
+        handed.token()
+    );
+    let handed_token = handed.token();
+    let _ = handed.release().await.unwrap();
+    server.cli(&["DEL", "lh:{k}:token"]);
+    let anew = lock.try_lock().await.unwrap().expect("free");
+    assert!(anew.token() > handed_token);
+    let _ = anew.release().await.unwrap();
+
+    assert!(!locks.force_release("never-used").await.unwrap());
+    assert_eq!(server.cli(&["KEYS", "lh:{never-used}*"]).trim(), "");
+}
+
 /// A lone caller's calls go on a connection of their own (the lane: see the store's
 /// docs), which authenticates and selects the URL's database like the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,10 @@
 --   KEYS[3] lh:{NAME}:token  the last fencing token while there is no record (the record
 --                            takes it while in use and puts it back when it empties; a
 --                            record that ended leaves none, and seed_token starts again).
+--                            It expires RECORD_TTL after it was seeded or put back, so a
+--                            name used once leaves no key for ever; INCR keeps that
+--                            expiry, and seed_token starts again above it (a token is
+--                            a grant, and a name cannot have had one a microsecond).
 -- The invariant: the hold key is MARKER exactly when the record is not empty (or, for a
 -- second, after a record ended: the record's next call clears it). So SET NX
 -- on the hold key succeeds only when the lock is free and nobody waits, and the
@@ -59,13 +63,14 @@ if (HOT == 'acquire' or HOT == 'transfer') and string.sub(req_rest, 1, 10) == 'e
   end
   if taken then
     local t = redis.call('INCR', token_key)
-    if t ~= 1 or HOT ~= 'acquire' then return t end
+    if t ~= 1 then return t end
     -- A new counter: beside an existing record (written before the counter existed),
     -- undo and let the record decide (its last token, its holds); else the name is new,
-    -- or Redis lost its data: start from the server's clock (see seed_token).
-    if redis.call('EXISTS', key) == 0 then
+    -- its counter expired, or Redis lost its data: start from the server's clock (see
+    -- seed_token). (A transfer's hot hold means there is no record.)
+    if HOT ~= 'acquire' or redis.call('EXISTS', key) == 0 then
       t = seed_token()
-      redis.call('SET', token_key, t)
+      redis.call('SET', token_key, t, 'PX', RECORD_TTL)
       return tonumber(t)
     end
     redis.call('DEL', hold_key, token_key)

@@ -146,7 +146,8 @@ local function write()
   skip = 0
   if H == '' and q == 0 and V == '' then
     redis.call('DEL', key, hold_key)
-    redis.call('SET', token_key, ts)
+    -- (A name that never had a token, a force-release of an unused name, leaves none.)
+    if tonumber(ts) > 0 then redis.call('SET', token_key, ts, 'PX', RECORD_TTL) end
     hold_value = false
   else
     redis.call('SET', key, header() .. H .. '\29' .. W, 'PX', RECORD_TTL)
