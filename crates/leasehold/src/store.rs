@@ -54,6 +54,7 @@ pub struct LeaseId(Arc<str>);
 /// A map by acquisition id, as the stores keep their acquisitions and waiters: the ids
 /// are random, so a fast hash (foldhash, seeded per process) does, where the standard
 /// one costs each of an acquisition's several lookups a few hundred instructions.
+#[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) type ByLease<V> = std::collections::HashMap<LeaseId, V, foldhash::fast::RandomState>;
 
 impl LeaseId {
