@@ -385,7 +385,9 @@ impl LockGuard {
 
     /// Releases this hold (the lock is free once its owner's last hold is released).
     /// `Released::NotHeld` means the lease had already ended: work done since its safe
-    /// deadline was not protected.
+    /// deadline was not protected. (Cautiously, it is also the answer when a release
+    /// sent again after a dropped connection finds that its first send had released the
+    /// hold: the store cannot tell the two apart.)
     ///
     /// If the store cannot be reached ([`Error::is_retryable`]), the error is returned and
     /// the release is sent again in the background until the store answers (for at least

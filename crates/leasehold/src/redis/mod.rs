@@ -34,7 +34,8 @@
 //! - Fencing tokens come from the counter key (the record takes the last token while
 //!   it exists, and puts it back when it empties); neither is ever lower than a token
 //!   given. A record that ends with the lock busy (by its expiry, or lost) leaves no
-//!   counter behind, so the next token starts from the server's clock (below).
+//!   counter behind, and a counter expires 48 hours after it was started or put back,
+//!   so the next token starts from the server's clock (below).
 //! - Waiting: each client subscribes once, on one connection, to a channel of its own.
 //!   When a hold or a waiter goes away, the script publishes to the channels of the
 //!   waiters that may now get in (the queue head, readers behind a reading head, permit
