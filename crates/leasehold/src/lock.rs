@@ -408,7 +408,10 @@ impl Lock {
         Arc::make_mut(self.extras.get_or_insert_with(Arc::default))
     }
 
-    /// One attempt; `None` if someone else holds it.
+    /// One attempt; `None` if someone else holds it, or if another task of this process
+    /// is acquiring the same mutex at that moment (it asks the store for both: its
+    /// answer is not waited for, so `None` can come while the store is unreachable, when
+    /// that task's call then fails).
     ///
     /// # Cancel safety
     /// Cancel-safe: a cancelled attempt that the store may have granted is released in
