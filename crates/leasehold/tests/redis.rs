@@ -94,6 +94,30 @@ async fn a_lone_callers_calls_take_a_connection_of_their_own_on_the_urls_databas
     .await;
     assert_eq!(cli(&["-n", "3", "EXISTS", "lh:{lane}:token"]).trim(), "1");
     assert_eq!(cli(&["-n", "0", "EXISTS", "lh:{lane}:token"]).trim(), "0");
+    // Calls at once take up to four lines of the lane, and share the multiplexed
+    // connection beyond that: a busy lane makes no connection per call.
+    let connections = || {
+        let stats = cli(&["INFO", "stats"]);
+        let field = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"));
+        field.unwrap_or_default().trim().parse::<u64>().unwrap()
+    };
+    let before = connections();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let lock = locks.mutex(format!("busy-{i}")).unwrap();
+            tokio::spawn(async move {
+                for _ in 0..50 {
+                    let guard = lock.try_lock().await.unwrap().expect("free");
+                    let _ = guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    leasehold::conformance::join_all("the busy tasks", tasks).await;
+    let made = connections() - before;
+    assert!(made <= 4, "{made} connections made for 800 calls");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,19 +1,22 @@
-//! A connection of its own for one call at a time, written and read by the calling task.
+//! Connections of their own for calls, each call written and read by the calling task.
 //!
 //! The multiplexed connection hands every call to its driver task and the answer back:
 //! a channel, a second task woken, a reply parsed there and a one-shot channel. For a
-//! lone call (one holder taking and releasing a lock in turn) that hand-off is a tenth
-//! of the round trip (docs/BENCHMARKS.md, "A lane of its own for a lone call"). So a
-//! store on one plain-TCP server keeps one such connection, the lane: a call that finds
-//! it idle runs on it; calls that meet it busy go on the multiplexed connection, which
-//! pipelines them. A lane that fails or times out is dropped, never reused half-read, and
-//! another is connected in the background for a later call.
+//! lone call (one holder taking and releasing a lock in turn) that hand-off is a share
+//! of the round trip, and with several callers at once that one task does every call's
+//! writing, reading and parsing on one core (docs/BENCHMARKS.md, "A lane of its own for
+//! a lone call"). So a store on one plain-TCP server keeps a few such connections, the
+//! lane's lines (up to [`MOST_LINES`], made as calls find none idle): a call that finds
+//! one idle runs on it; calls that find them all busy go on the multiplexed connection,
+//! which pipelines them. A line that fails or times out, or whose call is cancelled, is
+//! dropped, never reused half-read, and another is connected in the background for a
+//! later call.
 //!
 //! Not for TLS, Unix sockets or RESP3 (those stay on the multiplexed connection), nor
 //! with `?replicas=N`, whose `WAIT` must follow the grant on the connection that wrote it.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,10 +36,17 @@ const CALLS_BEFORE_A_LANE: u32 = 8;
 /// How long after a failed connect the lane tries again.
 const RETRY_CONNECT: Duration = Duration::from_secs(1);
 
-/// The lane of one store, idle or in use.
+/// Most lines a lane keeps; calls that find them all busy go on the multiplexed
+/// connection. W3-8 (8 tasks, a lock each) ran 1.14x the multiplexed connection alone
+/// with one line, 1.29x with two and 1.71x with four.
+const MOST_LINES: usize = 4;
+
+/// The lane of one store: its lines, idle or in use.
 pub(super) struct Lane {
-    idle: Mutex<Option<Line>>,
-    connecting: AtomicBool,
+    idle: Mutex<Vec<Line>>,
+    /// Lines that exist, idle or in use, or are being connected: only so many are made,
+    /// and a busy line is waited for by no one (its call goes on the shared connection).
+    lines: AtomicUsize,
     calls_before: AtomicU32,
     host: String,
     port: u16,
@@ -54,6 +64,25 @@ pub(super) struct Line {
     db: i64,
 }
 
+/// A line taken for a call: given back when the call left it in step (`in_step`), else
+/// (a failure, a timeout, the call cancelled) dropped and no longer counted.
+struct Taken<'a> {
+    lane: &'a Lane,
+    line: Option<Line>,
+    in_step: bool,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        match (self.line.take(), self.in_step) {
+            (Some(line), true) => self.lane.idle.locked().push(line),
+            _ => {
+                self.lane.lines.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
 impl Lane {
     /// A lane to the server `info` names, if its calls can take one (see the module).
     pub(super) fn to(info: &ConnectionInfo, timeout: Duration) -> Option<Arc<Lane>> {
@@ -65,8 +94,8 @@ impl Lane {
             return None;
         }
         Some(Arc::new(Lane {
-            idle: Mutex::new(None),
-            connecting: AtomicBool::new(false),
+            idle: Mutex::new(Vec::new()),
+            lines: AtomicUsize::new(0),
             calls_before: AtomicU32::new(0),
             host: host.clone(),
             port: *port,
@@ -75,14 +104,14 @@ impl Lane {
         }))
     }
 
-    /// Runs `call` on the idle line, within the request timeout, and keeps the line for
+    /// Runs `call` on an idle line, within the request timeout, and keeps the line for
     /// the next call unless it failed on the way; `None` when no line is idle (one is
-    /// then connected for a later call).
+    /// then connected for a later call, unless there are enough).
     pub(super) async fn run<T, F>(self: &Arc<Self>, call: F) -> Option<RedisResult<T>>
     where
         F: AsyncFnOnce(&mut Line) -> RedisResult<T>,
     {
-        let Some(mut line) = self.idle.locked().take() else {
+        let Some(line) = self.idle.locked().pop() else {
             // A process that makes a few calls (the CLI's `run`: an acquire and a
             // release) does not pay for a connection it would hardly use.
             if self.calls_before.load(Ordering::Relaxed) < CALLS_BEFORE_A_LANE {
@@ -92,37 +121,46 @@ impl Lane {
             }
             return None;
         };
-        let result = match tokio::time::timeout(self.timeout, call(&mut line)).await {
+        // (Cancelled, the line is dropped with the call: it may be half-written.)
+        let mut taken = Taken {
+            lane: self,
+            line: Some(line),
+            in_step: false,
+        };
+        let line = taken.line.as_mut()?;
+        let result = match tokio::time::timeout(self.timeout, call(line)).await {
             Ok(result) => result,
             Err(_) => Err(io::Error::from(io::ErrorKind::TimedOut).into()),
         };
         // An answer read whole, or an error the server answered (a missing script):
         // the line is where it was. Anything else may have left bytes in flight.
-        let in_step = match &result {
+        taken.in_step = match &result {
             Ok(_) => true,
             Err(e) => matches!(e.kind(), redis::ErrorKind::Server(_)),
         };
-        if in_step {
-            *self.idle.locked() = Some(line);
-        }
-        // (Cancelled, the line is dropped with the call: it may be half-written.)
         Some(result)
     }
 
-    /// Connects a line in the background, unless one is on its way.
+    /// Connects a line in the background, unless there are enough, made or on their way.
     fn connect_one(self: &Arc<Self>) {
-        if self.connecting.swap(true, Ordering::AcqRel) {
+        let more = |n: usize| (n < MOST_LINES).then_some(n + 1);
+        if (self.lines)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, more)
+            .is_err()
+        {
             return;
         }
         let lane = self.clone();
         tokio::spawn(async move {
             match tokio::time::timeout(lane.timeout, lane.connect()).await {
-                Ok(Ok(line)) => *lane.idle.locked() = Some(line),
+                Ok(Ok(line)) => lane.idle.locked().push(line),
                 // Calls go on the multiplexed connection meanwhile; try again later
                 // rather than at every call while the server is away.
-                _ => tokio::time::sleep(RETRY_CONNECT).await,
+                _ => {
+                    tokio::time::sleep(RETRY_CONNECT).await;
+                    lane.lines.fetch_sub(1, Ordering::AcqRel);
+                }
             }
-            lane.connecting.store(false, Ordering::Release);
         });
     }
 

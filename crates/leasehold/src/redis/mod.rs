@@ -95,7 +95,7 @@
 //   scripts give replies by name (`reply.granted{...}`), written out by lua.rs.
 // - lua.rs: the Lua written from those lists; scripts.rs: the scripts made from it and
 //   the `.lua` files (hot.lua first: see its header), and how they are run: on the
-//   lane (lane.rs, a connection for one call at a time) when it is idle, else on the
+//   lane (lane.rs, connections for one call at a time each) when one is idle, else on the
 //   multiplexed connection.
 // - acquire.rs: the attempt; store.rs: the `Store` impl, a script run for each call.
 // - waker.rs: the client's subscription, and the waiters it wakes.
@@ -160,7 +160,7 @@ struct Inner {
     replicas: Option<(u32, Duration)>,
     /// What a restart or failover of the server can lose (see [`caveat`]).
     caveat: Option<String>,
-    /// A single server's connection for one call at a time (lane.rs).
+    /// A single server's connections for calls, one call at a time each (lane.rs).
     lane: Option<Arc<lane::Lane>>,
     channel: String,
     waiters: Arc<Waiters>,
