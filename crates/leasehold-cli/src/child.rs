@@ -23,14 +23,13 @@ pub(crate) fn terminal_foreground() -> bool {
     std::io::stdin().is_terminal() && unsafe { libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
-/// Passes `signal` to the command's group, and continues it if it is `stopped` (Ctrl-Z,
-/// or a SIGTSTP sent to it): a stopped command would keep the signal pending while we
-/// wait for it to end.
-pub(crate) fn forward(pgid: i32, signal: i32, stopped: bool) {
+/// Passes `signal` (one that asks the command to end) to the command's group, then
+/// SIGCONT: a command stopped meanwhile (Ctrl-Z, or a SIGTSTP sent to it) would keep the
+/// signal pending while we wait for it to end. Sent every time, as whether it is
+/// stopped can change between a look and the signal; a running command ignores it.
+pub(crate) fn forward(pgid: i32, signal: i32) {
     kill_group(pgid, signal);
-    if stopped {
-        kill_group(pgid, libc::SIGCONT);
-    }
+    kill_group(pgid, libc::SIGCONT);
 }
 
 /// A change of the command's first process that is not its end.

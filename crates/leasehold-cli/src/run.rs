@@ -380,7 +380,9 @@ async fn supervise(
     // Stops and continuations of the command (job control).
     let mut changed = signal(SignalKind::child())
         .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot handle signals: {e}")))?;
-    let (pid, mut stopped) = (child.id().unwrap_or(0), false);
+    let pid = child.id().unwrap_or(0);
+    // A stop before the stream above was made sent its SIGCHLD to nobody.
+    follow_stops(pid, pgid, foreground);
     // Stop the command a little before the safe deadline if renewals keep failing, so it
     // is gone before anyone else can hold the lock. Only failing renewals count: a lock
     // handed over on a short lease is renewed to the full TTL at once.
@@ -392,21 +394,10 @@ async fn supervise(
                 Ok(status) => Ok(Ended::Exited(status)),
                 Err(e) => Err(Failure::new(exit::INTERNAL, format!("cannot wait for the command: {e}"))),
             },
-            _ = int.recv() => forward(pgid, libc::SIGINT, stopped),
-            _ = term.recv() => forward(pgid, libc::SIGTERM, stopped),
-            _ = hup.recv() => forward(pgid, libc::SIGHUP, stopped),
-            _ = changed.recv() => {
-                while let Some(change) = stop_or_continue(pid) {
-                    stopped = matches!(change, Change::Stopped(_));
-                    let from_terminal = |s| matches!(s, libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
-                    if let (Change::Stopped(signal), true) = (change, foreground) {
-                        if from_terminal(signal) {
-                            stop_with_the_command(pgid, signal);
-                            stopped = false;
-                        }
-                    }
-                }
-            }
+            _ = int.recv() => forward(pgid, libc::SIGINT),
+            _ = term.recv() => forward(pgid, libc::SIGTERM),
+            _ = hup.recv() => forward(pgid, libc::SIGHUP),
+            _ = changed.recv() => follow_stops(pid, pgid, foreground),
             valid_until = deadlines.next(), if renewing => match (valid_until, &mut *watchdog) {
                 (Some(valid_until), Some(watchdog)) => watchdog.deadline(valid_until),
                 (Some(_), None) => {}
@@ -416,6 +407,20 @@ async fn supervise(
             _ = async { tokio::select! { _ = guard.lost() => {}, _ = guard.at_risk(warning) => {} } } => {
                 return Ok(lost_now(args, guard));
             }
+        }
+    }
+}
+
+/// Job control: the command stopped from the terminal (Ctrl-Z), in the foreground, and
+/// we stop with it; other stops and continuations are the command's own business.
+fn follow_stops(pid: u32, pgid: i32, foreground: bool) {
+    let from_terminal = |s| matches!(s, libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
+    while let Some(change) = stop_or_continue(pid) {
+        match change {
+            Change::Stopped(signal) if foreground && from_terminal(signal) => {
+                stop_with_the_command(pgid, signal)
+            }
+            Change::Stopped(_) | Change::Continued => {}
         }
     }
 }
