@@ -32,31 +32,20 @@ pub(crate) fn forward(pgid: i32, signal: i32) {
     kill_group(pgid, libc::SIGCONT);
 }
 
-/// A change of the command's first process that is not its end.
-pub(crate) enum Change {
-    /// Stopped by this signal.
-    Stopped(i32),
-    Continued,
-}
-
-/// The next stop or continuation of process `pid` not yet asked for. Its end is left to
-/// the runtime's reaper (no `WEXITED`).
-pub(crate) fn stop_or_continue(pid: u32) -> Option<Change> {
+/// The signal that stopped process `pid`, for each stop not yet asked for. Its end is
+/// left to the runtime's reaper (no `WEXITED`).
+pub(crate) fn next_stop(pid: u32) -> Option<i32> {
     // SAFETY: a zeroed siginfo_t is valid, and waitid only writes it.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    let options = libc::WSTOPPED | libc::WCONTINUED | libc::WNOHANG;
+    let options = libc::WSTOPPED | libc::WNOHANG;
     // SAFETY: plain syscall on our own child, with a valid out-pointer.
     let rc = unsafe { libc::waitid(libc::P_PID, pid, &mut info, options) };
     // SAFETY: read after waitid filled it (si_pid 0: nothing to report).
     if rc != 0 || unsafe { info.si_pid() } == 0 {
         return None;
     }
-    match info.si_code {
-        // SAFETY: as above.
-        libc::CLD_STOPPED | libc::CLD_TRAPPED => Some(Change::Stopped(unsafe { info.si_status() })),
-        libc::CLD_CONTINUED => Some(Change::Continued),
-        _ => None,
-    }
+    // SAFETY: as above; a stop's si_status is its signal.
+    Some(unsafe { info.si_status() })
 }
 
 /// The command was stopped from the terminal (Ctrl-Z, or reading it from the

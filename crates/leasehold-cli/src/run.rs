@@ -11,8 +11,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
 
 use crate::child::{
-    exit_code, forward, kill_group, spawn, stop_or_continue, stop_with_the_command,
-    take_terminal_back, terminal_foreground, Change, Watchdog,
+    exit_code, forward, kill_group, next_stop, spawn, stop_with_the_command, take_terminal_back,
+    terminal_foreground, Watchdog,
 };
 use crate::exit::{self, Failure};
 use crate::progress::Progress;
@@ -415,12 +415,9 @@ async fn supervise(
 /// we stop with it; other stops and continuations are the command's own business.
 fn follow_stops(pid: u32, pgid: i32, foreground: bool) {
     let from_terminal = |s| matches!(s, libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU);
-    while let Some(change) = stop_or_continue(pid) {
-        match change {
-            Change::Stopped(signal) if foreground && from_terminal(signal) => {
-                stop_with_the_command(pgid, signal)
-            }
-            Change::Stopped(_) | Change::Continued => {}
+    while let Some(signal) = next_stop(pid) {
+        if foreground && from_terminal(signal) {
+            stop_with_the_command(pgid, signal);
         }
     }
 }
