@@ -19,7 +19,7 @@ pub(super) fn verdict(run: &Run) -> Result<ExitCode, Failure> {
         primitive: run.args.primitive,
         fair: run.fair,
         via_run,
-        workers_lock_the_store: run.label == "local" && !via_run,
+        workers_lock_the_store: run.label == "local",
         store_forgets: run.args.spawn == Some(Spawn::RedisVolatile),
     };
     let report = check::check(&entries, &setup);

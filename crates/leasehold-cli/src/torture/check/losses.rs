@@ -130,7 +130,8 @@ pub(super) fn takeovers(holds: &[Hold], faults: &[Fault]) -> Spread {
 mod tests {
     use super::super::setup::{Fence, Primitive, Setup};
     use super::super::testing::{commands, run_exit, setup, via_run, H};
-    use crate::torture::history::Event;
+    use super::RUN_LOST;
+    use crate::torture::history::{Event, Op};
 
     #[test]
     fn an_expired_lease_without_a_lost_signal_fails() {
@@ -207,22 +208,34 @@ mod tests {
 
     /// On the local store a worker paused while it held the store's file lock stalls
     /// everyone's renewals: b's loss during a's pause is the store's fault there, and
-    /// false elsewhere.
+    /// false elsewhere. A `run` worker's `leasehold run` renews, so it too takes the file
+    /// lock: stopped with its command (pause) or alone (stall-run).
     #[test]
     fn a_loss_during_another_workers_pause_is_excused_where_workers_lock_the_store() {
-        let h = || {
-            H::default()
-                .acquired(0, "b", 1, 100)
-                .fault(10, 150, "pause", Some("a"))
-                .lost(99, "b", 1)
-                .released(100, "b", 1, 100)
+        let library = H::default()
+            .acquired(0, "b", 1, 100)
+            .fault(10, 150, "pause", Some("a"))
+            .lost(99, "b", 1)
+            .released(100, "b", 1, 100);
+        let run = |kind| {
+            let h = (H::default())
+                .at(0, Event::Invoke { owner: "b".into() })
+                .access(5, "b", 1, Op::Enter, 1, true)
+                .fault(10, 150, kind, Some("a"));
+            run_exit(h, 99, "b", RUN_LOST)
         };
-        let local = Setup {
-            workers_lock_the_store: true,
-            ..setup(Primitive::Mutex)
-        };
-        assert_eq!(h().check_as(&local).false_losses, 0);
-        assert_eq!(h().check_as(&setup(Primitive::Mutex)).false_losses, 1);
+        for (h, workers) in [
+            (library, setup(Primitive::Mutex)),
+            (run("pause"), via_run(Primitive::Mutex)),
+            (run("stall-run"), via_run(Primitive::Mutex)),
+        ] {
+            let local = Setup {
+                workers_lock_the_store: true,
+                ..workers
+            };
+            assert_eq!(h.clone().check_as(&local).false_losses, 0, "{workers:?}");
+            assert_eq!(h.check_as(&workers).false_losses, 1, "{workers:?}");
+        }
     }
 
     #[test]

@@ -107,8 +107,9 @@ pub struct Setup {
     pub fair: bool,
     /// Workers are `leasehold run` processes (no deadlines in the history).
     pub via_run: bool,
-    /// The workers themselves lock the store for their updates (library workers on the
-    /// local store): a pause of any of them may stall the store.
+    /// The workers themselves lock the store for their updates (library workers and
+    /// `leasehold run` workers on the local store): a pause of any of them may stall
+    /// the store.
     pub workers_lock_the_store: bool,
     /// A restart of the store forgets every lock (Redis without persistence): the
     /// holder it leaves behind overlaps the next one until it learns of the loss, and

@@ -7,7 +7,7 @@ use crate::torture::history::{Entry, Event, Op, Role};
 pub(super) const MS: u64 = 1_000_000;
 
 /// A tiny history language: each call appends an event at `t` ms.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct H(pub(super) Vec<Entry>);
 
 impl H {

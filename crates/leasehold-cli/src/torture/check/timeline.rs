@@ -348,10 +348,11 @@ impl<'a> Reader<'a> {
 
 /// Every worker takes the store's file lock for its updates: one paused in that moment
 /// stalls the store for all of them (calls fail after the file lock's patience), which is
-/// a fault of the store's.
+/// a fault of the store's. A `run` worker's `leasehold run` takes it to renew, and is
+/// stopped by a `pause` and by a `stall-run`.
 fn store_stalls(faults: &[Fault]) -> Vec<Fault> {
     (faults.iter())
-        .filter(|f| f.kind == "pause" && f.target.is_some())
+        .filter(|f| matches!(f.kind.as_str(), "pause" | "stall-run") && f.target.is_some())
         .map(|f| Fault {
             kind: "store stalled by a paused worker".into(),
             target: None,
