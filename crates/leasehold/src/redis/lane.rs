@@ -202,10 +202,9 @@ impl Line {
         cmd.write_packed_command(&mut self.output);
         self.stream.write_all(&self.output).await?;
         loop {
-            if let Some(end) = whole_reply(&self.input)? {
-                let value = redis::parse_redis_value(&self.input[..end]);
+            if let Some((value, end)) = read_reply(&self.input)? {
                 self.input.drain(..end);
-                return value?.extract_error();
+                return value.extract_error();
             }
             if self.stream.read_buf(&mut self.input).await? == 0 {
                 return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
@@ -236,61 +235,105 @@ impl ConnectionLike for Line {
     }
 }
 
-/// The length of the first whole RESP2 reply at the start of `buf`, if it holds one:
-/// a line (`+`, `-`, `:`), a bulk string (`$`) or an array (`*`) of them.
-fn whole_reply(buf: &[u8]) -> io::Result<Option<usize>> {
+/// The first whole RESP2 reply at the start of `buf`, if it holds one, and its length:
+/// a line (`+`, `-`, `:`), a bulk string (`$`) or an array (`*`) of them. (The redis
+/// crate's own parser zeroes an 8 KB buffer for every reply it reads: a quarter of a
+/// store call's instructions, docs/BENCHMARKS.md.)
+fn read_reply(buf: &[u8]) -> io::Result<Option<(Value, usize)>> {
+    let mut at = 0;
+    Ok(read_value(buf, &mut at, 0)?.map(|value| (value, at)))
+}
+
+/// How deep arrays may nest in a reply (the store's replies nest two deep).
+const MOST_NESTING: usize = 16;
+
+/// The value that starts at `*at`, moving `*at` past it; `None` if it is not all there.
+fn read_value(buf: &[u8], at: &mut usize, depth: usize) -> io::Result<Option<Value>> {
     let malformed = || io::Error::new(io::ErrorKind::InvalidData, "malformed reply");
-    let (mut at, mut values_left) = (0, 1_u64);
-    while values_left > 0 {
-        let Some(newline) = buf[at..].iter().position(|&b| b == b'\n') else {
-            return Ok(None);
-        };
-        let line = &buf[at..at + newline + 1];
-        at += line.len();
-        values_left -= 1;
-        let length = || -> io::Result<i64> {
-            let digits = line
-                .get(1..line.len().saturating_sub(2))
-                .unwrap_or_default();
-            let text = std::str::from_utf8(digits).map_err(|_| malformed())?;
-            text.parse().map_err(|_| malformed())
-        };
-        match line[0] {
-            b'$' => {
-                let n = length()?;
-                if n >= 0 {
-                    at += n as usize + 2;
-                    if at > buf.len() {
-                        return Ok(None);
+    let Some(newline) = buf[*at..].iter().position(|&b| b == b'\n') else {
+        return Ok(None);
+    };
+    let line = &buf[*at..*at + newline + 1];
+    let body = line
+        .get(1..line.len() - 1)
+        .and_then(|b| b.strip_suffix(b"\r"))
+        .ok_or_else(malformed)?;
+    let number = || -> io::Result<i64> {
+        let text = std::str::from_utf8(body).map_err(|_| malformed())?;
+        text.parse().map_err(|_| malformed())
+    };
+    *at += line.len();
+    Ok(Some(match line[0] {
+        b':' => Value::Int(number()?),
+        b'+' if body == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(String::from_utf8(body.to_vec()).map_err(|_| malformed())?),
+        // Errors are rare (a script the server lost): the redis crate names their kinds.
+        b'-' => redis::parse_redis_value(line).map_err(|_| malformed())?,
+        b'$' => match usize::try_from(number()?) {
+            Err(_) => Value::Nil,
+            Ok(n) => {
+                let Some(data) = buf.get(*at..*at + n) else {
+                    return Ok(None);
+                };
+                match buf.get(*at + n..*at + n + 2) {
+                    None => return Ok(None),
+                    Some(b"\r\n") => {}
+                    Some(_) => return Err(malformed()),
+                }
+                *at += n + 2;
+                Value::BulkString(data.to_vec())
+            }
+        },
+        b'*' if depth < MOST_NESTING => match usize::try_from(number()?) {
+            Err(_) => Value::Nil,
+            Ok(n) => {
+                // (Not more room than the bytes left could fill: the count is the server's word.)
+                let mut values = Vec::with_capacity(n.min(buf.len() - *at));
+                for _ in 0..n {
+                    match read_value(buf, at, depth + 1)? {
+                        Some(value) => values.push(value),
+                        None => return Ok(None),
                     }
                 }
+                Value::Array(values)
             }
-            b'*' => values_left += length()?.max(0) as u64,
-            b'+' | b'-' | b':' => {}
-            _ => return Err(malformed()),
-        }
-    }
-    Ok(Some(at))
+        },
+        _ => return Err(malformed()),
+    }))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::whole_reply;
+    use super::read_reply;
 
     #[test]
-    fn a_reply_is_whole_once_every_value_in_it_has_arrived() {
-        let reply = b"*3\r\n:7\r\n$5\r\nab\r\nc\r\n*2\r\n$-1\r\n+OK\r\n";
-        for cut in 0..reply.len() {
-            assert_eq!(whole_reply(&reply[..cut]).unwrap(), None, "cut at {cut}");
+    fn a_reply_is_read_once_every_value_in_it_has_arrived_and_as_the_redis_crate_reads_it() {
+        let replies: [&[u8]; 9] = [
+            b"*3\r\n:7\r\n$5\r\nab\r\nc\r\n*2\r\n$-1\r\n+OK\r\n",
+            b":-12\r\n",
+            b"+QUEUED\r\n",
+            b"$0\r\n\r\n",
+            b"*0\r\n",
+            b"*-1\r\n",
+            b"-NOSCRIPT No matching script\r\n",
+            b"-ERR no\r\n",
+            b"*2\r\n*1\r\n:1\r\n$3\r\n\xff\x00\n\r\n",
+        ];
+        for reply in replies {
+            for cut in 0..reply.len() {
+                assert!(read_reply(&reply[..cut]).unwrap().is_none(), "cut at {cut}");
+            }
+            let (value, end) = read_reply(reply).unwrap().unwrap();
+            assert_eq!(end, reply.len());
+            assert_eq!(value, redis::parse_redis_value(reply).unwrap());
         }
-        assert_eq!(whole_reply(reply).unwrap(), Some(reply.len()));
         // What follows the first reply is the next one's.
         let two = b":1\r\n-ERR no\r\n";
-        assert_eq!(whole_reply(two).unwrap(), Some(4));
-        assert_eq!(whole_reply(&two[4..]).unwrap(), Some(9));
-        assert_eq!(whole_reply(b"*0\r\n").unwrap(), Some(4));
-        assert_eq!(whole_reply(b"*-1\r\n").unwrap(), Some(5));
-        assert!(whole_reply(b"$x\r\n").is_err());
-        assert!(whole_reply(b"%1\r\n").is_err());
+        assert_eq!(read_reply(two).unwrap().unwrap().1, 4);
+        for malformed in [&b"$x\r\n"[..], b"%1\r\n", b":1\n", b"$2\r\nabcd", b"\r\n"] {
+            assert!(read_reply(malformed).is_err(), "{malformed:?}");
+        }
+        let deep = b"*1\r\n".repeat(17);
+        assert!(read_reply(&deep).is_err());
     }
 }
