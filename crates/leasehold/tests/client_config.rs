@@ -297,6 +297,12 @@ async fn wrong_password_and_unknown_database_are_config_errors() {
     for url in [
         format!("redis://:wrong-secret@127.0.0.1:{}/0", redis.port()),
         format!("redis://:right-secret@127.0.0.1:{}/99", redis.port()),
+        // No password with a database: the SELECT is what the server refuses.
+        format!("redis://127.0.0.1:{}/5", redis.port()),
+        format!(
+            "redis://:right-secret@127.0.0.1:{}/4294967296",
+            redis.port()
+        ),
     ] {
         let answer = Leasehold::connect(&url).await;
         assert!(

@@ -120,6 +120,51 @@ async fn a_lone_callers_calls_take_a_connection_of_their_own_on_the_urls_databas
     assert!(made <= 4, "{made} connections made for 800 calls");
 }
 
+/// A password changed while connections were dropped, then put back: redis-rs's
+/// connection manager kept the reconnect the server refused and answered it to every
+/// later call, for good. Tasks at once, so calls go on the multiplexed connection too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_serves_again_once_a_changed_password_is_put_back() {
+    let server = RedisServer::start_with(&["--save", "", "--requirepass", "first"]);
+    let url = format!("redis://:first@127.0.0.1:{}/2", server.port());
+    let locks = Leasehold::new(RedisStore::connect(&url).await.unwrap());
+    let cli = |password: &str, args: &[&str]| {
+        let auth = ["-a", password, "--no-auth-warning"];
+        server.cli(&[&auth[..], args].concat())
+    };
+    // Names of their own each round: a hold whose release failed stays until its TTL.
+    let round = std::sync::atomic::AtomicU32::new(0);
+    let cycles = || async {
+        let r = round.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let lock = locks.mutex(format!("pw-{r}-{i}")).unwrap();
+                tokio::spawn(async move {
+                    for _ in 0..20 {
+                        let guard = lock.try_lock().await?.expect("free");
+                        let _ = guard.release().await?;
+                    }
+                    Ok::<_, leasehold::Error>(())
+                })
+            })
+            .collect();
+        let done = leasehold::conformance::join_all("the tasks", tasks).await;
+        done.into_iter().collect::<Result<Vec<()>, _>>()
+    };
+    cycles().await.unwrap();
+    cli("first", &["CONFIG", "SET", "requirepass", "second"]);
+    cli("second", &["CLIENT", "KILL", "TYPE", "normal"]);
+    eventually("the reconnect refused as a wrong password", || async {
+        matches!(cycles().await, Err(leasehold::Error::Config { reason, .. }) if reason.contains("password"))
+    })
+    .await;
+    cli("second", &["CONFIG", "SET", "requirepass", "first"]);
+    eventually("every call served again", || async {
+        cycles().await.is_ok()
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_fires_lost_when_the_server_stays_away_past_its_deadline() {
     let server = RedisServer::start();

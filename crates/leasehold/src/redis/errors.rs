@@ -28,7 +28,14 @@ pub(super) fn failed(store: &str, e: redis::RedisError) -> Error {
         _ if text.contains("cluster support disabled") => Some(
             "the server is not a Redis Cluster node: use redis://... (or rediss://...) for a single server",
         ),
-        _ if text.contains("DB index is out of range") || text.contains("invalid DB index") => {
+        // SELECT refused: redis-rs keeps the server's words but not its code (NOAUTH).
+        _ if text.contains("refused to switch database") && text.contains("uthentication") => {
+            Some("check the URL's user and password")
+        }
+        _ if text.contains("DB index is out of range")
+            || text.contains("invalid DB index")
+            || text.contains("refused to switch database") =>
+        {
             Some("the database in the URL (/N) does not exist on this server")
         }
         _ => None,

@@ -112,6 +112,7 @@ mod rate;
 mod reply;
 mod request;
 mod scripts;
+mod shared;
 mod state;
 mod store;
 mod waker;
@@ -126,6 +127,7 @@ use crate::builder::ClientSettings;
 use crate::{Error, Result, StoreUrl};
 use durability::{caveat, cluster_caveat};
 use errors::failed;
+use shared::SharedConn;
 use waker::Waiters;
 
 /// How long connecting may take, unless the builder says otherwise.
@@ -180,7 +182,7 @@ impl std::fmt::Debug for RedisStore {
 /// One multiplexed connection (reconnecting), to a server or to a cluster.
 #[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
+    Single(SharedConn),
     /// With the scheme and credentials to reach each node directly (for `list`).
     Cluster(redis::cluster_async::ClusterConnection, String),
 }
@@ -242,7 +244,7 @@ impl RedisStore {
                         .set_response_timeout(Some(request_timeout))
                         .set_number_of_retries(2);
                     let mut conn = client
-                        .get_connection_manager_with_config(config)
+                        .get_connection_manager_with_config(config.clone())
                         .await
                         .map_err(unavailable)?;
                     let caveat = caveat(&mut conn, Some(replicas.is_some())).await;
@@ -250,7 +252,9 @@ impl RedisStore {
                         None => lane::Lane::to(client.get_connection_info(), request_timeout),
                         Some(_) => None,
                     };
-                    (Conn::Single(conn), client, caveat, lane)
+                    let db = client.get_connection_info().redis_settings().db();
+                    let shared = SharedConn::new(conn, Some((client.clone(), config)), db);
+                    (Conn::Single(shared), client, caveat, lane)
                 }
             };
             match (&caveat_found, url.durable()) {
@@ -289,7 +293,9 @@ impl RedisStore {
         }
         // The application's connection carries every call: no lane of ours beside it.
         let found = (caveat_found, None);
-        Self::subscribed(shown, Conn::Single(conn), client, None, found).await
+        let db = redis::aio::ConnectionLike::get_db(&conn);
+        let shared = SharedConn::new(conn, None, db);
+        Self::subscribed(shown, Conn::Single(shared), client, None, found).await
     }
 
     /// The store on `conn`, once `subscribe_to` has subscribed to its wake-up channel.

@@ -12,6 +12,7 @@ use super::keys::{key, key_escape, key_unescape};
 use super::reply::{self, ReleaseReply, StateReply};
 use super::request::{Held, Proclaim, Release, Renew, Watch};
 use super::scripts::scripts;
+use super::shared::SharedConn;
 use super::state::State;
 use super::{Conn, RedisStore};
 use crate::store::{
@@ -290,7 +291,8 @@ impl RedisStore {
                 for addr in masters.up {
                     let client =
                         redis::Client::open(format!("{prefix}{addr}")).map_err(unavailable)?;
-                    conns.push(client.get_connection_manager().await.map_err(unavailable)?);
+                    let master = client.get_connection_manager().await.map_err(unavailable)?;
+                    conns.push(SharedConn::new(master, None, 0));
                 }
             }
         }
