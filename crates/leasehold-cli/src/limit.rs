@@ -33,11 +33,11 @@ pub struct LimitArgs {
 
     /// Wait at most this long for the units; if they would take longer, exit 75 at once
     /// [default: wait as long as it takes; with --check, do not wait]
-    #[arg(long, value_name = "DUR", value_parser = crate::args::parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
+    #[arg(short = 'w', long, value_name = "DUR", value_parser = crate::args::parse_duration, allow_hyphen_values = true, conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
 
     /// Do not wait: exit 75 at once unless the units may pass now
-    #[arg(long)]
+    #[arg(short = 'n', long)]
     pub no_wait: bool,
 
     /// Print one decision instead of running a command: exit 0 if allowed (the units

@@ -58,7 +58,13 @@ fn no_wait_or_a_short_wait_exits_75_at_once_saying_how_long_it_would_take() {
         .expect(0);
     assert!(cli.exists("first"));
     let started = Instant::now();
-    for flags in [&["--no-wait"][..], &["--wait", "2s"]] {
+    // The short flags are `run`'s: -n, -w.
+    for flags in [
+        &["--no-wait"][..],
+        &["--wait", "2s"],
+        &["-n"],
+        &["-w", "2s"],
+    ] {
         let mut args = vec!["limit", "api", "--rate", "1/m"];
         args.extend_from_slice(flags);
         args.extend_from_slice(&["--", "touch", "second"]);
