@@ -113,6 +113,17 @@ pub(crate) fn link_count(file: &std::fs::File) -> Option<u64> {
     (rc == 0).then(|| links(unsafe { st.assume_init() }))
 }
 
+/// Opens the directory `dir` without following a symbolic link there (`ELOOP`; a file
+/// that is not a directory: `ENOTDIR`).
+#[cfg(feature = "local")]
+pub(crate) fn open_dir_own(dir: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+}
+
 /// Opens `name` in the directory `dir` for reading and writing, creating it with `mode`,
 /// without following a symbolic link at either: a link there (`dir` itself, or the file)
 /// fails with `ELOOP`, so whoever may write in the directory cannot point the store at
@@ -124,12 +135,8 @@ pub(crate) fn open_own(
     mode: u32,
 ) -> std::io::Result<std::fs::File> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-        .open(dir)?;
     use std::os::unix::ffi::OsStrExt;
+    let dir = open_dir_own(dir)?;
     let name = std::ffi::CString::new(name.as_bytes())?;
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: a directory descriptor we hold and a NUL-terminated name.

@@ -279,7 +279,7 @@ fn set_mode(
 /// Makes `dir` (and any missing parent) with `mode`, whatever the umask (which would
 /// take a shared store's group access away); one there already is fine.
 fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     let made = std::fs::DirBuilder::new()
         .recursive(true)
         .mode(mode)
@@ -291,11 +291,7 @@ fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
     // Not through a link: its mode would be set on whatever the link points at. Opened
     // without following one and changed through that descriptor, so a link put in its
     // place after the check is not followed either.
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir);
-    let own = opened.map_err(|e| match e.raw_os_error() {
+    let own = crate::sys::open_dir_own(dir).map_err(|e| match e.raw_os_error() {
         Some(libc::ELOOP | libc::ENOTDIR) => std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!("{} is not a directory of its own", dir.display()),

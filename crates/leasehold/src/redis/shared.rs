@@ -54,15 +54,21 @@ impl SharedConn {
 
     /// After `e` from the manager: a refused setup has a new manager made.
     fn after(&self, e: &RedisError) {
-        let Some((client, config)) = self.0.remake.clone() else {
+        if self.0.remake.is_none() || !setup_refused(e) {
             return;
-        };
-        if !setup_refused(e) || self.0.remaking.swap(true, Ordering::AcqRel) {
+        }
+        if self.0.remaking.swap(true, Ordering::AcqRel) {
             return;
         }
         let shared = self.0.clone();
         tokio::spawn(async move {
-            match client.get_connection_manager_with_config(config).await {
+            let Some((client, config)) = &shared.remake else {
+                return;
+            };
+            match client
+                .get_connection_manager_with_config(config.clone())
+                .await
+            {
                 Ok(manager) => *shared.current.locked() = manager,
                 Err(_) => tokio::time::sleep(RETRY).await,
             }
